@@ -1,0 +1,64 @@
+"""Our error tree. An upstream failure carries its kind and whether the request was dispatched.
+
+Foreign exceptions (OSError, httpx errors, broken pipes) are translated into `UpstreamFailure` where
+they enter, inside the upstream adapters; nothing above `proxy/upstream/` sees them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Dispatch(StrEnum):
+    """Whether the upstream may have started executing an attempt (RECOVERY.md "dispatched")."""
+
+    NO = "no"  # provably not sent, or refused before processing
+    UNKNOWN = "unknown"
+    YES = "yes"
+
+
+class FailureKind(StrEnum):
+    SPAWN_FAILED = "spawn_failed"  # the stdio command could not be started
+    CONNECT_FAILED = "connect_failed"  # connection refused / DNS / TLS before anything was sent
+    NOT_RUNNING = "not_running"  # the upstream process is not running (crash-loop backoff)
+    TIMEOUT = "timeout"  # the proxy stopped waiting
+    CLOSED = "closed"  # the stream or process ended with the request in flight
+    HTTP_STATUS = "http_status"  # a non-2xx HTTP answer
+    PROTOCOL = "protocol"  # the upstream answered something that is not MCP
+    SESSION_EXPIRED = "session_expired"  # 404 on a request that carried a session id
+    OVERLOADED = "overloaded"  # the proxy's own limits refused the request
+
+
+class ProxyError(Exception):
+    """Base of the proxy's own errors."""
+
+
+class UpstreamFailure(ProxyError):
+    """An attempt produced no valid JSON-RPC response."""
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        dispatched: Dispatch,
+        detail: str,
+        *,
+        http_status: int | None = None,
+        retry_after_s: float | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{kind.value}: {detail}")
+        self.kind = kind
+        self.dispatched = dispatched
+        self.detail = detail
+        self.http_status = http_status
+        self.retry_after_s = retry_after_s
+        self.body = body  # a JSON-RPC error message that came with an HTTP error status, if any
+
+
+class PolicyError(ProxyError):
+    """A policy folder failed validation; `problems` are printable, each naming file and key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems

@@ -1,0 +1,125 @@
+"""The protocol's vocabulary in one place: JSON-RPC message shapes, error codes, MCP versions, codec.
+
+Messages travel through the proxy as plain dicts parsed once with orjson; nothing in the hot path
+builds model objects. Helpers here never raise on a peer's malformed input except `loads`, whose
+`ValueError` the transports translate into a JSON-RPC parse error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+Message = dict[str, Any]
+RequestId = int | str
+
+JSONRPC: Final = "2.0"
+
+# JSON-RPC 2.0 and MCP error codes.
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+HEADER_MISMATCH: Final = -32020
+MISSING_CLIENT_CAPABILITY: Final = -32021
+UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+
+# Protocol revisions.
+MODERN_VERSIONS: Final = ("2026-07-28",)
+LEGACY_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+LATEST_LEGACY: Final = LEGACY_VERSIONS[0]
+LATEST_MODERN: Final = MODERN_VERSIONS[0]
+
+# Reserved _meta keys of the 2026-07-28 envelope.
+META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT_INFO: Final = "io.modelcontextprotocol/clientInfo"
+META_SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
+META_LOG_LEVEL: Final = "io.modelcontextprotocol/logLevel"
+
+# Our own _meta keys.
+META_PREFIX: Final = "io.mcp-recovery-proxy/"
+META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
+META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
+META_ATTEMPTS: Final = META_PREFIX + "attempts"
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON; raises ValueError (orjson.JSONDecodeError) on malformed input."""
+    return orjson.loads(data)
+
+
+def dumps(message: Any) -> bytes:
+    return orjson.dumps(message)
+
+
+def is_request(m: Message) -> bool:
+    return "method" in m and "id" in m
+
+
+def is_notification(m: Message) -> bool:
+    return "method" in m and "id" not in m
+
+
+def is_response(m: Message) -> bool:
+    return "method" not in m and "id" in m and ("result" in m or "error" in m)
+
+
+def valid_id(value: Any) -> bool:
+    return (isinstance(value, str) or isinstance(value, int)) and not isinstance(value, bool)
+
+
+def error(id_: RequestId | None, code: int, message: str, data: Any = None) -> Message:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": JSONRPC, "id": id_, "error": err}
+
+
+def result(id_: RequestId, value: Any) -> Message:
+    return {"jsonrpc": JSONRPC, "id": id_, "result": value}
+
+
+def meta_of(message: Message) -> dict[str, Any] | None:
+    """The `params._meta` object of a message, or None."""
+    params = message.get("params")
+    if isinstance(params, dict):
+        meta = params.get("_meta")
+        if isinstance(meta, dict):
+            return meta
+    return None
+
+
+def is_modern_request(message: Message) -> bool:
+    """A request carrying the 2026-07-28 envelope (the version key alone decides, as the SDK does)."""
+    meta = meta_of(message)
+    return meta is not None and META_PROTOCOL_VERSION in meta and message.get("method") != "initialize"
+
+
+def validate(message: Any) -> str | None:
+    """Return why `message` is not a JSON-RPC 2.0 message, or None when it is one."""
+    if not isinstance(message, dict):
+        return "a JSON-RPC message must be an object"
+    if message.get("jsonrpc") != JSONRPC:
+        return 'the "jsonrpc" member must be exactly "2.0"'
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return 'the "method" member must be a string'
+        if "id" in message and not valid_id(message["id"]):
+            return 'a request "id" must be a string or an integer'
+        params = message.get("params")
+        if params is not None and not isinstance(params, dict | list):
+            return '"params" must be an object'
+        return None
+    if "id" in message and ("result" in message or "error" in message):
+        if "error" in message and not isinstance(message["error"], dict):
+            return 'the "error" member must be an object'
+        return None
+    return "not a request, notification or response"
+
+
+def bounded(text: str, limit: int = 512) -> str:
+    """Bound a string we echo back to a peer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

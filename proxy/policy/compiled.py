@@ -1,0 +1,133 @@
+"""The compiled, frozen recovery policy: what the engine reads as a snapshot at the start of a call.
+
+Contract:
+- Every value here is immutable and already validated; nothing in the request path re-checks it.
+- `PolicySet.resolve(tool, annotations)` returns the effective `ToolPolicy` of one tool, applying the
+  precedence of RECOVERY.md §6 (exact file > most specific glob > upstream annotations for the
+  side-effect class > defaults file > built-in defaults).
+- Each `ToolPolicy` carries `sources`: for every setting, where its value came from (a file path
+  with the key, "annotations", "defaults:<file>", or "built-in"), which `policies explain` prints.
+- Durations are float seconds (`_s` suffix).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Literal
+
+
+class Category(StrEnum):
+    """The four error categories of RECOVERY.md §1."""
+
+    TRANSIENT = "transient"
+    VALIDATION = "validation"
+    BUSINESS = "business"
+    PERMISSION = "permission"
+
+
+class SideEffect(StrEnum):
+    """What repeating a tool could do: the side-effect class of RECOVERY.md §2."""
+
+    READ_ONLY = "read_only"
+    IDEMPOTENT = "idempotent"
+    STATE_CHANGING = "state_changing"
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with (by default) full jitter and a cap."""
+
+    initial_s: float = 0.2
+    max_s: float = 2.0
+    multiplier: float = 2.0
+    jitter: Literal["full", "none"] = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One classification rule of a tool's policy. A rule matches when every matcher it sets matches.
+
+    - `text`: regex searched in the concatenated text content of an `isError` result.
+    - `path` / `equals`: a dotted path into `structuredContent` (e.g. `error.code`); with `equals`
+      the value must be one of them, without it the path must merely exist.
+    - `jsonrpc_codes`: JSON-RPC error codes from the upstream.
+    - `http_statuses`: HTTP statuses of an HTTP upstream.
+    """
+
+    name: str
+    category: Category
+    text: re.Pattern[str] | None = None
+    path: tuple[str, ...] | None = None
+    equals: tuple[Any, ...] | None = None
+    jsonrpc_codes: frozenset[int] = frozenset()
+    http_statuses: frozenset[int] = frozenset()
+    retryable: bool | None = None  # None: follow the category; False: never retry what this rule matches
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """Where the proxy places the per-call idempotency key it generates (identical on every attempt)."""
+
+    location: Literal["argument", "meta"]
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AntiStorm:
+    """Room for the anti-storm settings (retry budget ratio, circuit breaker). Not enforced yet."""
+
+    retry_budget_ratio: float | None = None
+    retry_budget_min_per_s: float | None = None
+    breaker_failures: int | None = None
+    breaker_cooldown_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """The effective recovery policy of one tool."""
+
+    tool: str
+    side_effect: SideEffect
+    retry_on: frozenset[Category] = frozenset({Category.TRANSIENT})
+    attempts: int = 3  # total attempts, the first included
+    deadline_s: float = 10.0
+    attempt_timeout_s: float = 4.0
+    min_attempt_s: float = 1.0  # minimum useful attempt time; default attempt_timeout_s / 4
+    idle_timeout_s: float | None = None  # progress may extend an idle timer, never the hard cap
+    backoff: Backoff = field(default_factory=Backoff)
+    retry_after_cap_s: float = 30.0
+    rules: tuple[Rule, ...] = ()
+    trust_annotations: bool = True
+    trust_error_category: bool = True
+    unclassified: Category = Category.TRANSIENT
+    idempotency_key: IdempotencyKey | None = None
+    ledger_window_s: float = 60.0
+    jsonrpc_errors_as_results: bool = True
+    alternatives: tuple[str, ...] = ()
+    status_check_tool: str | None = None
+    anti_storm: AntiStorm = field(default_factory=AntiStorm)
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """A complete, validated set of policies, versioned by a hash of the files' contents.
+
+    `resolve` is implemented in `proxy.policy.compile` (kept apart so this module stays a plain
+    value definition that `recovery/` may import without pulling in YAML or pydantic).
+    """
+
+    version: str
+    exact: Mapping[str, Any]  # tool name -> compiled per-file settings layer
+    globs: tuple[tuple[str, Any], ...]  # (pattern, layer), most specific first
+    defaults: Any  # the defaults layer
+    files: tuple[str, ...] = ()
+
+    def resolve(self, tool: str, annotations: Mapping[str, Any] | None = None) -> ToolPolicy:
+        from proxy.policy.compile import resolve_tool_policy
+
+        return resolve_tool_policy(self, tool, annotations)

@@ -1,0 +1,1 @@
+"""Upstream adapters: one per transport (stdio, Streamable HTTP, legacy SSE) behind `UpstreamLink`."""

@@ -1,0 +1,179 @@
+"""The small interface every upstream transport implements, and the pieces they share.
+
+An `UpstreamLink` is a message-level connection to the upstream server, in one protocol era:
+- a *legacy* link serves exactly one downstream 2025 session (its own stdio child, HTTP session or
+  SSE connection); it remembers the client's `initialize` request and `notifications/initialized`
+  so that it can re-establish the upstream session (respawned child, expired HTTP session) before
+  the next request, without that counting as an attempt;
+- a *modern* link is shared by all 2026-07-28 requests.
+
+Contract of `send_request`: the message's `id` comes from `new_id()`. It returns an `Exchange`
+once the request was handed to the transport, or raises `UpstreamFailure` (with `dispatched=NO`
+when nothing was sent). The exchange's `response` future then resolves to the upstream's JSON-RPC
+response (result or error) or fails with `UpstreamFailure`. Messages tied to the request
+(`notifications/progress` whose token equals the upstream id, and anything the transport carried
+on that request's own response stream) go to `on_message`; everything else goes to the link's
+unsolicited handler. Links never retry and never time out requests: the engine owns both.
+`cancel` stops an exchange as the transport and era require and drops its late response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import Message, RequestId
+
+OnMessage = Callable[[Message], None]
+
+
+class Era(StrEnum):
+    LEGACY = "legacy"  # the 2025 handshake revisions (initialize, sessions)
+    MODERN = "modern"  # 2026-07-28, stateless
+
+
+@dataclass(eq=False, slots=True)
+class Exchange:
+    """One request in flight on an upstream link."""
+
+    upstream_id: RequestId
+    method: str
+    on_message: OnMessage | None
+    response: asyncio.Future[Message]
+    written: bool = False  # bytes may have reached the peer: a failure from now on has dispatch unknown
+    cancelled: bool = False
+    transport_state: object = None  # adapter-private (e.g. the HTTP response stream task)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What the upstream speaks, learnt by probing it."""
+
+    legacy: bool
+    modern: bool
+    detail: str = ""
+
+
+class UpstreamLink(Protocol):
+    era: Era
+
+    def new_id(self) -> RequestId: ...
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None: ...
+
+    async def send_request(
+        self,
+        message: Message,
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Exchange: ...
+
+    async def send_notification(
+        self, message: Message, *, headers: Mapping[str, str] | None = None
+    ) -> None: ...
+
+    async def send_response(self, message: Message) -> None: ...
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """A configured upstream server: it probes, and opens links."""
+
+    description: str
+
+    async def probe(self) -> Capabilities: ...
+
+    async def open(self, era: Era) -> UpstreamLink:
+        """A new link for one legacy session, or the shared modern link (same object every time)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(eq=False)
+class PendingTable:
+    """Request ids and in-flight exchanges of one link; routes responses and progress by id."""
+
+    prefix: str = ""
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _pending: dict[RequestId, Exchange] = field(default_factory=dict)
+
+    def new_id(self) -> RequestId:
+        n = next(self._ids)
+        return f"{self.prefix}{n}" if self.prefix else n
+
+    def add(self, message: Message, on_message: OnMessage | None) -> Exchange:
+        loop = asyncio.get_running_loop()
+        ex = Exchange(message["id"], message.get("method", ""), on_message, loop.create_future())
+        self._pending[ex.upstream_id] = ex
+        return ex
+
+    def get(self, upstream_id: RequestId) -> Exchange | None:
+        return self._pending.get(upstream_id)
+
+    def discard(self, ex: Exchange) -> None:
+        if self._pending.get(ex.upstream_id) is ex:
+            del self._pending[ex.upstream_id]
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def exchanges(self) -> list[Exchange]:
+        return list(self._pending.values())
+
+    def resolve(self, message: Message) -> bool:
+        """Deliver a response to its exchange. False if nobody waits for it (late or unknown id)."""
+        ex = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+        if ex is None or ex.response.done():
+            return False
+        ex.response.set_result(message)
+        return True
+
+    def route_progress(self, message: Message) -> bool:
+        """Deliver `notifications/progress` whose token is one of our request ids."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return False
+        ex = self._pending.get(params.get("progressToken"))  # type: ignore[arg-type]
+        if ex is None or ex.on_message is None:
+            return False
+        ex.on_message(message)
+        return True
+
+    def fail(self, ex: Exchange, failure: UpstreamFailure) -> None:
+        self.discard(ex)
+        if not ex.response.done():
+            ex.response.set_exception(failure)
+            ex.response.exception()  # mark retrieved: a cancelled waiter must not log "never retrieved"
+
+    def fail_all(self, kind: FailureKind, detail: str) -> None:
+        pending, self._pending = self._pending, {}
+        for ex in pending.values():
+            if not ex.response.done():
+                dispatched = Dispatch.UNKNOWN if ex.written else Dispatch.NO
+                ex.response.set_exception(UpstreamFailure(kind, dispatched, detail))
+                ex.response.exception()
+
+
+@dataclass(eq=False)
+class Handshake:
+    """What a legacy link replays to re-establish an upstream session: the client's own messages."""
+
+    initialize: Message | None = None
+    initialized: Message | None = None
+
+    def observe(self, message: Message) -> None:
+        method = message.get("method")
+        if method == "initialize":
+            self.initialize = message
+        elif method == "notifications/initialized":
+            self.initialized = message

@@ -1,0 +1,92 @@
+"""Backoff delays and the upstream's "wait this long" hints. Pure arithmetic; randomness is an argument.
+
+Contract:
+- `backoff_cap_s(backoff, retry_index)` = min(max_s, initial_s * multiplier ** retry_index), where
+  `retry_index` is 0 for the first retry. It never overflows and never goes negative.
+- `backoff_delay_s(backoff, retry_index, rand)`: full jitter, `rand() * cap` (AWS's "full jitter";
+  `rand()` is clamped into [0, 1]); with `jitter: none`, the cap itself.
+- `parse_retry_after(value, now_epoch_s)`: an HTTP `Retry-After` (RFC 9110 §10.2.3), either
+  delta-seconds or an HTTP date, as seconds from now. Garbage, negative or non-finite numbers give
+  None; a date already in the past gives 0.0 (the server says "now").
+- `retry_after_ms_s(value)`: an upstream's `retryAfterMs` as seconds; None unless it is a finite,
+  non-negative number. `is_negative_pushback(value)` says whether it is a negative number, which
+  (as gRPC's negative pushback) means "do not retry".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from proxy.policy.compiled import Backoff
+
+_DELTA_SECONDS = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
+
+
+def backoff_cap_s(backoff: Backoff, retry_index: int) -> float:
+    """The exponential ceiling of the delay before retry number `retry_index` (0-based)."""
+    index = max(0, retry_index)
+    try:
+        grown = backoff.initial_s * backoff.multiplier**index
+    except OverflowError:
+        grown = math.inf
+    if math.isnan(grown):
+        grown = math.inf
+    return max(0.0, min(backoff.max_s, grown))
+
+
+def backoff_delay_s(backoff: Backoff, retry_index: int, rand: Callable[[], float]) -> float:
+    """The delay before retry number `retry_index` (0-based): full jitter under the capped exponential."""
+    cap = backoff_cap_s(backoff, retry_index)
+    if backoff.jitter == "none":
+        return cap
+    r = rand()
+    if not math.isfinite(r):
+        r = 1.0
+    return cap * min(1.0, max(0.0, r))
+
+
+def parse_retry_after(value: str, now_epoch_s: float) -> float | None:
+    """Seconds to wait from an HTTP Retry-After value (delta-seconds or HTTP date); None if unusable."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)
+    if text[0] in "+-" or text[0].isdigit():
+        return None  # a negative, signed or malformed number, not a date
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" means UTC without a claim about the local zone
+        when = when.replace(tzinfo=UTC)
+    try:
+        delta = when.timestamp() - now_epoch_s
+    except (OverflowError, OSError, ValueError):
+        return None
+    if not math.isfinite(delta):
+        return None
+    return max(0.0, delta)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def retry_after_ms_s(value: Any) -> float | None:
+    """An upstream's `retryAfterMs` in seconds, or None when it is absent, garbage or negative."""
+    if not _is_number(value) or value < 0:
+        return None
+    return float(value) / 1000.0
+
+
+def is_negative_pushback(value: Any) -> bool:
+    """A negative `retryAfterMs`: the upstream asks not to be retried."""
+    return _is_number(value) and value < 0

@@ -3,10 +3,11 @@
 Contract:
 - Every value here is immutable and already validated; nothing in the request path re-checks it.
 - `PolicySet.resolve(tool, annotations)` returns the effective `ToolPolicy` of one tool, applying the
-  precedence of RECOVERY.md §6 (exact file > most specific glob > upstream annotations for the
-  side-effect class > defaults file > built-in defaults).
-- Each `ToolPolicy` carries `sources`: for every setting, where its value came from (a file path
-  with the key, "annotations", "defaults:<file>", or "built-in"), which `policies explain` prints.
+  precedence of RECOVERY.md §6 per setting (exact file > most specific glob > upstream annotations
+  for the side-effect class > defaults file > built-in defaults); see docs/policies.md.
+- Each `ToolPolicy` carries `sources`: for every setting (keyed by its dotted attribute name, e.g.
+  `attempts`, `backoff.max_s`), where its value came from: `<file>:<yaml key>`,
+  `annotations:readOnlyHint`, `derived:...`, or `built-in`. `policies explain` prints them.
 - Durations are float seconds (`_s` suffix).
 """
 
@@ -114,20 +115,37 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Layer:
+    """The settings one policy file sets, as they apply to the tools it names.
+
+    `values` holds only the settings the file actually sets, keyed by the dotted `ToolPolicy`
+    attribute (`attempts`, `deadline_s`, `backoff.max_s`, `trust_annotations`, ...), already
+    compiled to their `ToolPolicy` types. `lines` maps the same keys to the line in `file`.
+    """
+
+    file: str
+    values: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    lines: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class PolicySet:
     """A complete, validated set of policies, versioned by a hash of the files' contents.
 
-    `resolve` is implemented in `proxy.policy.compile` (kept apart so this module stays a plain
-    value definition that `recovery/` may import without pulling in YAML or pydantic).
+    `resolve` is implemented in `proxy.policy.resolve` (kept apart so this module stays a plain
+    value definition that `recovery/` may import without pulling in YAML or pydantic). Results are
+    cached per (tool, annotation hints): the set is immutable, so a cached answer never goes stale.
+    `PolicySet(version="built-in")` with no layers resolves every tool to the built-in defaults.
     """
 
     version: str
-    exact: Mapping[str, Any]  # tool name -> compiled per-file settings layer
-    globs: tuple[tuple[str, Any], ...]  # (pattern, layer), most specific first
-    defaults: Any  # the defaults layer
+    exact: Mapping[str, Layer] = field(default_factory=lambda: MappingProxyType({}))
+    globs: tuple[tuple[str, Layer], ...] = ()  # (pattern, layer), most specific first
+    defaults: Layer | None = None  # the defaults file, if the folder has one
     files: tuple[str, ...] = ()
+    _cache: dict[tuple[str, bool, bool], ToolPolicy] = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, tool: str, annotations: Mapping[str, Any] | None = None) -> ToolPolicy:
-        from proxy.policy.compile import resolve_tool_policy
+        from proxy.policy.resolve import resolve_tool_policy
 
         return resolve_tool_policy(self, tool, annotations)

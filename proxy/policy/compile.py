@@ -1,0 +1,236 @@
+"""Loading a policy folder into a frozen `PolicySet` (RECOVERY.md §6, docs/policies.md).
+
+Contract:
+- `load_policy_dir(folder)` reads the `*.yaml` / `*.yml` files directly in `folder`, following
+  symlinks, and skips dot-entries (a ConfigMap mount's `..data`, `..2026_...`), subfolders (such as
+  `examples/`) and every other file. It returns a `PolicySet` or raises `PolicyError` listing every
+  problem at once, each naming the file, the line where known, the key, and a fix.
+- `defaults.yaml` (or `defaults.yml`) is the defaults file: it covers every tool and may not list
+  `tools`. Every other file must list `tools` (exact names or globs).
+- Two files claiming the same exact name (or the same glob) is an error naming both.
+- Invariants are checked on the effective values of every exact tool, of every glob with the
+  defaults, and of the defaults alone.
+- `version` is a short SHA-256 over the sorted file names and contents: equal folders, equal version.
+- `load_builtin_policies()` loads the defaults shipped inside the package (no folder given).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from proxy.errors import PolicyError
+from proxy.policy.compiled import Category, IdempotencyKey, Layer, PolicySet, Rule, SideEffect
+from proxy.policy.resolve import (
+    SETTINGS,
+    YAML_KEY,
+    effective_values,
+    glob_specificity,
+    invariant_violations,
+    is_glob,
+    resolve_tool_policy,
+    specific_layers,
+)
+from proxy.policy.schema import PolicyFile, RuleModel
+from proxy.policy.source import ParsedFile, parse_policy_file
+
+__all__ = ["compile_files", "load_builtin_policies", "load_policy_dir", "policy_version", "resolve_tool_policy"]
+
+DEFAULTS_NAMES = ("defaults.yaml", "defaults.yml")
+BUILTIN_LABEL = "<built-in>"
+_NULL_MEANS_OFF = {"idle_timeout", "idempotency_key"}
+_BLOCKS = {"backoff", "trust", "report", "anti_storm"}
+
+
+def policy_file_names(folder: Path) -> list[str]:
+    """The names the loader reads: `*.yaml`/`*.yml` regular files (or symlinks to them), no dot-entries."""
+    names = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.lower().endswith((".yaml", ".yml")):
+                continue
+            if entry.is_file():  # follows symlinks; directories and dangling links are skipped
+                names.append(entry.name)
+    return sorted(names)
+
+
+def load_policy_dir(folder: str | os.PathLike[str]) -> PolicySet:
+    path = Path(folder)
+    if not path.is_dir():
+        raise PolicyError([f"{path}: is not a folder; pass the folder that holds the policy YAML files"])
+    files = []
+    for name in policy_file_names(path):
+        try:
+            files.append((name, str(path / name), (path / name).read_bytes()))
+        except OSError as exc:  # vanished between listing and reading, or unreadable
+            raise PolicyError(
+                [f"{path / name}: cannot be read ({exc.strerror}); check it exists and is readable"]
+            ) from None
+    return compile_files(files)
+
+
+def load_builtin_policies() -> PolicySet:
+    folder = resources.files("proxy").joinpath("builtin_policies")
+    files = [
+        (entry.name, f"{BUILTIN_LABEL}/{entry.name}", entry.read_bytes())
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith((".yaml", ".yml")) and not entry.name.startswith(".")
+    ]
+    return compile_files(files)
+
+
+def policy_version(files: Sequence[tuple[str, bytes]]) -> str:
+    digest = hashlib.sha256()
+    for name, content in sorted(files):
+        for part in (name.encode(), content):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+    return digest.hexdigest()[:12]
+
+
+def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
+    """Compile (file name, display path, content) triples; raise `PolicyError` on any problem."""
+    problems: list[str] = []
+    parsed = [(name, parse_policy_file(display, content)) for name, display, content in files]
+    defaults_names = [name for name, _ in parsed if name in DEFAULTS_NAMES]
+    if len(defaults_names) > 1:
+        problems.append(
+            f"{parsed[0][1].display.rsplit('/', 1)[0]}: both defaults.yaml and defaults.yml exist; keep one"
+        )
+    defaults: Layer | None = None
+    exact: dict[str, tuple[Layer, ParsedFile, int | None]] = {}
+    globs: dict[str, tuple[Layer, ParsedFile, int | None]] = {}
+    for name, pf in parsed:
+        if pf.model is not None:
+            layer = _layer(pf.model, pf)
+            if name in DEFAULTS_NAMES:
+                if pf.model.tools is not None:
+                    pf.problem(
+                        ("tools",),
+                        "the defaults file covers every tool that no other file names; "
+                        "remove tools: here, or move these settings to a file of their own",
+                    )
+                defaults = layer
+            elif pf.model.tools is None:
+                pf.problem(
+                    ("tools",),
+                    "is required: list the exact tool names or globs this file covers, "
+                    "like tools: [refund, 'billing_*']",
+                )
+            else:
+                for tool in dict.fromkeys(pf.model.tools):
+                    claims = globs if is_glob(tool) else exact
+                    index = pf.model.tools.index(tool)
+                    line = pf.line_of(("tools", index))
+                    if tool in claims:
+                        other = claims[tool]
+                        other_where = f"{other[1].display}:{other[2]}" if other[2] else other[1].display
+                        pf.problem(
+                            ("tools", index),
+                            f"{tool!r} is also claimed by {other_where}; "
+                            "a tool name (or glob) may appear in one file only, remove it from one",
+                            line=line,
+                        )
+                    else:
+                        claims[tool] = (layer, pf, line)
+        problems.extend(pf.problems)
+    if problems:
+        raise PolicyError(problems)
+    policy_set = PolicySet(
+        version=policy_version([(name, content) for name, _, content in files]),
+        exact=MappingProxyType({tool: claim[0] for tool, claim in sorted(exact.items())}),
+        globs=tuple((p, globs[p][0]) for p in sorted(globs, key=glob_specificity)),
+        defaults=defaults,
+        files=tuple(display for _, display, _ in sorted(files)),
+    )
+    problems = _invariant_problems(policy_set, {pf.display: pf for _, pf in parsed})
+    if problems:
+        raise PolicyError(problems)
+    return policy_set
+
+
+def _layer(model: PolicyFile, pf: ParsedFile) -> Layer:
+    values: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    for key in model.model_fields_set:
+        block = getattr(model, key)
+        if key in _BLOCKS:
+            for sub in block.model_fields_set if block is not None else ():
+                raw[f"{key}.{sub}"] = getattr(block, sub)
+        elif block is None and key not in _NULL_MEANS_OFF and key != "tools":
+            pf.problem((key,), "has no value; write a value, or remove the line")
+        else:
+            raw[key] = block
+    setting_of = {yaml_key: setting for setting, yaml_key in SETTINGS}
+    for yaml_key, value in raw.items():
+        if yaml_key in setting_of:
+            values[setting_of[yaml_key]] = _compile_value(yaml_key, value, pf)
+    lines = {s: line for s in values if (line := pf.line_of(tuple(YAML_KEY[s].split(".")))) is not None}
+    return Layer(file=pf.display, values=MappingProxyType(values), lines=MappingProxyType(lines))
+
+
+def _compile_value(yaml_key: str, value: Any, pf: ParsedFile) -> Any:
+    match yaml_key:
+        case "side_effect":
+            return SideEffect(value)
+        case "unclassified":
+            return Category(value)
+        case "retry_on":
+            return frozenset(Category(item) for item in value)
+        case "report.alternatives":
+            return tuple(value)
+        case "idempotency_key":
+            return None if value is None else IdempotencyKey(location=value.location, name=value.name)
+        case "rules":
+            return tuple(_rule(index, rule, pf) for index, rule in enumerate(value))
+    return value
+
+
+def _rule(index: int, model: RuleModel, pf: ParsedFile) -> Rule:
+    for key, message in model.check():
+        pf.problem(("rules", index, key), message)
+    names = [r.name for r in pf.model.rules or ()] if pf.model else []
+    if names.index(model.name) != index:
+        pf.problem(
+            ("rules", index, "name"), f"{model.name!r} is used by an earlier rule too; give each rule its own name"
+        )
+    equals = None
+    if "equals" in model.model_fields_set:
+        equals = tuple(model.equals) if isinstance(model.equals, list) else (model.equals,)
+    return Rule(
+        name=model.name,
+        category=model.category,
+        text=re.compile(model.text) if model.text else None,
+        path=tuple(model.path.split(".")) if model.path else None,
+        equals=equals,
+        jsonrpc_codes=frozenset(model.jsonrpc_codes),
+        http_statuses=frozenset(model.http_statuses),
+        retryable=model.retryable,
+    )
+
+
+def _invariant_problems(policy_set: PolicySet, files: dict[str, ParsedFile]) -> list[str]:
+    chains: list[tuple[list[Layer], str]] = [([], "for every tool")]
+    chains += [([layer], f"for tools matching {pattern!r}") for pattern, layer in policy_set.globs]
+    chains += [(specific_layers(policy_set, tool), f"for tool {tool!r}") for tool in policy_set.exact]
+    seen: dict[str, str] = {}
+    for layers, scope in chains:
+        values, sources, origin = effective_values(layers, policy_set.defaults, None)
+        for small, big in invariant_violations(values):
+            blame = small if small in origin else big
+            layer = origin.get(blame)
+            where = files[layer.file].display if layer else BUILTIN_LABEL
+            line = layer.lines.get(blame) if layer else None
+            core = (
+                f"{YAML_KEY[small]} {values[small]:g}s ({sources[small]}) is longer than "
+                f"{YAML_KEY[big]} {values[big]:g}s ({sources[big]}); lower {YAML_KEY[small]} or raise {YAML_KEY[big]}"
+            )
+            text = f"{where}:{line}: {YAML_KEY[blame]}: {core}" if line else f"{where}: {YAML_KEY[blame]}: {core}"
+            seen.setdefault(text, f"{text} ({scope})")
+    return list(seen.values())

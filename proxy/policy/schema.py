@@ -1,0 +1,271 @@
+"""The on-disk policy file: strict pydantic models of one YAML file (docs/policies.md).
+
+Contract:
+- Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back to a default.
+- Every validator raises a `ValueError` whose text says what is wrong *and* how to fix it; the
+  loader (`proxy.policy.compile`) prefixes it with the file, line and key.
+- A field left out of the file is "not set" (`model_fields_set`), which is different from a value:
+  precedence works per setting, so only the settings a file writes override anything.
+- Durations are strings `250ms`, `10s`, `2m`, `1h` (also combined, `1m30s`) or plain numbers of
+  seconds; they become float seconds.
+- Invariants between settings (attempt_timeout <= deadline, min_attempt_time <= attempt_timeout,
+  backoff initial <= max) are checked by the loader on each tool's *effective* values, because
+  they may come from different files.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictInt, field_validator
+
+from proxy.policy.compiled import Category, SideEffect
+
+MAX_ATTEMPTS = 10
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+DURATION_HINT = "write it like 250ms, 10s, 2m or 1m30s (a plain number means seconds)"
+
+
+def parse_duration_s(value: object) -> float:
+    """`250ms` -> 0.25, `2m` -> 120.0, `1m30s` -> 90.0, `3` -> 3.0. Raises ValueError with a fix."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_PART.findall(text)
+            if not text or "".join(n + u for n, u in parts) != text:
+                raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}") from None
+            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    else:
+        raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError(f"{value!r} must be zero or more; {DURATION_HINT}")
+    return seconds
+
+
+def _positive_duration_s(value: object) -> float:
+    seconds = parse_duration_s(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero; {DURATION_HINT}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration_s)]
+PositiveDuration = Annotated[float, BeforeValidator(_positive_duration_s)]
+
+
+def _nonempty_name(value: str) -> str:
+    if not value.strip() or value != value.strip():
+        raise ValueError(f"{value!r} is not a usable name; write the name without surrounding spaces")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackoffModel(_Strict):
+    """`backoff:` - exponential, capped, with full jitter unless `jitter: none`."""
+
+    initial: Duration = 0.2
+    max: PositiveDuration = 2.0
+    multiplier: float = 2.0
+    jitter: Literal["full", "none"] = "full"
+
+    @field_validator("multiplier", mode="before")
+    @classmethod
+    def _multiplier(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+            raise ValueError(f"{value!r} must be a number of at least 1 (2 doubles the wait each retry)")
+        return value
+
+
+class RuleModel(_Strict):
+    """One entry of `rules:`; every matcher it sets must match."""
+
+    name: str
+    category: Category
+    text: str | None = None
+    path: str | None = None
+    equals: Any = None
+    jsonrpc_codes: list[StrictInt] = []
+    http_statuses: list[StrictInt] = []
+    retryable: StrictBool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _nonempty_name(value)
+
+    @field_validator("text")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(
+                    f"{value!r} is not a valid regular expression ({exc}); "
+                    "escape special characters such as ( ) [ ] . * + ? with a backslash"
+                ) from None
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(not part for part in value.split("."))):
+            raise ValueError(
+                f"{value!r} is not a dotted path; write keys of structuredContent joined by dots, like error.code"
+            )
+        return value
+
+    @field_validator("http_statuses")
+    @classmethod
+    def _statuses(cls, value: list[int]) -> list[int]:
+        for status in value:
+            if not 100 <= status <= 599:
+                raise ValueError(f"{status} is not an HTTP status; use numbers from 100 to 599")
+        return value
+
+    def check(self) -> list[tuple[str, str]]:
+        """Problems across fields, as (key, message); the loader adds file and line."""
+        problems: list[tuple[str, str]] = []
+        if not (self.text or self.path or self.jsonrpc_codes or self.http_statuses):
+            problems.append(
+                (
+                    "name",
+                    f"rule {self.name!r} matches nothing; set at least one of text, path, "
+                    "jsonrpc_codes or http_statuses",
+                )
+            )
+        if "equals" in self.model_fields_set and self.path is None:
+            problems.append(("equals", "equals needs a path; add path: <dotted key> to say what to compare"))
+        if self.retryable and self.category is not Category.TRANSIENT:
+            problems.append(
+                (
+                    "retryable",
+                    f"only transient failures can be retried, but this rule says "
+                    f"{self.category.value}; remove retryable or set category: transient",
+                )
+            )
+        return problems
+
+
+class TrustModel(_Strict):
+    """`trust:` - whether to believe the upstream's tool annotations and errorCategory."""
+
+    annotations: StrictBool = True
+    error_category: StrictBool = True
+
+
+class IdempotencyKeyModel(_Strict):
+    """`idempotency_key:` - where the proxy puts the per-call key it generates."""
+
+    location: Literal["argument", "meta"]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _nonempty_name(value)
+
+
+class ReportModel(_Strict):
+    """`report:` - hints added to an unresolved result."""
+
+    alternatives: list[str] = []
+    status_check_tool: str | None = None
+
+
+class AntiStormModel(_Strict):
+    """`anti_storm:` - accepted and compiled, not enforced yet."""
+
+    retry_budget_ratio: float | None = None
+    retry_budget_min_per_s: float | None = None
+    breaker_failures: StrictInt | None = None
+    breaker_cooldown: PositiveDuration | None = None
+
+    @field_validator("retry_budget_ratio")
+    @classmethod
+    def _ratio(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value <= 1:
+            raise ValueError(f"{value} must be between 0 and 1 (0.2 allows retries of 20% of calls)")
+        return value
+
+    @field_validator("retry_budget_min_per_s")
+    @classmethod
+    def _min_per_s(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            raise ValueError(f"{value} must be zero or more retries per second")
+        return value
+
+    @field_validator("breaker_failures")
+    @classmethod
+    def _failures(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"{value} must be at least 1 consecutive failure")
+        return value
+
+
+class PolicyFile(_Strict):
+    """One YAML file. `tools` is required except in the defaults file, where it is not allowed."""
+
+    tools: list[str] | None = None
+    side_effect: SideEffect | None = None
+    retry_on: list[str] | None = None
+    attempts: StrictInt | None = None
+    deadline: PositiveDuration | None = None
+    attempt_timeout: PositiveDuration | None = None
+    min_attempt_time: Duration | None = None
+    idle_timeout: PositiveDuration | None = None
+    backoff: BackoffModel | None = None
+    retry_after_cap: Duration | None = None
+    rules: list[RuleModel] | None = None
+    trust: TrustModel | None = None
+    unclassified: Category | None = None
+    idempotency_key: IdempotencyKeyModel | None = None
+    ledger_window: Duration | None = None
+    jsonrpc_errors_as_results: StrictBool | None = None
+    report: ReportModel | None = None
+    anti_storm: AntiStormModel | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("the list is empty; name at least one tool, like tools: [refund]")
+            for name in value:
+                _nonempty_name(name)
+        return value
+
+    @field_validator("retry_on")
+    @classmethod
+    def _retry_on(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or ():
+            if item != Category.TRANSIENT.value:
+                raise ValueError(
+                    f"{item!r} cannot be retried: only transient may be listed (validation needs "
+                    "changed input, permission needs access, business needs an explanation); "
+                    "write retry_on: [transient], or [] to retry nothing"
+                )
+        return value
+
+    @field_validator("attempts")
+    @classmethod
+    def _attempts(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"{value} is too few: attempts counts every call, the first included; use 1 for no retry")
+        if value is not None and value > MAX_ATTEMPTS:
+            raise ValueError(
+                f"{value} is more than the cap of {MAX_ATTEMPTS} total attempts; more retries make an "
+                f"outage worse. Use at most {MAX_ATTEMPTS}, or a longer deadline and backoff"
+            )
+        return value

@@ -1,0 +1,169 @@
+"""One policy file read from disk: YAML with line marks, validated against `schema.PolicyFile`.
+
+Contract:
+- `parse_policy_file(display, content)` never raises for bad input; it returns a `ParsedFile` whose
+  `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`.
+- `lines` maps every key path (`("backoff", "max")`, `("rules", 0, "text")`) to its 1-based line,
+  taken from the YAML nodes' marks, so later checks can point at a line too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from dataclasses import dataclass, field
+from typing import Any, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from proxy.policy.schema import PolicyFile
+
+Loc = tuple[str | int, ...]
+
+_EXPECTED = {
+    "int": "a whole number",
+    "bool": "true or false",
+    "string": "text",
+    "list": "a list, like [a, b]",
+    "dict": "a block of key: value lines",
+    "model": "a block of key: value lines",
+    "float": "a number",
+}
+
+
+@dataclass(slots=True)
+class ParsedFile:
+    """A file as read: its model when valid, the line of every key, and its problems."""
+
+    display: str
+    model: PolicyFile | None = None
+    lines: dict[Loc, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def line_of(self, loc: Loc) -> int | None:
+        """The line of `loc`, or of its nearest ancestor that the file has."""
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return None
+
+    def problem(self, loc: Loc, message: str, *, line: int | None = None) -> None:
+        line = line if line is not None else self.line_of(loc)
+        where = f"{self.display}:{line}" if line else self.display
+        key = key_text(loc)
+        self.problems.append(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+
+def key_text(loc: Loc) -> str:
+    """`("rules", 0, "text")` -> `rules[0].text`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_policy_file(display: str, content: bytes) -> ParsedFile:
+    parsed = ParsedFile(display)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        parsed.problem((), f"is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
+        return parsed
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        reason = getattr(exc, "problem", None) or str(exc)
+        parsed.problem(
+            (),
+            f"is not valid YAML: {reason}; check the indentation and quote values that contain ': ' or '#'",
+            line=mark.line + 1 if mark else None,
+        )
+        return parsed
+    finally:
+        loader.dispose()
+    if node is not None:
+        _collect_lines(node, (), parsed)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        parsed.problem((), "must be a block of key: value lines at the top (see docs/policies.md)", line=1)
+        return parsed
+    try:
+        parsed.model = PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            parsed.problem(loc, _message(err, loc))
+    return parsed
+
+
+def _collect_lines(node: yaml.Node, loc: Loc, parsed: ParsedFile) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                parsed.problem(
+                    (*loc, key),
+                    f"appears twice (lines {seen[key]} and {line}); keep one, YAML would silently use the last",
+                    line=line,
+                )
+            seen[key] = line
+            parsed.lines[(*loc, key)] = line
+            _collect_lines(value_node, (*loc, key), parsed)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            parsed.lines[(*loc, index)] = item.start_mark.line + 1
+            _collect_lines(item, (*loc, index), parsed)
+
+
+def _message(err: Any, loc: Loc) -> str:
+    kind: str = err["type"]
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "is required here; add it (see docs/policies.md)"
+    if kind in ("enum", "literal_error"):
+        return f"{value!r} is not allowed; use {ctx.get('expected', '')}"
+    base = kind.split("_", 1)[0]
+    if base in _EXPECTED:
+        if value is None:
+            return f"has no value; write {_EXPECTED[base]}, or remove the line"
+        return f"expected {_EXPECTED[base]}, got {value!r}"
+    return f"{err['msg']} (got {value!r})"
+
+
+def _allowed_keys(loc: Loc) -> list[str]:
+    model: type[BaseModel] | None = PolicyFile
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        model = _model_in(info.annotation) if info else None
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, types.UnionType, list):
+        for arg in get_args(annotation):
+            found = _model_in(arg)
+            if found:
+                return found
+    return None

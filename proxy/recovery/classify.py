@@ -236,9 +236,7 @@ def _http(outcome: TransportError, status: int, policy: ToolPolicy) -> Classifie
     builtin = HTTP_TABLE.get(status)
     rule = _first_rule(policy, subject, needs="http")
     if rule is not None:
-        return _by_rule(
-            rule, builtin[1] if builtin else Dispatch.UNKNOWN, status, retry_after_s=outcome.retry_after_s
-        )
+        return _by_rule(rule, builtin[1] if builtin else Dispatch.UNKNOWN, status, retry_after_s=outcome.retry_after_s)
     if builtin is not None:
         category, dispatched = builtin
         return Classified(

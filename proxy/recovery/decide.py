@@ -255,8 +255,7 @@ _TABLE: tuple[DecisionRow, ...] = (
     DecisionRow(
         StopReason.NOT_RETRYABLE,
         "eligibility",
-        "category is not transient, not in retry_on, unclassified (defaulted), "
-        "or a rule says retryable: false",
+        "category is not transient, not in retry_on, unclassified (defaulted), or a rule says retryable: false",
         "HTTP 403 (permission); isError with errorCategory validation; isError without any category",
     ),
     DecisionRow(

@@ -101,9 +101,7 @@ class Ledger(Protocol):
 class InMemoryLedger:
     """The default ledger: a bounded, insertion-ordered map of exhausted operations."""
 
-    def __init__(
-        self, clock: Callable[[], float] | None = None, *, max_entries: int = DEFAULT_MAX_ENTRIES
-    ) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self._clock = clock

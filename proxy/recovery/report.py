@@ -1,0 +1,514 @@
+"""The enriched unresolved result (RECOVERY.md §5), and the two light touches on other results.
+
+Contract:
+- `unresolved_result(...)` returns a CallToolResult dict with `isError: true`. Its `content` opens
+  with one text block a model can act on (what failed, why retrying stopped, what is preserved,
+  what to do next), followed by the upstream's own content blocks of the last attempt, if any.
+  Its `structuredContent` carries every key of the §5 table (schema:
+  proxy/schemas/unresolved-result.schema.json) and is always an object.
+- The upstream's own `structuredContent` is never lost: its keys are kept at the top level; a key
+  that collides with ours (or is named `upstream`) moves under `upstream`; a value that is not an
+  object (2026 allows any JSON value) becomes `upstream` itself.
+- Details are redacted (no credentials, no argument values) and bounded (300 characters).
+  `isRetryable` is false on every result the proxy gives up on.
+- `with_attempts_meta(result, attempts)` adds `_meta["io.mcp-recovery-proxy/attempts"]` to a
+  success that needed retries and changes nothing else (the input is not mutated).
+- `rpc_error_as_result(error)` turns a JSON-RPC error of `tools/call` into an `isError` result,
+  so a model can correct itself (the engine skips it when `jsonrpc_errors_as_results` is off).
+- Suggested actions are deterministic: by stop reason, then category, then the policy's status
+  check tool and alternatives, then partial results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from proxy.errors import Dispatch
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_ATTEMPTS
+from proxy.policy.compiled import Category, SideEffect, ToolPolicy
+from proxy.recovery.classify import tool_error_text
+from proxy.recovery.decide import GiveUp
+from proxy.recovery.ledger import ExhaustedEntry
+from proxy.recovery.outcome import (
+    Classified,
+    Evidence,
+    EvidenceSource,
+    Outcome,
+    RpcError,
+    Success,
+    ToolError,
+    TransportError,
+    outcome_name,
+)
+from proxy.recovery.reasons import BUDGET_EXHAUSTED, StopReason
+from proxy.recovery.redact import bound, redact
+
+MESSAGE_LIMIT: Final = 1200
+PARTIAL_TEXT_LIMIT: Final = 1000
+SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttempts", "elapsedMs")
+
+_MISSING: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt as the engine saw it; times are seconds since the call started."""
+
+    number: int  # 1-based
+    started_s: float
+    duration_s: float
+    outcome: Outcome
+    classified: Classified
+    backoff_s: float | None = None  # the wait before the next attempt; None for the last one
+
+
+@dataclass(frozen=True, slots=True)
+class PartialResult:
+    """Something obtained on the way: `source` is e.g. "upstream", "progress" or "failed_attempt"."""
+
+    source: str
+    attempt: int | None
+    content: Any
+
+
+def _ms(seconds: float | None) -> int | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return max(0, round(seconds * 1000))
+
+
+def outcome_detail(outcome: Outcome, arguments: Mapping[str, Any] | None = None) -> str:
+    """A redacted, bounded one-line account of what an attempt produced."""
+    match outcome:
+        case Success():
+            text = "success"
+        case ToolError(result=result):
+            text = tool_error_text(result) or "isError result without text content"
+        case RpcError(error=error):
+            text = f"JSON-RPC error {error.get('code')}: {error.get('message', '')}"
+        case TransportError(kind=kind, http_status=status, detail=detail):
+            text = f"{kind.value}" + (f" (HTTP {status})" if status is not None else "") + f": {detail}"
+    return redact(str(text), arguments=arguments)
+
+
+def _step(record: AttemptRecord, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    c = record.classified
+    return {
+        "number": record.number,
+        "startedAt": _ms(record.started_s) or 0,
+        "durationMs": _ms(record.duration_s) or 0,
+        "outcome": outcome_name(record.outcome),
+        "category": c.category.value if c.category is not None else None,
+        "dispatched": c.dispatched.value,
+        "source": c.evidence.source.value,
+        "detail": outcome_detail(record.outcome, arguments),
+        "backoffMs": _ms(record.backoff_s),
+    }
+
+
+def rpc_error_as_result(error: Mapping[str, Any]) -> dict[str, Any]:
+    """An `isError` CallToolResult standing for a JSON-RPC error answer to `tools/call`."""
+    code = error.get("code")
+    message = error.get("message")
+    text = f"The upstream answered with JSON-RPC error {code}: {message if isinstance(message, str) else ''}"
+    jsonrpc_error: dict[str, Any] = {"code": code, "message": bound(str(message or ""), PARTIAL_TEXT_LIMIT)}
+    if "data" in error:
+        jsonrpc_error["data"] = error["data"]
+    return {
+        "isError": True,
+        "content": [{"type": "text", "text": bound(text, PARTIAL_TEXT_LIMIT)}],
+        "structuredContent": {"jsonrpcError": jsonrpc_error},
+    }
+
+
+def with_attempts_meta(result: Mapping[str, Any], attempts: int) -> dict[str, Any]:
+    """The same result with `_meta["io.mcp-recovery-proxy/attempts"] = attempts` added."""
+    out = dict(result)
+    meta = result.get("_meta")
+    out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_ATTEMPTS: attempts}
+    return out
+
+
+def merge_upstream_structured(ours: dict[str, Any], upstream: Any = _MISSING) -> dict[str, Any]:
+    """Our structuredContent plus the upstream's, nothing lost (see the module contract)."""
+    merged = dict(ours)
+    if upstream is _MISSING:
+        return merged
+    if not isinstance(upstream, dict):
+        merged["upstream"] = upstream
+        return merged
+    reserved = set(ours) | {"upstream"}
+    moved = {key: value for key, value in upstream.items() if key in reserved}
+    merged.update((key, value) for key, value in upstream.items() if key not in reserved)
+    if moved:
+        merged["upstream"] = moved
+    return merged
+
+
+def ledger_summary(structured: Mapping[str, Any]) -> dict[str, Any]:
+    """What the ledger keeps of an exhausted call's unresolved structuredContent."""
+    summary = {key: structured[key] for key in SUMMARY_KEYS if key in structured}
+    if isinstance(structured.get("classification"), dict):
+        summary["classification"] = dict(structured["classification"])
+    return summary
+
+
+# --- suggested actions ---------------------------------------------------------------------------
+
+_BY_CATEGORY: Final[dict[Category, tuple[str, str]]] = {
+    Category.VALIDATION: ("change_input", "Correct the arguments named in the error, then call again."),
+    Category.PERMISSION: (
+        "request_access",
+        "Obtain the missing access or credentials, or escalate to someone who has them.",
+    ),
+    Category.BUSINESS: (
+        "explain_or_escalate",
+        "A domain rule refused the request: explain it to the user or escalate; do not force it.",
+    ),
+}
+
+
+def _action(action: str, description: str, **extra: Any) -> dict[str, Any]:
+    return {"action": action, "description": description, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def suggested_actions(
+    policy: ToolPolicy,
+    reason: StopReason,
+    category: Category,
+    *,
+    defaulted: bool,
+    outcome_unknown: bool,
+    budget_id: str,
+    retry_after_ms: int | None,
+    has_partials: bool,
+) -> list[dict[str, Any]]:
+    """Deterministic next steps for a coordinator or a model."""
+    actions: list[dict[str, Any]] = []
+    if outcome_unknown:
+        actions.append(
+            _action(
+                "check_status",
+                "The change may have been applied: check its status before doing anything else.",
+                tool=policy.status_check_tool,
+            )
+        )
+        actions.append(_action("do_not_repeat", "Do not repeat this call unchanged: it could apply the change twice."))
+    match reason:
+        case StopReason.ATTEMPTS_EXHAUSTED | StopReason.DEADLINE_EXHAUSTED | StopReason.LEDGER_EXHAUSTED:
+            actions.append(
+                _action(
+                    "retry_later",
+                    "The cause may still be temporary: try again later, not immediately.",
+                    retryAfterMs=retry_after_ms,
+                )
+            )
+            actions.append(
+                _action(
+                    "approve_budget",
+                    f"A coordinator may approve one fresh budget by sending _meta "
+                    f'"{META_APPROVE_BUDGET}": "{budget_id}" with the identical call.',
+                    budgetId=budget_id,
+                )
+            )
+        case StopReason.RETRY_BUDGET | StopReason.CIRCUIT_OPEN | StopReason.OVERLOADED:
+            actions.append(
+                _action(
+                    "retry_later",
+                    "The upstream or the proxy is shedding load: try again later.",
+                    retryAfterMs=retry_after_ms,
+                )
+            )
+        case StopReason.UPSTREAM_DECLINED:
+            actions.append(_action("do_not_repeat", "The upstream said repeating this call will not help."))
+        case _:
+            pass
+    if defaulted:
+        actions.append(
+            _action(
+                "inspect_error",
+                "The failure carried no category: read the upstream's message before deciding.",
+            )
+        )
+    elif category in _BY_CATEGORY:
+        actions.append(_action(*_BY_CATEGORY[category]))
+    for alternative in policy.alternatives:
+        actions.append(_action("use_alternative", f"Use '{alternative}' to obtain what is missing.", tool=alternative))
+    if has_partials:
+        actions.append(_action("accept_partial", "Use the partial results and name what is still missing."))
+    seen: set[tuple[str, str | None]] = set()
+    unique = []
+    for action in actions:
+        key = (action["action"], action.get("tool"))
+        if key not in seen:
+            seen.add(key)
+            unique.append(action)
+    return unique
+
+
+# --- the message ---------------------------------------------------------------------------------
+
+
+def _evidence_phrase(evidence: Evidence, category: Category, defaulted: bool) -> str:
+    match evidence.source:
+        case EvidenceSource.TRANSPORT:
+            return f"transport failure {evidence.code}"
+        case EvidenceSource.HTTP:
+            return f"HTTP {evidence.code}"
+        case EvidenceSource.JSONRPC:
+            return f"JSON-RPC error {evidence.code}"
+        case EvidenceSource.UPSTREAM:
+            return "as reported by the upstream"
+        case EvidenceSource.RULE:
+            return f"policy rule '{evidence.rule}'"
+        case EvidenceSource.DEFAULT:
+            return f"unclassified, treated as {category.value}" if defaulted else "unclassified"
+    return ""
+
+
+def _why(reason: StopReason, policy: ToolPolicy, c: Classified | None, attempts: int, deadline_s: float) -> str:
+    match reason:
+        case StopReason.NOT_RETRYABLE:
+            if c is not None and c.defaulted:
+                return "Not retried: the failure could not be classified, and unclassified failures are never retried."
+            if c is not None and c.rule_retryable is False:
+                return "Not retried: a policy rule marks this failure as not retryable."
+            if c is not None and c.category is Category.TRANSIENT:
+                return "Not retried: this tool's policy does not retry transient failures."
+            return "Not retried: repeating the same call unchanged would fail the same way."
+        case StopReason.UPSTREAM_DECLINED:
+            return "Not retried: the upstream said retrying would not help."
+        case StopReason.OUTCOME_UNKNOWN:
+            return "Not retried: the tool changes state and the failed attempt may have taken effect."
+        case StopReason.ATTEMPTS_EXHAUSTED:
+            return f"Stopped after {attempts} of {policy.attempts} attempts: the attempt budget is spent."
+        case StopReason.DEADLINE_EXHAUSTED:
+            return f"Stopped after {attempts} attempt(s): the {deadline_s:g} s deadline leaves no room for another."
+        case StopReason.RETRY_BUDGET:
+            return "Stopped: the proxy's retry budget for this upstream is spent (too many retries recently)."
+        case StopReason.CIRCUIT_OPEN:
+            return "Stopped: the circuit breaker for this upstream and tool is open."
+        case StopReason.OVERLOADED:
+            return "Not attempted: the proxy is at its concurrency limit."
+        case StopReason.LEDGER_EXHAUSTED:
+            return "Not attempted: an identical call already exhausted its budget; the upstream was not called again."
+        case StopReason.CANCELLED:
+            return "Cancelled by the caller."
+
+
+def _message(
+    *,
+    policy: ToolPolicy,
+    reason: StopReason,
+    category: Category,
+    classified: Classified | None,
+    evidence: Evidence,
+    defaulted: bool,
+    attempts: int,
+    elapsed_s: float,
+    deadline_s: float,
+    partials: int,
+    outcome_unknown: bool,
+    retry_after_ms: int | None,
+    actions: Sequence[Mapping[str, Any]],
+) -> str:
+    what = (
+        f"Tool '{bound(policy.tool, 100)}' did not complete: {category.value} failure "
+        f"({_evidence_phrase(evidence, category, defaulted)}) after {attempts} attempt(s) in {elapsed_s:.1f} s."
+    )
+    why = _why(reason, policy, classified, attempts, deadline_s)
+    if retry_after_ms is not None:
+        why += f" Earliest sensible retry: in {retry_after_ms} ms."
+    preserved = f"Preserved: {attempts} attempt(s) in attemptedSteps"
+    if partials:
+        preserved += f", {partials} partial result(s) in partialResults"
+    preserved += "."
+    if outcome_unknown:
+        preserved += " The outcome is unknown: the change may have been applied."
+    next_steps = " ".join(str(a["description"]) for a in actions[:2])
+    return bound(" ".join(part for part in (what, why, preserved, f"Next: {next_steps}") if part), MESSAGE_LIMIT)
+
+
+# --- the unresolved result -----------------------------------------------------------------------
+
+
+def _failed_attempt_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str, Any]]:
+    """Text of earlier failed attempts (the last one's content follows the message instead)."""
+    partials = []
+    last = attempts[-1].outcome if attempts else None
+    last_text = tool_error_text(last.result) if isinstance(last, ToolError) else None
+    for record in attempts[:-1]:
+        if isinstance(record.outcome, ToolError):
+            text = tool_error_text(record.outcome.result)
+            if text and text != last_text:
+                partials.append(
+                    {
+                        "source": "failed_attempt",
+                        "attempt": record.number,
+                        "content": [{"type": "text", "text": bound(text, PARTIAL_TEXT_LIMIT)}],
+                    }
+                )
+    return partials
+
+
+def _is_outcome_unknown(policy: ToolPolicy, attempts: Sequence[AttemptRecord]) -> bool:
+    if policy.side_effect is not SideEffect.STATE_CHANGING:
+        return False
+    for record in attempts:
+        c = record.classified
+        if c.category is None or c.dispatched is Dispatch.NO:
+            continue
+        if c.dispatched is Dispatch.UNKNOWN or c.category is Category.TRANSIENT or c.defaulted:
+            return True
+    return False
+
+
+def _preflight_classification(stop: GiveUp, earlier: ExhaustedEntry | None) -> tuple[Category, dict[str, Any]]:
+    if earlier is not None:
+        raw = earlier.summary.get("errorCategory")
+        category = Category(raw) if raw in {c.value for c in Category} else Category.TRANSIENT
+        previous = earlier.summary.get("classification")
+        if isinstance(previous, Mapping):
+            return category, {
+                "source": previous.get("source", EvidenceSource.DEFAULT.value),
+                "code": previous.get("code"),
+                "rule": previous.get("rule"),
+                "defaulted": bool(previous.get("defaulted", False)),
+            }
+        return category, {"source": EvidenceSource.DEFAULT.value, "code": None, "rule": None, "defaulted": False}
+    return Category.TRANSIENT, {
+        "source": EvidenceSource.TRANSPORT.value,
+        "code": stop.reason.value,
+        "rule": None,
+        "defaulted": False,
+    }
+
+
+def unresolved_result(
+    policy: ToolPolicy,
+    stop: GiveUp,
+    *,
+    attempts: Sequence[AttemptRecord],
+    elapsed_s: float,
+    deadline_s: float,
+    arguments_digest: str,
+    budget_id: str,
+    arguments: Mapping[str, Any] | None = None,
+    partial_results: Sequence[PartialResult] = (),
+    unresolved_sources: Sequence[str] | None = None,
+    earlier: ExhaustedEntry | None = None,
+    approved_budget_id: str | None = None,
+) -> dict[str, Any]:
+    """The enriched `isError` result of a call the proxy gives up on.
+
+    - `attempts`: every attempt made (empty when the call stopped before attempt 1); the last
+      one's classification is the call's.
+    - `arguments`: used only to scrub their values out of details; never echoed.
+    - `earlier`: the ledger entry that stopped the call (`ledger_exhausted`); `budget_id` then
+      names the earlier budget.
+    - `approved_budget_id`: the earlier budget an approval consumed to open this one.
+    """
+    last = attempts[-1] if attempts else None
+    classified = last.classified if last is not None else None
+    if classified is not None and classified.category is not None:
+        category = classified.category
+        classification = {
+            "source": classified.evidence.source.value,
+            "code": classified.evidence.code,
+            "rule": classified.evidence.rule,
+            "defaulted": classified.defaulted,
+        }
+        evidence = classified.evidence
+        defaulted = classified.defaulted
+    else:
+        category, classification = _preflight_classification(stop, earlier)
+        evidence = Evidence(EvidenceSource(classification["source"]), classification["code"], classification["rule"])
+        defaulted = bool(classification["defaulted"])
+    if isinstance(classification["code"], str):
+        classification["code"] = bound(classification["code"], 100)
+
+    retry_after_ms = _ms(stop.retry_after_s)
+    outcome_unknown = _is_outcome_unknown(policy, attempts)
+    partials = [{"source": bound(p.source, 100), "attempt": p.attempt, "content": p.content} for p in partial_results]
+    partials.extend(_failed_attempt_partials(attempts))
+    actions = suggested_actions(
+        policy,
+        stop.reason,
+        category,
+        defaulted=defaulted,
+        outcome_unknown=outcome_unknown,
+        budget_id=budget_id,
+        retry_after_ms=retry_after_ms,
+        has_partials=bool(partial_results),
+    )
+    structured: dict[str, Any] = {
+        "errorCategory": category.value,
+        "isRetryable": False,
+        "retryAfterMs": retry_after_ms,
+        "budgetExhausted": stop.reason in BUDGET_EXHAUSTED,
+        "stopReason": stop.reason.value,
+        "attemptCount": len(attempts),
+        "maxAttempts": policy.attempts,
+        "elapsedMs": _ms(elapsed_s) or 0,
+        "deadlineMs": _ms(deadline_s) or 0,
+        "attemptedSteps": [_step(record, arguments) for record in attempts],
+        "partialResults": partials,
+        "unresolvedSources": [bound(s, 200) for s in (unresolved_sources or [policy.tool])],
+        "outcomeUnknown": outcome_unknown,
+        "operation": {
+            "tool": policy.tool,
+            "sideEffect": policy.side_effect.value,
+            "argumentsDigest": arguments_digest,
+            "budgetId": budget_id,
+            "approvedBudgetId": approved_budget_id,
+        },
+        "suggestedActions": actions,
+        "classification": classification,
+    }
+    if earlier is not None:
+        structured["earlierBudget"] = {
+            "budgetId": earlier.budget_id,
+            "stopReason": earlier.reason.value,
+            **{k: v for k, v in earlier.summary.items() if k in SUMMARY_KEYS and k != "stopReason"},
+        }
+
+    upstream_result: Mapping[str, Any] | None = None
+    if last is not None:
+        match last.outcome:
+            case ToolError(result=result):
+                upstream_result = result
+            case RpcError(error=error):
+                upstream_result = rpc_error_as_result(error)
+            case _:
+                upstream_result = None
+    upstream_content: list[Any] = []
+    upstream_structured: Any = _MISSING
+    if upstream_result is not None:
+        content = upstream_result.get("content")
+        if isinstance(content, list):
+            upstream_content = list(content)
+        upstream_structured = upstream_result.get("structuredContent", _MISSING)
+
+    text = _message(
+        policy=policy,
+        reason=stop.reason,
+        category=category,
+        classified=classified,
+        evidence=evidence,
+        defaulted=defaulted,
+        attempts=len(attempts),
+        elapsed_s=elapsed_s,
+        deadline_s=deadline_s,
+        partials=len(partials),
+        outcome_unknown=outcome_unknown,
+        retry_after_ms=retry_after_ms,
+        actions=actions,
+    )
+    return {
+        "isError": True,
+        "content": [{"type": "text", "text": text}, *upstream_content],
+        "structuredContent": merge_upstream_structured(structured, upstream_structured),
+    }

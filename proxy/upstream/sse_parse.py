@@ -1,0 +1,135 @@
+"""An incremental Server-Sent Events parser working on raw bytes.
+
+Implements the WHATWG "event stream interpretation" rules that matter for MCP: the fields
+`event`, `data` (multi-line, joined with LF), `id` (ignored when it contains NUL; it persists as
+the stream's last event id), `retry` (ASCII digits only), comment lines starting with `:`, and all
+three line terminators (CRLF, LF, CR — including a CR/LF pair split across two chunks). A leading
+UTF-8 BOM is dropped.
+
+Why our own parser and not `httpx-sse`: mcp 2.3.0 depends on `httpx2` (its own SSE support lives
+there), not on `httpx` + `httpx-sse`, so `httpx-sse` would be one more dependency for ~100 lines.
+Owning it also lets us keep `data` as bytes (orjson parses bytes directly, no str round trip),
+bound the size of one event (a misbehaving upstream cannot make us buffer without limit), and feed
+it from `Response.aiter_raw()` chunks whatever their boundaries.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
+_BOM: Final = b"\xef\xbb\xbf"
+DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+
+
+class SseError(ValueError):
+    """The stream broke the limits we accept (an event larger than the configured bound)."""
+
+
+@dataclass(slots=True)
+class SseEvent:
+    event: str = "message"
+    data: bytes = b""
+    id: str | None = None  # the stream's last event id when this event was dispatched
+    retry: int | None = None  # a `retry` field seen since the previous event, in milliseconds
+
+
+class SseParser:
+    """Feed it byte chunks; it returns the events completed by each chunk."""
+
+    __slots__ = (
+        "_bom_checked",
+        "_buf",
+        "_data",
+        "_data_len",
+        "_event",
+        "_pending_retry",
+        "_skip_lf",
+        "last_event_id",
+        "max_event_bytes",
+        "retry",
+    )
+
+    def __init__(self, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.last_event_id: str | None = None
+        self.retry: int | None = None  # the latest reconnection time the server asked for (ms)
+        self._buf = b""
+        self._skip_lf = False
+        self._bom_checked = False
+        self._event = ""
+        self._data: list[bytes] = []
+        self._data_len = 0
+        self._pending_retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._buf + chunk if self._buf else chunk
+        if not self._bom_checked:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                self._buf = buf
+                return []
+            self._bom_checked = True
+            if buf.startswith(_BOM):
+                buf = buf[3:]
+        events: list[SseEvent] = []
+        start = 0
+        for m in _LINE_END.finditer(buf):
+            end = m.start()
+            if m.group() == b"\r" and m.end() == len(buf):
+                self._skip_lf = True  # a LF may follow in the next chunk: same terminator
+            ev = self._line(buf[start:end])
+            if ev is not None:
+                events.append(ev)
+            start = m.end()
+        rest = buf[start:]
+        if self.max_event_bytes is not None and len(rest) > self.max_event_bytes:
+            raise SseError(f"an SSE line exceeds {self.max_event_bytes} bytes")
+        self._buf = rest
+        return events
+
+    def _line(self, line: bytes) -> SseEvent | None:
+        if not line:
+            return self._dispatch()
+        if line[0] == 0x3A:  # ':' comment / keep-alive
+            return None
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+            self._data_len += len(value) + 1
+            if self.max_event_bytes is not None and self._data_len > self.max_event_bytes:
+                raise SseError(f"an SSE event exceeds {self.max_event_bytes} bytes")
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            if b"\x00" not in value:
+                self.last_event_id = value.decode("utf-8", "replace")
+        elif name == b"retry":
+            if value and value.isdigit():
+                self.retry = self._pending_retry = int(value)
+        return None
+
+    def _dispatch(self) -> SseEvent | None:
+        data, event, retry = self._data, self._event, self._pending_retry
+        self._data, self._data_len, self._event, self._pending_retry = [], 0, "", None
+        if not data:
+            return None  # no data field: nothing to dispatch (id/retry were still recorded)
+        return SseEvent(
+            event=event or "message",
+            data=data[0] if len(data) == 1 else b"\n".join(data),
+            id=self.last_event_id,
+            retry=retry,
+        )

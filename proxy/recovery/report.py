@@ -7,8 +7,8 @@ Contract:
   Its `structuredContent` carries every key of the §5 table (schema:
   proxy/schemas/unresolved-result.schema.json) and is always an object.
 - The upstream's own `structuredContent` is never lost: its keys are kept at the top level; a key
-  that collides with ours (or is named `upstream`) moves under `upstream`; a value that is not an
-  object (2026 allows any JSON value) becomes `upstream` itself.
+  that collides with one of ours (`RESERVED_KEYS`, even one absent from this result) moves under
+  `upstream`; a value that is not an object (2026 allows any JSON value) becomes `upstream`.
 - Details are redacted (no credentials, no argument values) and bounded (300 characters).
   `isRetryable` is false on every result the proxy gives up on.
 - `with_attempts_meta(result, attempts)` adds `_meta["io.mcp-recovery-proxy/attempts"]` to a
@@ -51,6 +51,30 @@ PARTIAL_TEXT_LIMIT: Final = 1000
 SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttempts", "elapsedMs")
 
 _MISSING: Final = object()
+
+RESERVED_KEYS: Final = frozenset(
+    {
+        "errorCategory",
+        "isRetryable",
+        "retryAfterMs",
+        "budgetExhausted",
+        "stopReason",
+        "attemptCount",
+        "maxAttempts",
+        "elapsedMs",
+        "deadlineMs",
+        "attemptedSteps",
+        "partialResults",
+        "unresolvedSources",
+        "outcomeUnknown",
+        "operation",
+        "suggestedActions",
+        "classification",
+        "earlierBudget",
+        "upstream",
+    }
+)
+"""Every key the proxy may write into an unresolved structuredContent; upstream keys by these names move."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +164,7 @@ def merge_upstream_structured(ours: dict[str, Any], upstream: Any = _MISSING) ->
     if not isinstance(upstream, dict):
         merged["upstream"] = upstream
         return merged
-    reserved = set(ours) | {"upstream"}
+    reserved = set(ours) | RESERVED_KEYS
     moved = {key: value for key, value in upstream.items() if key in reserved}
     merged.update((key, value) for key, value in upstream.items() if key not in reserved)
     if moved:

@@ -1,0 +1,149 @@
+"""The command line: `serve`, `policies check|explain`, `demo`.
+
+Every `serve` flag also reads from `MCP_RECOVERY_<FLAG>` (pydantic-settings); a flag given on the
+command line wins over the environment. The command after `--` is a stdio upstream
+(`MCP_RECOVERY_UPSTREAM_COMMAND` holds it as one shell-quoted string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import shlex
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from proxy.settings import Settings
+
+log = logging.getLogger("proxy")
+
+
+def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    s = argparse.SUPPRESS
+    p.add_argument("--listen", default=s, help="http://HOST:PORT/PATH (default http://127.0.0.1:8080/mcp) or 'stdio'")
+    if not demo:
+        p.add_argument("--upstream", default=s, help="http(s)://HOST:PORT/mcp or sse+http(s)://HOST:PORT/sse")
+        p.add_argument(
+            "--upstream-header",
+            dest="upstream_headers",
+            action="append",
+            default=s,
+            help="'Name: value' sent on every upstream HTTP request (repeatable)",
+        )
+    p.add_argument("--policies", default=s, help="policy folder (default: the built-in defaults)")
+    p.add_argument("--admin", default=s, help="HOST:PORT for /metrics, /healthz, /readyz, /policies")
+    p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=s, help="allowed Host (repeatable)")
+    p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=s, help="allowed Origin")
+    p.add_argument("--max-body-bytes", type=int, default=s)
+    p.add_argument("--max-sessions", type=int, default=s)
+    p.add_argument("--session-idle-timeout-s", type=float, default=s)
+    p.add_argument("--log-level", default=s)
+    p.add_argument("--log-json", action="store_true", default=s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-recovery-proxy", description="A recovery proxy for MCP tool servers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy in front of an upstream MCP server")
+    _serve_flags(serve)
+    demo = sub.add_parser("demo", help="run the proxy in front of a bundled, deliberately flaky demo server")
+    _serve_flags(demo, demo=True)
+    pol = sub.add_parser("policies", help="validate a policy folder or explain one tool's policy")
+    psub = pol.add_subparsers(dest="policies_command", required=True)
+    check = psub.add_parser("check", help="validate every file of a policy folder")
+    check.add_argument("dir")
+    explain = psub.add_parser("explain", help="the effective policy of one tool and where each value came from")
+    explain.add_argument("dir")
+    explain.add_argument("tool")
+    explain.add_argument("--annotations", help="the tool's MCP annotations as JSON, e.g. '{\"readOnlyHint\": true}'")
+    explain.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _configure_logging(settings: Settings) -> None:
+    from proxy.logs import configure
+
+    configure(level=settings.log_level, json_lines=settings.log_json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
+    args = build_parser().parse_args(argv)
+    if args.command == "policies":
+        from proxy.policy import cli as policy_cli
+
+        if args.policies_command == "check":
+            return policy_cli.check(args.dir)
+        return policy_cli.explain(args.dir, args.tool, args.annotations, as_json=args.json)
+    values: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "policies_command")}
+    if command:
+        values["upstream_command"] = shlex.join(command)
+    if args.command == "demo":
+        values["upstream_command"] = shlex.join([sys.executable, "-m", "proxy.demo.server"])
+    try:
+        settings = Settings(**values)
+        if args.command == "demo" and "policies" not in values:
+            settings = settings.model_copy(update={"policies": _demo_policies()})
+        _configure_logging(settings)
+        from proxy.server import run
+
+        if args.command == "demo":
+            _print_demo_banner(settings)
+        return asyncio.run(run(settings))
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            print(f"mcp-recovery-proxy: --{where.replace('_', '-')}: {err['msg']}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"mcp-recovery-proxy: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _demo_policies() -> Any:
+    from pathlib import Path
+
+    return Path(__file__).with_name("demo") / "policies"
+
+
+def _print_demo_banner(settings: Settings) -> None:
+    where = settings.listen
+    admin = f"http://{settings.admin}" if settings.admin else None
+    lines = [
+        "mcp-recovery-proxy demo: the proxy in front of a bundled, deliberately flaky MCP server.",
+        "",
+        f"  MCP endpoint (Streamable HTTP, both protocol eras): {where}",
+    ]
+    if admin:
+        lines.append(f"  admin: {admin}/readyz  {admin}/metrics  {admin}/policies")
+    lines += [
+        "",
+        "Try, with any MCP client (for example the MCP inspector CLI):",
+        f"  npx @modelcontextprotocol/inspector --cli {where} --transport http --method tools/list",
+        f"  npx @modelcontextprotocol/inspector --cli {where} --transport http --method tools/call "
+        "--tool-name lookup_customer --tool-arg customer_id=c-42",
+        "",
+        "  lookup_customer  fails twice, then answers: recovered within one call",
+        "  search_archive   the archive is down: an unresolved result with every attempt",
+        "  refund           state-changing and slow: reported as outcome unknown, never repeated",
+        "  refund_status    the status check a refund's result points to",
+        "  slow_report      progress notifications relayed through the proxy",
+        "",
+        "Stop with Ctrl-C.",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

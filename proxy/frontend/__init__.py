@@ -1,0 +1,1 @@
+"""Frontends: how MCP clients reach the proxy (Streamable HTTP, stdio)."""

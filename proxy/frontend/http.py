@@ -1,0 +1,524 @@
+"""The Streamable HTTP frontend: one endpoint serving both protocol eras (pure ASGI, on uvicorn).
+
+- 2025 handshake revisions: `initialize` opens a session (`Mcp-Session-Id`, its own upstream
+  link); later POSTs name it (missing → 400, unknown or expired → 404); GET opens the session's
+  listen stream (one at a time, else 409); DELETE ends the session. A client that disconnects has
+  not cancelled (the spec says so): the request in flight finishes, its answer is dropped.
+- 2026-07-28: every POST stands alone. The `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and
+  `Mcp-Param-*` headers are checked with the SDK's own validation ladder (`mcp.shared.inbound`),
+  so the proxy rejects exactly what the reference server rejects, even in front of a stdio
+  upstream that never sees headers. Closing the response stream cancels the request.
+- A request's answer is `application/json` when nothing else arrives first, with the HTTP status
+  the 2026 table maps its error to; otherwise the response becomes `text/event-stream`, carrying
+  the request's notifications and server-to-client requests, then its response, with keep-alive
+  comments while nothing happens.
+- Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
+  malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundLadderRejection,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+    validate_mcp_param_headers,
+)
+
+from proxy import jsonrpc
+from proxy.errors import FailureKind, UpstreamFailure
+from proxy.jsonrpc import Message
+from proxy.relay import Relay
+from proxy.service import Service
+from proxy.settings import LOOPBACK_HOSTS, Settings
+
+log = logging.getLogger("proxy.frontend.http")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+PING_INTERVAL_S = 15.0
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+_JSON = (b"content-type", b"application/json")
+
+
+class ClientGone(Exception):
+    pass
+
+
+class _Stream:
+    """An Outbox backed by a queue: what the ASGI coroutine writes to one response."""
+
+    __slots__ = ("_closed", "queue")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._closed = False
+
+    def send(self, message: Message) -> None:
+        if not self._closed:
+            self.queue.put_nowait(message)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _sse(message: Message) -> bytes:
+    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+
+
+async def _respond(
+    send: Send, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    hdrs = list(headers or [])
+    if body:
+        hdrs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _respond_json(
+    send: Send, status: int, message: Message, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _respond(send, status, jsonrpc.dumps(message), [_JSON, *(headers or [])])
+
+
+async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:
+    await _respond_json(send, status, jsonrpc.error(id_, code, text))
+
+
+def _status_for(message: Message, modern: bool) -> int:
+    if modern and "error" in message and isinstance(message["error"], dict):
+        return ERROR_CODE_HTTP_STATUS.get(message["error"].get("code"), 200)  # type: ignore[arg-type]
+    return 200
+
+
+def _allowed(value: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(value.lower(), p.lower()) for p in patterns)
+
+
+class McpHttpApp:
+    def __init__(self, service: Service, settings: Settings) -> None:
+        self.service = service
+        self.path = settings.listen_path.rstrip("/") or "/"
+        self.max_body = settings.max_body_bytes
+        host = settings.listen_host
+        loopback = host in LOOPBACK_HOSTS
+        hosts = list(settings.allowed_hosts)
+        origins = list(settings.allowed_origins)
+        if loopback:
+            hosts += ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
+            origins += [
+                f"{s}://{h}{p}"
+                for s in ("http", "https")
+                for h in ("127.0.0.1", "localhost", "[::1]")
+                for p in ("", ":*")
+            ]
+        self.allowed_hosts = hosts or None  # None: any Host (a non-loopback bind without an allow-list)
+        self.allowed_origins = origins
+        if not loopback and not settings.allowed_hosts:
+            log.warning("listening on %s without --allowed-hosts: any Host header is accepted", host)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._http(scope, receive, send)
+        except ClientGone:
+            return
+        except Exception:  # the proxy never crashes because a peer misbehaved
+            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
+            with contextlib.suppress(Exception):
+                await _respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.service.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.service.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"].rstrip("/") or "/"
+        if path != self.path:
+            await _respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        if self.allowed_hosts is not None and not _allowed(host, self.allowed_hosts):
+            await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
+            return
+        origin = headers.get("origin")
+        if origin is not None and not _allowed(origin, self.allowed_origins):
+            await _respond(send, 403, b"Invalid Origin header", [(b"content-type", b"text/plain")])
+            return
+        method = scope["method"]
+        if method == "POST":
+            await self._post(scope, receive, send, headers)
+        elif method == "GET":
+            await self._get(receive, send, headers)
+        elif method == "DELETE":
+            await self._delete(send, headers)
+        else:
+            await _respond(send, 405, b"", [(b"allow", b"GET, POST, DELETE")])
+
+    # -- POST ---------------------------------------------------------------------------------
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | None:
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        ctype = headers.get("content-type", "")
+        if not ctype.lower().startswith("application/json"):
+            await _respond_error(send, 415, None, jsonrpc.INVALID_REQUEST, "Content-Type must be application/json")
+            return
+        accept = headers.get("accept", "*/*").lower()
+        if not any(a in accept for a in ("application/json", "text/event-stream", "*/*")):
+            await _respond_error(send, 406, None, jsonrpc.INVALID_REQUEST, "Accept must include application/json")
+            return
+        body = await self._read_body(receive, headers)
+        if body is None:
+            await _respond_error(send, 413, None, jsonrpc.INVALID_REQUEST, f"body exceeds {self.max_body} bytes")
+            return
+        try:
+            message = jsonrpc.loads(body)
+        except (ValueError, RecursionError):
+            await _respond_error(send, 400, None, jsonrpc.PARSE_ERROR, "Parse error: the body is not valid JSON")
+            return
+        if isinstance(message, list):
+            await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "JSON-RPC batches are not supported")
+            return
+        problem = jsonrpc.validate(message)
+        if problem is not None:
+            id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
+            await _respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
+            return
+        version = headers.get("mcp-protocol-version")
+        modern = (version in jsonrpc.MODERN_VERSIONS or jsonrpc.is_modern_request(message)) and (
+            message.get("method") != "initialize"
+        )
+        if modern:
+            await self._post_modern(scope, receive, send, headers, message)
+        else:
+            await self._post_legacy(receive, send, headers, message, version)
+
+    async def _post_modern(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], message: Message
+    ) -> None:
+        if "id" not in message or "method" not in message:
+            # 2026 HTTP defines no client-to-server notifications or responses: acknowledge and drop.
+            await _respond(send, 202)
+            return
+        try:
+            relay = await self.service.modern_relay()
+        except UpstreamFailure as failure:
+            await _respond_error(send, 503, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
+            return
+        if relay is None:
+            if message.get("method") == "server/discover":
+                await _respond_error(send, 404, message["id"], jsonrpc.METHOD_NOT_FOUND, "Method not found")
+            else:
+                await _respond_json(
+                    send,
+                    400,
+                    jsonrpc.error(
+                        message["id"],
+                        jsonrpc.UNSUPPORTED_PROTOCOL_VERSION,
+                        "Unsupported protocol version",
+                        {"supported": list(jsonrpc.LEGACY_VERSIONS), "requested": jsonrpc.LATEST_MODERN},
+                    ),
+                )
+            return
+        rejection = self._check_modern_headers(scope, headers, message)
+        if rejection is None and message.get("method") == "tools/call":
+            rejection = await self._check_param_headers(relay, headers, message)
+        if rejection is not None:
+            await _respond_json(
+                send,
+                ERROR_CODE_HTTP_STATUS.get(rejection.code, 400),
+                jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
+            )
+            return
+        forward = {k: v for k, v in headers.items() if k.startswith("mcp-param-")}
+        await self._answer(relay, message, receive, send, forward or None, modern=True)
+
+    def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
+        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        duplicated = find_duplicated_routing_header(raw)
+        if duplicated is not None:
+            return InboundLadderRejection(
+                code=jsonrpc.HEADER_MISMATCH, message=f"{duplicated} header appears more than once"
+            )
+        verdict = classify_inbound_request(message, headers=headers)
+        return verdict if isinstance(verdict, InboundLadderRejection) else None
+
+    async def _check_param_headers(self, relay: Relay, headers: dict[str, str], message: Message) -> Any:
+        params = message.get("params") or {}
+        name = params.get("name")
+        arguments = params.get("arguments") or {}
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return None
+        if not arguments and not any(h.startswith("mcp-param-") for h in headers):
+            return None
+        tool = self.service.catalog.tools.get(name)
+        if tool is None:
+            tool = await self._lookup_tool(relay, message, name)
+        if tool is None:
+            return None  # an unknown tool: the upstream owns that answer
+        return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
+
+    async def _lookup_tool(self, relay: Relay, message: Message, name: str) -> dict[str, Any] | None:
+        """Fill the tool catalog from the upstream (one tools/list walk, bounded) for header checks."""
+        meta = jsonrpc.meta_of(message) or {}
+        envelope = {k: v for k, v in meta.items() if k.startswith("io.modelcontextprotocol/")}
+        cursor: Any = None
+        for _ in range(20):
+            params: dict[str, Any] = {"_meta": envelope}
+            if cursor is not None:
+                params["cursor"] = cursor
+            request = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": params}
+            try:
+                response = await asyncio.wait_for(relay.forward(request, _Stream()), 10.0)
+            except (UpstreamFailure, TimeoutError):
+                return None
+            result = response.get("result")
+            if not isinstance(result, dict):
+                return None
+            cursor = result.get("nextCursor")
+            if name in self.service.catalog.tools or not isinstance(cursor, str):
+                break
+        return self.service.catalog.tools.get(name)
+
+    async def _post_legacy(
+        self, receive: Receive, send: Send, headers: dict[str, str], message: Message, version: str | None
+    ) -> None:
+        service = self.service
+        if message.get("method") == "initialize":
+            if not service.legacy_supported():
+                await _respond_json(
+                    send,
+                    400,
+                    jsonrpc.error(
+                        message.get("id"),
+                        jsonrpc.UNSUPPORTED_PROTOCOL_VERSION,
+                        "this upstream serves only the 2026-07-28 protocol; the initialize handshake is not accepted",
+                        {"supported": list(jsonrpc.MODERN_VERSIONS)},
+                    ),
+                )
+                return
+            if "id" not in message:
+                await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
+                return
+            try:
+                session_id, relay = await service.new_session()
+            except UpstreamFailure as failure:
+                status = 503 if failure.kind is FailureKind.OVERLOADED else 502
+                await _respond_error(
+                    send, status, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)
+                )
+                return
+            ok = await self._answer(relay, message, receive, send, None, modern=False, session_id=session_id)
+            if not ok:
+                await service.close_session(session_id)
+            return
+        if version is not None and version not in jsonrpc.LEGACY_VERSIONS:
+            await _respond_error(
+                send,
+                400,
+                message.get("id"),
+                jsonrpc.INVALID_REQUEST,
+                f"Unsupported MCP-Protocol-Version: {jsonrpc.bounded(version, 40)}",
+            )
+            return
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            await _respond_error(
+                send, 400, message.get("id"), jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID"
+            )
+            return
+        relay = service.sessions.get(session_id)
+        if relay is None:
+            await _respond_error(send, 404, message.get("id"), jsonrpc.INVALID_REQUEST, "Session not found")
+            return
+        if jsonrpc.is_request(message):
+            await self._answer(relay, message, receive, send, None, modern=False, session_id=session_id)
+        elif jsonrpc.is_notification(message):
+            await relay.handle_notification(message)
+            await _respond(send, 202)
+        else:
+            await relay.handle_response(message)
+            await _respond(send, 202)
+
+    async def _answer(
+        self,
+        relay: Relay,
+        request: Message,
+        receive: Receive,
+        send: Send,
+        forward_headers: dict[str, str] | None,
+        *,
+        modern: bool,
+        session_id: str | None = None,
+    ) -> bool:
+        """Run one request through the relay and write its answer (JSON, or SSE once it streams).
+
+        Returns whether a successful result was written (initialize keeps its session only then).
+        """
+        stream = _Stream()
+        handler = asyncio.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
+        watcher = asyncio.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
+        extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
+        down_id = request["id"]
+        ok = False
+        try:
+            first = await self._next(stream, handler)
+            if first is None:
+                if handler.done() and not handler.cancelled() and handler.exception() is not None:
+                    log.error("relaying %s failed", request.get("method"), exc_info=handler.exception())
+                    await _respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+                return False  # cancelled: a cancelled request is not answered
+            if jsonrpc.is_response(first) and first.get("id") == down_id:
+                ok = "result" in first
+                await _respond_json(send, _status_for(first, modern), first, extra)
+                return ok
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+            message: Message | None = first
+            while message is not None:
+                await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
+                if jsonrpc.is_response(message) and message.get("id") == down_id:
+                    ok = "result" in message
+                    break
+                message = await self._next(stream, handler, ping=send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return ok
+        finally:
+            watcher.cancel()
+            stream.close()
+
+    async def _next(self, stream: _Stream, handler: asyncio.Task[None], ping: Send | None = None) -> Message | None:
+        """The next message for this response; None once the handler ended without one more."""
+        while True:
+            if not stream.queue.empty():
+                return stream.queue.get_nowait()
+            if handler.done():
+                return None
+            getter = asyncio.ensure_future(stream.queue.get())
+            done, _ = await asyncio.wait(
+                {getter, handler}, timeout=PING_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            if getter in done:
+                return getter.result()
+            getter.cancel()
+            if not done and ping is not None:
+                await ping({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+
+    async def _watch_disconnect(self, receive: Receive, stream: _Stream, cancel: asyncio.Task[None] | None) -> None:
+        with contextlib.suppress(Exception):
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            stream.close()
+            if cancel is not None:  # 2026 HTTP: closing the response stream is the cancellation
+                cancel.cancel()
+
+    # -- GET and DELETE -------------------------------------------------------------------------
+    async def _get(self, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
+            await _respond(send, 405, b"", [(b"allow", b"POST")])
+            return
+        if "text/event-stream" not in headers.get("accept", "").lower():
+            await _respond_error(send, 406, None, jsonrpc.INVALID_REQUEST, "Accept must include text/event-stream")
+            return
+        session_id = headers.get("mcp-session-id")
+        relay = self.service.sessions.get(session_id) if session_id else None
+        if session_id is None:
+            await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            return
+        if relay is None:
+            await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
+            return
+        stream = _Stream()
+        if not relay.attach_listen(stream):
+            await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
+            return
+        gone = asyncio.create_task(self._watch_disconnect(receive, stream, None))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*_SSE_HEADERS, (b"mcp-session-id", session_id.encode())],
+                }
+            )
+            while not stream.closed and session_id in self.service.sessions:
+                getter = asyncio.ensure_future(stream.queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, gone}, timeout=PING_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                if getter in done:
+                    await send({"type": "http.response.body", "body": _sse(getter.result()), "more_body": True})
+                    continue
+                getter.cancel()
+                if gone in done:
+                    break
+                await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+            stream.close()
+            relay.detach_listen(stream)
+
+    async def _delete(self, send: Send, headers: dict[str, str]) -> None:
+        if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
+            await _respond(send, 405, b"", [(b"allow", b"POST")])
+            return
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            return
+        if await self.service.close_session(session_id):
+            await _respond(send, 200)
+        else:
+            await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")

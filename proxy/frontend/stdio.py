@@ -1,0 +1,139 @@
+"""The stdio frontend: the proxy as the server a client such as Claude Code launches.
+
+One client on stdin/stdout, newline-delimited JSON-RPC. `initialize` opens a legacy session with
+its own upstream link; requests carrying the 2026-07-28 envelope go to the shared modern relay
+(a dual-era client probes with `server/discover` first, and falls back to `initialize` when the
+upstream does not speak 2026). Malformed lines get a JSON-RPC error; nothing a client writes
+stops the proxy. stdout carries only MCP messages; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+from proxy import jsonrpc
+from proxy.errors import UpstreamFailure
+from proxy.jsonrpc import Message
+from proxy.relay import Relay
+from proxy.service import Service
+
+log = logging.getLogger("proxy.frontend.stdio")
+
+
+class _StdoutOutbox:
+    def __init__(self, writer: asyncio.StreamWriter | Any) -> None:
+        self._writer = writer
+        self._closed = False
+
+    def send(self, message: Message) -> None:
+        if not self._closed:
+            self._writer.write(jsonrpc.dumps(message) + b"\n")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class StdioFrontend:
+    def __init__(self, service: Service, *, max_message_bytes: int = 16 * 1024 * 1024) -> None:
+        self.service = service
+        self.max_message_bytes = max_message_bytes
+        self._legacy: Relay | None = None
+        self._session_id: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, reader: asyncio.StreamReader, writer: Any) -> None:
+        out = _StdoutOutbox(writer)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:
+                    out.send(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, "message exceeds the size limit"))
+                    break
+                if not line:
+                    break
+                if line.strip():
+                    await self._handle_line(line, out)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            out.close()
+            if self._session_id is not None:
+                await self.service.close_session(self._session_id)
+
+    async def _handle_line(self, line: bytes, out: _StdoutOutbox) -> None:
+        try:
+            message = jsonrpc.loads(line)
+        except (ValueError, RecursionError):
+            out.send(jsonrpc.error(None, jsonrpc.PARSE_ERROR, "Parse error: the line is not valid JSON"))
+            return
+        problem = jsonrpc.validate(message)
+        if problem is not None:
+            id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
+            out.send(jsonrpc.error(id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}"))
+            return
+        if jsonrpc.is_request(message):
+            task = asyncio.create_task(self._request(message, out))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        relay = self._legacy
+        if relay is None:
+            with contextlib.suppress(UpstreamFailure):
+                relay = await self.service.modern_relay()
+        if relay is None:
+            return
+        if jsonrpc.is_notification(message):
+            await relay.handle_notification(message)
+        else:
+            await relay.handle_response(message)
+
+    async def _request(self, message: Message, out: _StdoutOutbox) -> None:
+        try:
+            relay = await self._relay_for(message)
+        except UpstreamFailure as failure:
+            out.send(jsonrpc.error(message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)))
+            return
+        if relay is None:
+            if message.get("method") == "server/discover":
+                out.send(jsonrpc.error(message["id"], jsonrpc.METHOD_NOT_FOUND, "Method not found"))
+            else:
+                out.send(jsonrpc.error(message["id"], jsonrpc.INVALID_REQUEST, "send initialize first"))
+            return
+        try:
+            await relay.handle_request(message, out)
+        except Exception:
+            log.exception("relaying %s failed", message.get("method"))
+            out.send(jsonrpc.error(message["id"], jsonrpc.INTERNAL_ERROR, "internal proxy error"))
+
+    async def _relay_for(self, message: Message) -> Relay | None:
+        if message.get("method") == "initialize":
+            if self._legacy is None:
+                self._session_id, self._legacy = await self.service.new_session()
+            return self._legacy
+        if jsonrpc.is_modern_request(message):
+            return await self.service.modern_relay()
+        return self._legacy
+
+
+async def serve_stdio(service: Service) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=16 * 1024 * 1024)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout.buffer)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    await service.start()
+    try:
+        await StdioFrontend(service).run(reader, writer)
+    finally:
+        await service.aclose()

@@ -1,0 +1,325 @@
+"""The session relay: everything that is not recovery, in both directions.
+
+One `Relay` serves one downstream legacy session (over its own upstream link), or all 2026-07-28
+requests (over the shared modern link). It
+- forwards client requests with the proxy's own upstream ids and progress tokens, and puts the
+  caller's id and token back on what returns;
+- hands `tools/call` to the tool-call seam (the recovery engine), which calls `attempt` once per
+  attempt;
+- maps server-to-client requests (sampling, elicitation, roots) to ids of its own and their
+  answers back to the upstream's ids;
+- routes server messages that belong to no request: to the newest request stream still open
+  (stdio upstreams cannot say which request a log line belongs to), else to the client's listen
+  stream, else to a bounded backlog flushed when one opens;
+- cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
+It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from proxy.errors import UpstreamFailure
+from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error
+from proxy.upstream.base import Era, Exchange, UpstreamLink
+
+log = logging.getLogger("proxy.relay")
+
+BACKLOG_LIMIT = 256
+PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
+
+
+class Outbox(Protocol):
+    """Where messages for one downstream request (or a listen stream) go. `send` never blocks."""
+
+    def send(self, message: Message) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None], Awaitable[Message]]
+
+
+class ToolCatalog:
+    """The tools the upstream listed, by name (shared by all sessions of one upstream). Bounded."""
+
+    LIMIT = 2000
+
+    def __init__(self) -> None:
+        self.tools: dict[str, dict[str, Any]] = {}
+        self.listed = asyncio.Event()
+
+    def observe(self, result: Any) -> None:
+        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+            return
+        for tool in result["tools"]:
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                if tool["name"] in self.tools or len(self.tools) < self.LIMIT:
+                    self.tools[tool["name"]] = tool
+        self.listed.set()
+
+    def annotations(self, name: str) -> dict[str, Any] | None:
+        tool = self.tools.get(name)
+        ann = tool.get("annotations") if tool else None
+        return ann if isinstance(ann, dict) else None
+
+
+class ProgressRelay:
+    """Maps one call's upstream progress back to the caller's token, keeping values increasing
+    across attempts (a value that would go backwards, as a retried attempt starts over, is dropped)."""
+
+    __slots__ = ("last", "token")
+
+    def __init__(self, token: Any) -> None:
+        self.token = token
+        self.last: float | None = None
+
+    def rewrite(self, message: Message) -> Message | None:
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return None
+        value = params.get("progress")
+        if isinstance(value, int | float):
+            if self.last is not None and value <= self.last:
+                return None
+            self.last = value
+        return {**message, "params": {**params, "progressToken": self.token}}
+
+
+def progress_token_of(request: Message) -> Any:
+    params = request.get("params")
+    if isinstance(params, dict):
+        meta = params.get("_meta")
+        if isinstance(meta, dict):
+            return meta.get("progressToken")
+    return None
+
+
+def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
+    """A JSON-RPC error for a relayed (non-tools/call) request that got no valid upstream answer."""
+    if failure.body is not None and isinstance(failure.body.get("error"), dict):
+        return {"jsonrpc": "2.0", "id": id_, "error": failure.body["error"]}
+    data: dict[str, Any] = {
+        PROXY_FAILURE_KEY: {
+            "kind": failure.kind.value,
+            "dispatched": failure.dispatched.value,
+            "detail": bounded(failure.detail, 300),
+        }
+    }
+    if failure.http_status is not None:
+        data[PROXY_FAILURE_KEY]["httpStatus"] = failure.http_status
+    if failure.retry_after_s is not None:
+        data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
+    return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
+
+
+class Relay:
+    def __init__(
+        self,
+        link: UpstreamLink,
+        *,
+        catalog: ToolCatalog,
+        tool_calls: ToolCallHandler | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self.link = link
+        self.era = link.era
+        self.catalog = catalog
+        self.session_id = session_id
+        self._tool_calls = tool_calls
+        self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
+        self._streams: list[Outbox] = []
+        self._listen: Outbox | None = None
+        self._backlog: deque[Message] = deque(maxlen=BACKLOG_LIMIT)
+        self._server_ids = itertools.count(1)
+        self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
+        self._server_requests_rev: dict[RequestId, str] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.last_activity = time.monotonic()
+        link.set_unsolicited_handler(self._unsolicited)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._streams) or bool(self._inflight)
+
+    # -- client -> upstream -------------------------------------------------------------------
+    async def handle_request(
+        self, request: Message, outbox: Outbox, headers: Mapping[str, str] | None = None, *, by_id: bool = True
+    ) -> None:
+        """Relay one request; its response (or nothing, if cancelled) goes to `outbox`.
+
+        `by_id`: the client may cancel it by id (stdio, legacy HTTP); modern HTTP clients cancel by
+        closing the stream, and their ids need not be unique across clients.
+        """
+        down_id = request["id"]
+        self.last_activity = time.monotonic()
+        self._streams.append(outbox)
+        task = asyncio.current_task()
+        if by_id and task is not None:
+            self._inflight[down_id] = task
+        try:
+            if request.get("method") == "tools/call" and self._tool_calls is not None:
+                response = await self._tool_calls(self, request, outbox, headers)
+            else:
+                response = await self.forward(request, outbox, headers)
+            outbox.send(response)
+        except UpstreamFailure as failure:
+            outbox.send(failure_response(down_id, failure))
+        finally:
+            self._streams.remove(outbox)
+            if by_id and self._inflight.get(down_id) is task:
+                del self._inflight[down_id]
+            self.last_activity = time.monotonic()
+
+    async def forward(self, request: Message, outbox: Outbox, headers: Mapping[str, str] | None = None) -> Message:
+        """One attempt, its response returned under the caller's id. Raises UpstreamFailure."""
+        token = progress_token_of(request)
+        progress = ProgressRelay(token) if token is not None else None
+        response = await self.attempt(request, outbox, headers, progress=progress)
+        if request.get("method") == "tools/list" and "result" in response:
+            self.catalog.observe(response["result"])
+        return {**response, "id": request["id"]}
+
+    async def attempt(
+        self,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None = None,
+        *,
+        progress: ProgressRelay | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Message:
+        """Send `request` upstream once, with a fresh upstream id, and await its response.
+
+        Returns the upstream's response message (still under the upstream id). Raises
+        UpstreamFailure. If the awaiting task is cancelled (caller cancelled, or the engine's
+        attempt timeout), the upstream exchange is cancelled as its transport requires.
+        `params` replaces the request's params (the engine adds an idempotency key this way).
+        """
+        link = self.link
+        uid = link.new_id()
+        up: Message = {"jsonrpc": "2.0", "id": uid, "method": request["method"]}
+        p = params if params is not None else request.get("params")
+        if progress is not None and isinstance(p, dict):
+            meta = p.get("_meta")
+            p = {**p, "_meta": {**(meta if isinstance(meta, dict) else {}), "progressToken": uid}}
+        if p is not None:
+            up["params"] = p
+
+        def on_message(message: Message) -> None:
+            self._related(message, outbox, progress)
+
+        exchange = await link.send_request(up, on_message=on_message, headers=headers)
+        try:
+            return await exchange.response
+        except asyncio.CancelledError:
+            self._cancel_upstream(exchange, "request cancelled by the proxy")
+            raise
+
+    def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
+        if exchange.method == "initialize" or exchange.response.done():
+            return
+        task = asyncio.create_task(self.link.cancel(exchange, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def handle_notification(self, message: Message, headers: Mapping[str, str] | None = None) -> None:
+        self.last_activity = time.monotonic()
+        if message.get("method") == "notifications/cancelled":
+            params = message.get("params")
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            task = self._inflight.get(request_id) if request_id is not None else None  # type: ignore[arg-type]
+            if task is not None:
+                task.cancel()
+            return
+        try:
+            await self.link.send_notification(message, headers=headers)
+        except UpstreamFailure as failure:
+            log.info("could not relay %s upstream: %s", message.get("method"), failure)
+
+    async def handle_response(self, message: Message) -> None:
+        """The client's answer to a server-to-client request."""
+        self.last_activity = time.monotonic()
+        upstream_id = self._server_requests.pop(message.get("id"), None)  # type: ignore[arg-type]
+        if upstream_id is None:
+            log.info("dropped a client response for an unknown request id")
+            return
+        self._server_requests_rev.pop(upstream_id, None)
+        try:
+            await self.link.send_response({**message, "id": upstream_id})
+        except UpstreamFailure as failure:
+            log.info("could not relay a client response upstream: %s", failure)
+
+    # -- upstream -> client -------------------------------------------------------------------
+    def _related(self, message: Message, outbox: Outbox, progress: ProgressRelay | None) -> None:
+        method = message.get("method")
+        if method == "notifications/progress":
+            if progress is not None:
+                rewritten = progress.rewrite(message)
+                if rewritten is not None:
+                    outbox.send(rewritten)
+            return
+        if "id" in message and method is not None:
+            message = self._map_server_request(message)
+        outbox.send(message)
+
+    def _unsolicited(self, message: Message) -> None:
+        method = message.get("method")
+        if method is None:
+            return  # a response nobody waits for (late, or for a cancelled attempt): dropped
+        if "id" in message:
+            message = self._map_server_request(message)
+        elif method == "notifications/cancelled":
+            params = message.get("params")
+            if isinstance(params, dict) and params.get("requestId") in self._server_requests_rev:
+                down = self._server_requests_rev.pop(params["requestId"])
+                self._server_requests.pop(down, None)
+                message = {**message, "params": {**params, "requestId": down}}
+        elif method == "notifications/progress":
+            return  # progress for no request of ours
+        self.deliver(message)
+
+    def _map_server_request(self, message: Message) -> Message:
+        down = f"proxy-{next(self._server_ids)}"
+        if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest
+            oldest = next(iter(self._server_requests))
+            self._server_requests_rev.pop(self._server_requests.pop(oldest), None)
+        self._server_requests[down] = message["id"]
+        self._server_requests_rev[message["id"]] = down
+        return {**message, "id": down}
+
+    def deliver(self, message: Message) -> None:
+        """A message tied to no request: the newest open request stream, else the listen stream."""
+        for outbox in reversed(self._streams):
+            if not outbox.closed:
+                outbox.send(message)
+                return
+        if self._listen is not None and not self._listen.closed:
+            self._listen.send(message)
+            return
+        self._backlog.append(message)
+
+    def attach_listen(self, outbox: Outbox) -> bool:
+        if self._listen is not None and not self._listen.closed:
+            return False
+        self._listen = outbox
+        while self._backlog:
+            outbox.send(self._backlog.popleft())
+        return True
+
+    def detach_listen(self, outbox: Outbox) -> None:
+        if self._listen is outbox:
+            self._listen = None
+
+    async def aclose(self) -> None:
+        for task in list(self._inflight.values()):
+            task.cancel()
+        if self.era is Era.LEGACY:
+            await self.link.aclose()

@@ -1,0 +1,72 @@
+"""Assembles and runs the proxy from its settings: upstream, service, frontend, admin endpoint.
+
+The HTTP frontend and the admin endpoint run as two uvicorn servers in one event loop; when
+either stops (a signal reaches whichever installed its handlers last) the other is told to stop,
+and the service's shutdown stops every upstream child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from proxy.admin import build_admin_app
+from proxy.frontend.http import McpHttpApp
+from proxy.service import Service, build_upstream
+from proxy.settings import Settings
+
+log = logging.getLogger("proxy.server")
+
+
+def build_service(settings: Settings) -> Service:
+    upstream = build_upstream(settings)
+    return Service(settings, upstream)
+
+
+def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        lifespan=lifespan,
+        log_level="warning",
+        access_log=False,
+        loop="auto",
+        http="auto",
+        timeout_graceful_shutdown=5,
+    )
+
+
+async def run(settings: Settings) -> int:
+    service = build_service(settings)
+    admin_server: uvicorn.Server | None = None
+    if settings.admin:
+        host, _, port = settings.admin.rpartition(":")
+        admin_app = build_admin_app(service)
+        admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
+    if settings.listen == "stdio":
+        from proxy.frontend.stdio import serve_stdio
+
+        admin_task = asyncio.create_task(admin_server.serve()) if admin_server else None
+        try:
+            await serve_stdio(service)
+        finally:
+            if admin_server is not None and admin_task is not None:
+                admin_server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await admin_task
+        return 0
+    app = McpHttpApp(service, settings)
+    main_server = uvicorn.Server(_uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"))
+    servers = [main_server] + ([admin_server] if admin_server else [])
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    if pending:
+        await asyncio.wait(pending, timeout=10)
+    return 0 if main_server.started else 1

@@ -1,0 +1,163 @@
+"""The running proxy: its upstream, what the upstream speaks, the shared modern relay, the legacy
+sessions, and readiness. Frontends and the admin endpoint share one `Service`.
+
+- `start()` probes the upstream (bounded); until a probe succeeds, a background loop retries it
+  with backoff and `/readyz` says why it is not ready. Requests are not refused meanwhile: a legacy
+  `initialize` still opens a link (a stdio child may start fine later).
+- Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
+  timeout (with nothing in flight) are closed, which stops their stdio children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.relay import Relay, ToolCallHandler, ToolCatalog
+from proxy.settings import Settings
+from proxy.upstream.base import Capabilities, Era, Upstream
+
+log = logging.getLogger("proxy.service")
+
+PROBE_TIMEOUT_S = 15.0
+
+
+def build_upstream(settings: Settings) -> Upstream:
+    """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://."""
+    if settings.upstream_argv:
+        if settings.upstream:
+            raise ValueError("give either --upstream URL or a command after --, not both")
+        from proxy.upstream.stdio import StdioUpstream
+
+        return StdioUpstream(settings.upstream_argv, max_children=settings.max_sessions)
+    url = settings.upstream
+    if not url:
+        raise ValueError("no upstream: give --upstream http://HOST:PORT/mcp, --upstream sse+http://…, or -- COMMAND")
+    headers = settings.header_pairs()
+    if url.startswith(("sse+http://", "sse+https://")):
+        from proxy.upstream.sse import SseUpstream
+
+        return SseUpstream(url.removeprefix("sse+"), headers=headers)
+    if url.startswith(("http://", "https://")):
+        from proxy.upstream.http import HttpUpstream
+
+        return HttpUpstream(url, headers=headers, connect_timeout_s=settings.upstream_connect_timeout_s)
+    raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
+
+
+class Service:
+    def __init__(self, settings: Settings, upstream: Upstream, *, tool_calls: ToolCallHandler | None = None) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.catalog = ToolCatalog()
+        self.tool_calls = tool_calls
+        self.capabilities: Capabilities | None = None
+        self.probe_error: str | None = "not probed yet"
+        self.sessions: dict[str, Relay] = {}
+        self._modern: Relay | None = None
+        self._probe_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.on_session_change: Callable[[int], None] | None = None
+        self.started_at = time.monotonic()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.ensure_probed(raise_on_failure=False)
+        if self.capabilities is None:
+            self._tasks.append(asyncio.create_task(self._probe_until_ready()))
+        self._tasks.append(asyncio.create_task(self._reap_idle_sessions()))
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        sessions, self.sessions = list(self.sessions.values()), {}
+        await asyncio.gather(*(relay.aclose() for relay in sessions), return_exceptions=True)
+        await self.upstream.aclose()
+
+    @property
+    def ready(self) -> bool:
+        return self.capabilities is not None
+
+    async def ensure_probed(self, *, raise_on_failure: bool = True) -> Capabilities | None:
+        if self.capabilities is not None:
+            return self.capabilities
+        async with self._probe_lock:
+            if self.capabilities is None:
+                try:
+                    self.capabilities = await asyncio.wait_for(self.upstream.probe(), PROBE_TIMEOUT_S)
+                    self.probe_error = None
+                    log.info("upstream %s: %s", self.upstream.description, self.capabilities)
+                except (UpstreamFailure, TimeoutError, OSError) as exc:
+                    self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+                    log.warning("%s", self.probe_error)
+        if self.capabilities is None and raise_on_failure:
+            raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
+        return self.capabilities
+
+    async def _probe_until_ready(self) -> None:
+        delay_s = 0.5
+        while self.capabilities is None:
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 10.0)
+            await self.ensure_probed(raise_on_failure=False)
+
+    # -- relays ---------------------------------------------------------------------------------
+    async def modern_relay(self) -> Relay | None:
+        """The shared relay for 2026-07-28 requests, or None when the upstream does not speak it."""
+        caps = await self.ensure_probed()
+        if caps is None or not caps.modern:
+            return None
+        if self._modern is None:
+            link = await self.upstream.open(Era.MODERN)
+            self._modern = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls)
+        return self._modern
+
+    def legacy_supported(self) -> bool:
+        return self.capabilities is None or self.capabilities.legacy
+
+    async def new_session(self) -> tuple[str, Relay]:
+        if len(self.sessions) >= self.settings.max_sessions:
+            raise UpstreamFailure(
+                FailureKind.OVERLOADED,
+                Dispatch.NO,
+                f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
+            )
+        link = await self.upstream.open(Era.LEGACY)
+        session_id = secrets.token_hex(16)
+        relay = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id)
+        self.sessions[session_id] = relay
+        self._sessions_changed()
+        return session_id, relay
+
+    async def close_session(self, session_id: str) -> bool:
+        relay = self.sessions.pop(session_id, None)
+        if relay is None:
+            return False
+        self._sessions_changed()
+        await relay.aclose()
+        return True
+
+    def _sessions_changed(self) -> None:
+        if self.on_session_change is not None:
+            self.on_session_change(len(self.sessions))
+
+    async def _reap_idle_sessions(self) -> None:
+        idle_s = self.settings.session_idle_timeout_s
+        while True:
+            await asyncio.sleep(min(30.0, idle_s / 2))
+            now = time.monotonic()
+            for sid, relay in list(self.sessions.items()):
+                if not relay.busy and now - relay.last_activity > idle_s:
+                    log.info("closing idle session %s…", sid[:8])
+                    await self.close_session(sid)
+
+
+ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]

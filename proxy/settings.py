@@ -1,0 +1,69 @@
+"""Process configuration (pydantic-settings): flags of `serve`, each also `MCP_RECOVERY_<FLAG>`.
+
+Only how the process runs lives here; per-tool recovery behaviour lives in the policy files.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MCP_RECOVERY_", extra="ignore")
+
+    listen: str = Field("http://127.0.0.1:8080/mcp", description="http://HOST:PORT/PATH, or 'stdio'")
+    upstream: str | None = Field(None, description="http(s)://… (Streamable HTTP) or sse+http(s)://… (legacy SSE)")
+    upstream_command: str | None = Field(None, description="a stdio upstream, as one shell-quoted string")
+    upstream_headers: list[str] = Field(default_factory=list, description="'Name: value' sent to an HTTP upstream")
+    policies: Path | None = Field(None, description="the policy folder; the built-in defaults when unset")
+    admin: str | None = Field(None, description="HOST:PORT of the admin endpoint (/metrics, /healthz, /readyz)")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host header allow-list (host or host:port)")
+    allowed_origins: list[str] = Field(default_factory=list, description="Origin allow-list (scheme://host[:port])")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
+    session_idle_timeout_s: float = Field(600.0, gt=0)
+    upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    log_level: str = "info"
+    log_json: bool = False
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        if value == "stdio":
+            return value
+        parts = urlsplit(value)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
+        return value
+
+    @property
+    def upstream_argv(self) -> list[str]:
+        return shlex.split(self.upstream_command) if self.upstream_command else []
+
+    @property
+    def listen_host(self) -> str:
+        return urlsplit(self.listen).hostname or "127.0.0.1"
+
+    @property
+    def listen_port(self) -> int:
+        return urlsplit(self.listen).port or 8080
+
+    @property
+    def listen_path(self) -> str:
+        return urlsplit(self.listen).path or "/mcp"
+
+    def header_pairs(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for item in self.upstream_headers:
+            name, sep, value = item.partition(":")
+            if not sep or not name.strip():
+                raise ValueError("--upstream-header takes 'Name: value'")
+            out[name.strip()] = value.strip()
+        return out

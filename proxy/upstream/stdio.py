@@ -1,0 +1,433 @@
+"""The stdio upstream: a server process the proxy spawns, supervises and restarts.
+
+- One child per legacy (2025) downstream session, and one shared child for all 2026-07-28
+  requests: an SDK server fixes its era on the first request it reads, so one child cannot
+  serve both.
+- Every child runs under `_guard.py` in its own process group, so no process it starts outlives
+  the proxy, even a killed one.
+- When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
+  request was written); the next request spawns a fresh child and, for a legacy link, replays the
+  client's `initialize` and `notifications/initialized` first. Replaying is not an attempt.
+- Quick successive deaths back off (a crash loop): while the backoff lasts, a request fails at
+  once with `NOT_RUNNING` (dispatch no) and the remaining wait as `retry_after_s`.
+- Messages are newline-delimited JSON; stdout lines that are not JSON are logged and skipped;
+  stderr is logged line by line (bounded), never treated as an error signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import (
+    LATEST_MODERN,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    Message,
+    RequestId,
+    dumps,
+    loads,
+)
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+
+log = logging.getLogger("proxy.upstream.stdio")
+stderr_log = logging.getLogger("proxy.upstream.stderr")
+
+_GUARD = str(Path(__file__).with_name("_guard.py"))
+_STDERR_LINE_LIMIT = 2000
+_TERMINATE_GRACE_S = 2.0
+
+
+class _Child:
+    """One running upstream process and the tasks that read its output."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self.started_at = time.monotonic()
+        self.answered = False
+        self.exited = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.is_set()
+
+    def write(self, data: bytes) -> None:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("stdin closed")
+        stdin.write(data)
+
+    async def drain(self) -> None:
+        if self.proc.stdin is not None:
+            await self.proc.stdin.drain()
+
+    async def terminate(self) -> None:
+        """Close stdin, wait, then SIGTERM the group, then SIGKILL it (the spec's shutdown order)."""
+        proc = self.proc
+        if proc.returncode is None:
+            with contextlib.suppress(Exception):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), _TERMINATE_GRACE_S)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if proc.returncode is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), _TERMINATE_GRACE_S)
+        for task in self.tasks:
+            task.cancel()
+
+
+class StdioLink:
+    """A message-level link to one upstream child (respawned as needed)."""
+
+    def __init__(self, upstream: StdioUpstream, era: Era) -> None:
+        self.era = era
+        self._upstream = upstream
+        self._pending = PendingTable()
+        self._handshake = Handshake()
+        self._child: _Child | None = None
+        self._spawn_lock = asyncio.Lock()
+        self._unsolicited: OnMessage = lambda m: None
+        self._quick_deaths = 0
+        self._next_spawn_at = 0.0
+        self._closed = False
+        self._spawns = 0
+        self.restarts = 0
+
+    # -- UpstreamLink -------------------------------------------------------------------------
+    def new_id(self) -> RequestId:
+        return self._pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        self._unsolicited = handler
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def send_request(
+        self,
+        message: Message,
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Exchange:
+        self._handshake.observe(message)
+        child = await self._ensure_child(message)
+        ex = self._pending.add(message, on_message)
+        try:
+            child.write(dumps(message) + b"\n")
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+            self._pending.discard(ex)
+            raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, f"upstream stdin closed: {exc}") from None
+        ex.written = True
+        try:
+            await child.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            self._pending.fail(ex, UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, f"write failed: {exc}"))
+        return ex
+
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        self._handshake.observe(message)
+        child = self._child
+        if child is None or not child.alive:
+            return  # nothing to notify: a respawned child gets the handshake replayed, nothing else
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            child.write(dumps(message) + b"\n")
+            await child.drain()
+
+    async def send_response(self, message: Message) -> None:
+        await self.send_notification(message)
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
+        """stdio: `notifications/cancelled` with the attempt's request id; its late response is dropped."""
+        exchange.cancelled = True
+        self._pending.discard(exchange)
+        if not exchange.written or exchange.method == "initialize":
+            return
+        params: dict[str, object] = {"requestId": exchange.upstream_id}
+        if reason:
+            params["reason"] = reason
+        await self.send_notification({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+    async def aclose(self) -> None:
+        self._closed = True
+        child, self._child = self._child, None
+        self._pending.fail_all(FailureKind.CLOSED, "proxy closed the upstream link")
+        if child is not None:
+            await child.terminate()
+        self._upstream._forget(self)
+
+    # -- supervision --------------------------------------------------------------------------
+    async def _ensure_child(self, message: Message) -> _Child:
+        child = self._child
+        if child is not None and child.alive:
+            return child
+        async with self._spawn_lock:
+            child = self._child
+            if child is not None and child.alive:
+                return child
+            if self._closed:
+                raise UpstreamFailure(FailureKind.NOT_RUNNING, Dispatch.NO, "upstream link is closed")
+            wait_s = self._next_spawn_at - time.monotonic()
+            if wait_s > 0:
+                raise UpstreamFailure(
+                    FailureKind.NOT_RUNNING,
+                    Dispatch.NO,
+                    f"upstream process is restarting after repeated crashes (next start in {wait_s:.1f}s)",
+                    retry_after_s=wait_s,
+                )
+            child = await self._upstream._spawn(self._on_line, self._on_exit)
+            self._spawns += 1
+            if self._spawns > 1:
+                self.restarts += 1
+            self._child = child
+            if (
+                self.era is Era.LEGACY
+                and message.get("method") != "initialize"
+                and self._handshake.initialize is not None
+            ):
+                await self._replay_handshake(child)
+            return child
+
+    async def _replay_handshake(self, child: _Child) -> None:
+        assert self._handshake.initialize is not None
+        init = dict(self._handshake.initialize)
+        init["id"] = self._pending.new_id()
+        ex = self._pending.add(init, None)
+        try:
+            child.write(dumps(init) + b"\n")
+            ex.written = True
+            await child.drain()
+            response = await asyncio.wait_for(ex.response, self._upstream.handshake_timeout_s)
+        except (TimeoutError, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
+            self._pending.discard(ex)
+            await child.terminate()
+            raise UpstreamFailure(
+                FailureKind.SPAWN_FAILED, Dispatch.NO, f"re-initializing the restarted upstream failed: {exc}"
+            ) from None
+        if "error" in response:
+            await child.terminate()
+            raise UpstreamFailure(
+                FailureKind.SPAWN_FAILED,
+                Dispatch.NO,
+                "the restarted upstream refused the replayed initialize",
+            )
+        if self._handshake.initialized is not None:
+            child.write(dumps(self._handshake.initialized) + b"\n")
+            await child.drain()
+
+    def _on_line(self, child: _Child, line: bytes) -> None:
+        try:
+            message = loads(line)
+        except ValueError:
+            stderr_log.info(
+                "%s stdout (not JSON): %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace")
+            )
+            return
+        if not isinstance(message, dict):
+            return
+        if "method" not in message:
+            if "id" in message:
+                if self._pending.resolve(message):
+                    child.answered = True
+                    self._quick_deaths = 0
+            return
+        if message.get("method") == "notifications/progress" and self._pending.route_progress(message):
+            return
+        self._unsolicited(message)
+
+    def _on_exit(self, child: _Child, code: int | None) -> None:
+        if self._child is child:
+            self._child = None
+        detail = f"upstream process exited with code {code}"
+        if not self._closed:
+            log.warning("%s: %s", child.name, detail)
+        self._pending.fail_all(FailureKind.CLOSED, detail)
+        lived_s = time.monotonic() - child.started_at
+        if child.answered and lived_s > 5.0:
+            self._quick_deaths = 0
+        else:
+            self._quick_deaths += 1
+        n = self._quick_deaths
+        delay_s = 0.0 if n <= 1 else min(self._upstream.max_restart_backoff_s, 0.25 * 2 ** (n - 2))
+        self._next_spawn_at = time.monotonic() + delay_s
+
+
+class StdioUpstream:
+    """A stdio server command; spawns one child per legacy link plus one shared modern child."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        max_children: int = 64,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        handshake_timeout_s: float = 10.0,
+        max_restart_backoff_s: float = 30.0,
+    ) -> None:
+        if not command:
+            raise ValueError("a stdio upstream needs a command")
+        self.command = list(command)
+        self.description = f"stdio:{Path(self.command[0]).name}"
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.max_children = max_children
+        self.max_message_bytes = max_message_bytes
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_restart_backoff_s = max_restart_backoff_s
+        self._links: set[StdioLink] = set()
+        self._modern: StdioLink | None = None
+        self._spawned = 0
+
+    async def probe(self) -> Capabilities:
+        """Ask a child `server/discover`; a server that refuses it or does not answer is legacy-only."""
+        link = await self.open(Era.MODERN)
+        message = {
+            "jsonrpc": "2.0",
+            "id": link.new_id(),
+            "method": "server/discover",
+            "params": {
+                "_meta": {
+                    META_PROTOCOL_VERSION: LATEST_MODERN,
+                    META_CLIENT_CAPABILITIES: {},
+                    META_CLIENT_INFO: {"name": "mcp-recovery-proxy-probe", "version": "0"},
+                }
+            },
+        }
+        ex = await link.send_request(message)
+        try:
+            response = await asyncio.wait_for(ex.response, self.handshake_timeout_s)
+        except TimeoutError:
+            await link.cancel(ex)
+            await self._drop_modern()
+            return Capabilities(legacy=True, modern=False, detail="server/discover timed out: legacy only")
+        result = response.get("result")
+        if isinstance(result, dict):
+            versions = [v for v in result.get("supportedVersions", []) if isinstance(v, str)]
+            modern = LATEST_MODERN in versions
+            if not modern:
+                await self._drop_modern()
+            return Capabilities(legacy=True, modern=modern, detail=f"supportedVersions={versions}")
+        await self._drop_modern()
+        return Capabilities(legacy=True, modern=False, detail="server/discover refused: legacy only")
+
+    async def _drop_modern(self) -> None:
+        link, self._modern = self._modern, None
+        if link is not None:
+            await link.aclose()
+
+    async def open(self, era: Era) -> StdioLink:
+        if era is Era.MODERN:
+            if self._modern is None:
+                self._modern = StdioLink(self, Era.MODERN)
+            return self._modern
+        if len(self._links) >= self.max_children:
+            raise UpstreamFailure(
+                FailureKind.OVERLOADED,
+                Dispatch.NO,
+                f"the proxy runs its maximum of {self.max_children} upstream sessions",
+            )
+        link = StdioLink(self, Era.LEGACY)
+        self._links.add(link)
+        return link
+
+    def _forget(self, link: StdioLink) -> None:
+        self._links.discard(link)
+
+    async def aclose(self) -> None:
+        links = list(self._links)
+        if self._modern is not None:
+            links.append(self._modern)
+            self._modern = None
+        await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
+
+    async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
+        argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+                limit=self.max_message_bytes,
+            )
+        except OSError as exc:
+            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
+        self._spawned += 1
+        child = _Child(proc, f"{self.description}[{proc.pid}]")
+        child.tasks.append(asyncio.create_task(_read_stdout(child, on_line, on_exit)))
+        child.tasks.append(asyncio.create_task(_read_stderr(child)))
+        return child
+
+    @property
+    def children(self) -> int:
+        n = sum(1 for link in self._links if link._child is not None and link._child.alive)
+        if self._modern is not None and self._modern._child is not None and self._modern._child.alive:
+            n += 1
+        return n
+
+
+async def _read_stdout(child: _Child, on_line, on_exit) -> None:  # type: ignore[no-untyped-def]
+    stdout = child.proc.stdout
+    assert stdout is not None
+    try:
+        while True:
+            try:
+                line = await stdout.readline()
+            except ValueError:  # a line over max_message_bytes: the stream cannot be resynchronised
+                log.error("%s wrote a message over the size limit; stopping it", child.name)
+                break
+            if not line:
+                break
+            if line.strip():
+                try:
+                    on_line(child, line)
+                except Exception:  # a bug in routing must not kill the reader
+                    log.exception("routing an upstream message failed")
+    finally:
+        if child.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.proc.wait(), 5.0)
+        child.exited.set()
+        on_exit(child, child.proc.returncode)
+
+
+async def _read_stderr(child: _Child) -> None:
+    stderr = child.proc.stderr
+    assert stderr is not None
+    with contextlib.suppress(Exception):
+        while True:
+            chunk = await stderr.read(65536)
+            if not chunk:
+                return
+            for line in chunk.splitlines():
+                if line.strip():
+                    stderr_log.info("%s: %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace"))

@@ -1,0 +1,98 @@
+"""Backoff math with an injected rand, Retry-After parsing, retryAfterMs reading."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from email.utils import format_datetime
+
+import pytest
+
+from proxy.policy.compiled import Backoff
+from proxy.recovery.backoff import (
+    backoff_cap_s,
+    backoff_delay_s,
+    is_negative_pushback,
+    parse_retry_after,
+    retry_after_ms_s,
+)
+
+B = Backoff(initial_s=0.2, max_s=2.0, multiplier=2.0, jitter="full")
+
+
+@pytest.mark.parametrize(
+    ("retry_index", "cap"),
+    [(0, 0.2), (1, 0.4), (2, 0.8), (3, 1.6), (4, 2.0), (50, 2.0), (10_000, 2.0), (-1, 0.2)],
+)
+def test_cap_is_exponential_from_the_first_retry_and_capped(retry_index, cap):
+    assert backoff_cap_s(B, retry_index) == pytest.approx(cap)
+
+
+@pytest.mark.parametrize(("r", "expected"), [(0.0, 0.0), (0.5, 0.4), (0.999, 0.7992), (1.0, 0.8)])
+def test_full_jitter_is_rand_times_the_cap(r, expected):
+    assert backoff_delay_s(B, 2, lambda: r) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("r", [-3.0, 7.0, math.nan, math.inf])
+def test_out_of_range_rand_is_clamped(r):
+    assert 0.0 <= backoff_delay_s(B, 1, lambda: r) <= 0.4
+
+
+def test_no_jitter_is_the_cap_and_does_not_call_rand():
+    def boom() -> float:
+        raise AssertionError("rand must not be called")
+
+    assert backoff_delay_s(Backoff(0.5, 3.0, 3.0, "none"), 1, boom) == pytest.approx(1.5)
+
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", 0.0),
+        ("120", 120.0),
+        ("  7 ", 7.0),
+        ("1.5", 1.5),
+        (format_datetime(datetime.fromtimestamp(NOW + 30, UTC), usegmt=True), 30.0),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: now
+        ("-5", None),
+        ("+5", None),
+        ("5s", None),
+        ("", None),
+        ("soon", None),
+        ("1e3", None),
+        ("NaN", None),
+        ("Wed, 99 Foo 2015 07:28:00 GMT", None),
+    ],
+)
+def test_parse_retry_after(value, expected):
+    got = parse_retry_after(value, NOW)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected)
+
+
+def test_parse_retry_after_rejects_non_strings():
+    assert parse_retry_after(5, NOW) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds", "negative"),
+    [
+        (1500, 1.5, False),
+        (0, 0.0, False),
+        (2.5, 0.0025, False),
+        (-1, None, True),
+        (True, None, False),
+        ("100", None, False),
+        (None, None, False),
+        (math.inf, None, False),
+        (math.nan, None, False),
+    ],
+)
+def test_retry_after_ms(value, seconds, negative):
+    assert retry_after_ms_s(value) == (pytest.approx(seconds) if seconds is not None else None)
+    assert is_negative_pushback(value) is negative

@@ -1,0 +1,934 @@
+"""Streamable HTTP upstream, both eras, at the JSON-RPC message level.
+
+One `httpx.AsyncClient` per upstream (keep-alive pool, HTTP/1.1, `retries=0`, no read timeout):
+the proxy owns every retry and every attempt timeout, so the client does neither.
+
+- `HttpLegacyLink` (one per downstream 2025 session): forwards the client's own `initialize`,
+  keeps `Mcp-Session-Id` and the negotiated `MCP-Protocol-Version`, opens the standalone GET SSE
+  stream after `notifications/initialized`, re-establishes an expired session (404) once,
+  transparently, and cancels with `notifications/cancelled`.
+- `HttpModernLink` (shared by every 2026-07-28 request): one POST per request with the 2026
+  routing headers; cancelling is closing that request's response stream.
+
+Failure translation happens here and nowhere else: httpx exceptions and HTTP statuses become
+`UpstreamFailure` with the right `Dispatch` (RECOVERY.md §1). `Exchange.written` turns true when
+httpx starts writing the request headers (httpcore trace hook), so anything failing from then on
+has dispatch unknown. Header values are never logged nor put in failure details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import email.utils
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import (
+    LATEST_LEGACY,
+    LATEST_MODERN,
+    LEGACY_VERSIONS,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    MODERN_VERSIONS,
+    Message,
+    RequestId,
+    dumps,
+    is_response,
+    loads,
+    meta_of,
+)
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+from proxy.upstream.sse_parse import SseError, SseParser
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER: Final = "mcp-session-id"
+VERSION_HEADER: Final = "mcp-protocol-version"
+METHOD_HEADER: Final = "mcp-method"
+NAME_HEADER: Final = "mcp-name"
+LAST_EVENT_ID_HEADER: Final = "last-event-id"
+ACCEPT_BOTH: Final = "application/json, text/event-stream"
+CLIENT_INFO: Final = {"name": "mcp-recovery-proxy", "version": "0.1.0"}
+
+# Refused before processing (RECOVERY.md §1.2): retrying cannot duplicate an effect.
+NOT_DISPATCHED_STATUSES: Final = frozenset({400, 401, 403, 405, 413, 415, 422, 429, 503})
+MAX_ERROR_BODY: Final = 64 * 1024
+MAX_DETAIL: Final = 300
+# Standalone GET stream / POST stream resumption: bounded reconnects.
+GET_BACKOFF_BASE_S: Final = 0.5
+GET_BACKOFF_CAP_S: Final = 30.0
+GET_MAX_FAILURES: Final = 8
+RESUME_MAX_ATTEMPTS: Final = 3
+DEFAULT_RETRY_MS: Final = 1000
+MAX_RETRY_MS: Final = 30_000
+
+_HEADER_SAFE = re.compile(r"[\x20-\x7e]*")
+_B64_SENTINEL = re.compile(r"=\?base64\?.*\?=", re.DOTALL)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers shared with sse.py
+# ---------------------------------------------------------------------------------------------
+def encode_header_value(value: str) -> str:
+    """The 2026 header value rule: visible ASCII without edge whitespace passes verbatim; anything
+    else (non-ASCII, controls, edge whitespace, or a value that looks like the sentinel itself) is
+    sent as `=?base64?<standard base64 of the UTF-8 bytes>?=`."""
+    if _HEADER_SAFE.fullmatch(value) and value == value.strip() and not _B64_SENTINEL.fullmatch(value):
+        return value
+    return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unparseable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def bounded_detail(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
+
+
+def translate_exception(exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
+    """An httpx (or socket) exception as an `UpstreamFailure`. Never includes header values."""
+    name = type(exc).__name__
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return UpstreamFailure(
+            FailureKind.CONNECT_FAILED, Dispatch.NO, bounded_detail(f"cannot connect to the upstream ({name})")
+        )
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, bounded_detail(f"bad upstream URL ({name})"))
+    if isinstance(exc, SseError):
+        return UpstreamFailure(
+            FailureKind.PROTOCOL,
+            Dispatch.UNKNOWN if written else Dispatch.NO,
+            bounded_detail(f"upstream event stream rejected: {exc}"),
+        )
+    dispatched = Dispatch.UNKNOWN if written else Dispatch.NO
+    return UpstreamFailure(
+        FailureKind.CLOSED, dispatched, bounded_detail(f"upstream connection failed during the {what} ({name})")
+    )
+
+
+def status_dispatch(status: int) -> Dispatch:
+    return Dispatch.NO if status in NOT_DISPATCHED_STATUSES else Dispatch.UNKNOWN
+
+
+async def read_bounded(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    with contextlib.suppress(httpx.HTTPError):
+        async for chunk in response.aiter_raw():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    return b"".join(chunks)[:limit]
+
+
+async def status_failure(response: httpx.Response, request_id: RequestId | None) -> UpstreamFailure:
+    """A non-2xx answer as `UpstreamFailure(HTTP_STATUS, ...)`, with the JSON-RPC error body if any."""
+    status = response.status_code
+    raw = await read_bounded(response)
+    body: dict[str, Any] | None = None
+    if raw:
+        try:
+            parsed = loads(raw)
+        except ValueError:
+            parsed = None
+        if (
+            isinstance(parsed, dict)
+            and isinstance(parsed.get("error"), dict)
+            and parsed.get("id") in (request_id, None)
+        ):
+            body = dict(parsed)
+            if request_id is not None:
+                body["id"] = request_id
+    detail = f"upstream answered HTTP {status}"
+    if response.reason_phrase:
+        detail += f" {response.reason_phrase}"
+    if body is not None:
+        msg = body["error"].get("message")
+        detail += f" (JSON-RPC {body['error'].get('code')}: {msg if isinstance(msg, str) else ''})"
+    return UpstreamFailure(
+        FailureKind.HTTP_STATUS,
+        status_dispatch(status),
+        bounded_detail(detail),
+        http_status=status,
+        retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+        body=body,
+    )
+
+
+def content_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What a response stream told us about resuming it."""
+
+    last_event_id: str | None = None
+    retry_ms: int | None = None
+
+
+async def iter_sse_messages(
+    response: httpx.Response, state: StreamState, max_event_bytes: int | None
+) -> AsyncIterator[Message]:
+    """Parse `message` events of an SSE response into JSON-RPC messages (invalid JSON is skipped)."""
+    parser = SseParser(max_event_bytes)
+    async for chunk in response.aiter_raw():
+        for ev in parser.feed(chunk):
+            state.last_event_id = parser.last_event_id
+            if parser.retry is not None:
+                state.retry_ms = parser.retry
+            if ev.event != "message" or not ev.data.strip():
+                continue
+            try:
+                message = loads(ev.data)
+            except ValueError:
+                log.warning("upstream sent an SSE event that is not JSON; dropped")
+                continue
+            if isinstance(message, dict):
+                yield message
+            elif isinstance(message, list):  # a 2025-03-26 batch
+                for item in message:
+                    if isinstance(item, dict):
+                        yield item
+        state.last_event_id = parser.last_event_id
+        if parser.retry is not None:
+            state.retry_ms = parser.retry
+
+
+async def iter_json_messages(response: httpx.Response) -> AsyncIterator[Message]:
+    raw = await response.aread()
+    try:
+        parsed = loads(raw)
+    except ValueError:
+        raise UpstreamFailure(
+            FailureKind.PROTOCOL, Dispatch.UNKNOWN, "upstream answered a body that is not JSON"
+        ) from None
+    items = parsed if isinstance(parsed, list) else [parsed]
+    for item in items:
+        if isinstance(item, dict):
+            yield item
+
+
+def new_client(headers: Mapping[str, str], connect_timeout_s: float, max_connections: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        headers=dict(headers),
+        timeout=httpx.Timeout(None, connect=connect_timeout_s, pool=connect_timeout_s),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        transport=httpx.AsyncHTTPTransport(
+            retries=0,
+            http1=True,
+            http2=False,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        ),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+def modern_headers(message: Message) -> dict[str, str]:
+    """The 2026-07-28 routing headers a request (or notification) must carry."""
+    method = message.get("method")
+    headers: dict[str, str] = {}
+    meta = meta_of(message) or {}
+    version = meta.get(META_PROTOCOL_VERSION)
+    headers[VERSION_HEADER] = version if isinstance(version, str) and version else LATEST_MODERN
+    if isinstance(method, str):
+        headers[METHOD_HEADER] = encode_header_value(method)
+        params = message.get("params")
+        if isinstance(params, dict):
+            key = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}.get(method)
+            value = params.get(key) if key else None
+            if isinstance(value, str):
+                headers[NAME_HEADER] = encode_header_value(value)
+    return headers
+
+
+# ---------------------------------------------------------------------------------------------
+# links
+# ---------------------------------------------------------------------------------------------
+class _Expired(Exception):
+    """A 404 on a request that carried a session id (handled inside the legacy link)."""
+
+
+class _HttpLink:
+    """What both eras share: the exchange task that POSTs and reads the response stream."""
+
+    era: Era
+
+    def __init__(self, upstream: HttpUpstream, prefix: str) -> None:
+        self._upstream = upstream
+        self._client = upstream.client
+        self._url = upstream.url
+        self._pending = PendingTable(prefix=prefix)
+        self._unsolicited: OnMessage = _drop
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- UpstreamLink ---------------------------------------------------------------------
+    def new_id(self) -> RequestId:
+        return self._pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        self._unsolicited = handler
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def send_request(
+        self,
+        message: Message,
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Exchange:
+        if self._closed:
+            raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
+        self._before_request(message)
+        ex = self._pending.add(message, on_message)
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._run_exchange(ex, message, dict(headers or {}), sent))
+        ex.transport_state = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(sent)
+        except UpstreamFailure:
+            self._pending.discard(ex)
+            raise
+        except asyncio.CancelledError:
+            self._pending.discard(ex)
+            task.cancel()
+            raise
+        return ex
+
+    async def send_response(self, message: Message) -> None:
+        await self.send_notification(message)
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
+        exchange.cancelled = True
+        self._pending.discard(exchange)
+        await self._cancel_on_wire(exchange, reason)
+        task = exchange.transport_state
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)
+        self._pending.fail(
+            exchange,
+            UpstreamFailure(
+                FailureKind.CLOSED,
+                Dispatch.UNKNOWN if exchange.written else Dispatch.NO,
+                "the proxy cancelled the request",
+            ),
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
+        self._pending.fail_all(FailureKind.CLOSED, "the proxy closed the upstream link")
+        await self._close_session()
+        self._upstream._forget(self)
+
+    # -- hooks for the eras ---------------------------------------------------------------
+    def _before_request(self, message: Message) -> None:
+        return None
+
+    def _request_headers(self, message: Message) -> dict[str, str]:
+        raise NotImplementedError
+
+    async def _cancel_on_wire(self, exchange: Exchange, reason: str | None) -> None:
+        return None
+
+    async def _close_session(self) -> None:
+        return None
+
+    def _on_response(self, ex: Exchange, response: httpx.Response, message: Message) -> None:
+        return None
+
+    async def _resume(self, ex: Exchange, state: StreamState) -> bool:
+        """Try to recover the rest of a broken response stream; True when the response arrived."""
+        return False
+
+    async def _run_exchange(
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+    ) -> None:
+        try:
+            await self._attempt_loop(ex, message, extra, sent)
+        except UpstreamFailure as failure:
+            if not ex.written and not sent.done():
+                sent.set_exception(failure)
+                sent.exception()
+            else:
+                self._pending.fail(ex, failure)
+        except asyncio.CancelledError:
+            if not sent.done():
+                sent.set_exception(
+                    UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the proxy closed the upstream link")
+                )
+                sent.exception()
+            raise
+        except Exception as exc:  # a bug here must not leave the caller waiting forever
+            log.exception("upstream exchange task failed")
+            failure = UpstreamFailure(
+                FailureKind.PROTOCOL,
+                Dispatch.UNKNOWN if ex.written else Dispatch.NO,
+                bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
+            )
+            if not sent.done():
+                sent.set_exception(failure)
+                sent.exception()
+            self._pending.fail(ex, failure)
+        finally:
+            if not sent.done():
+                sent.set_result(None)
+
+    async def _attempt_loop(
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+    ) -> None:
+        await self._post_exchange(ex, message, extra, sent)
+
+    async def _post_exchange(
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+    ) -> None:
+        """One POST of `message` and the reading of its answer, for exchange `ex`."""
+        body = dumps(message)
+        headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", **extra}
+        headers.update(self._request_headers(message))
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            if name.endswith("send_request_headers.started"):
+                ex.written = True
+            elif name.endswith("send_request_body.complete") and not sent.done():
+                sent.set_result(None)
+
+        state = StreamState()
+        try:
+            async with self._client.stream(
+                "POST", self._url, content=body, headers=headers, extensions={"trace": trace}
+            ) as response:
+                if not sent.done():
+                    sent.set_result(None)
+                if response.status_code == 404 and self._sent_session(headers):
+                    await response.aclose()
+                    raise _Expired
+                if not 200 <= response.status_code < 300:
+                    raise await status_failure(response, ex.upstream_id)
+                if response.status_code == 202:
+                    raise UpstreamFailure(
+                        FailureKind.PROTOCOL,
+                        Dispatch.UNKNOWN,
+                        "upstream answered a request with 202 Accepted and no response",
+                    )
+                ctype = content_type(response)
+                if ctype == "application/json":
+                    async for msg in iter_json_messages(response):
+                        if self._route_stream_message(ex, response, msg):
+                            return
+                elif ctype == "text/event-stream":
+                    async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                        if self._route_stream_message(ex, response, msg):
+                            return
+                else:
+                    raise UpstreamFailure(
+                        FailureKind.PROTOCOL,
+                        Dispatch.UNKNOWN,
+                        bounded_detail(f"upstream answered an unexpected content type {ctype!r}"),
+                    )
+        except (_Expired, UpstreamFailure):
+            raise
+        except (httpx.HTTPError, SseError, OSError) as exc:
+            if ex.cancelled:
+                return
+            if state.last_event_id is not None and await self._resume(ex, state):
+                return
+            raise translate_exception(exc, ex.written) from None
+        if ex.cancelled or ex.response.done():
+            return
+        if state.last_event_id is not None and await self._resume(ex, state):
+            return
+        raise UpstreamFailure(
+            FailureKind.CLOSED,
+            Dispatch.UNKNOWN,
+            "the upstream closed the response stream before the response arrived",
+        )
+
+    def _sent_session(self, headers: Mapping[str, str]) -> bool:
+        return False
+
+    def _route_stream_message(self, ex: Exchange, response: httpx.Response, msg: Message) -> bool:
+        """Deliver one message read from `ex`'s own response stream. True once `ex` is answered."""
+        if is_response(msg) or ("id" in msg and "method" not in msg):
+            if msg.get("id") in (ex.upstream_id, None):
+                if msg.get("id") is None:  # an error for our request sent before its id was parsed
+                    msg = {**msg, "id": ex.upstream_id}
+                self._on_response(ex, response, msg)
+                self._pending.resolve(msg)
+                return True
+            self._pending.resolve(msg)  # another exchange's (a resumed stream); unknown ids are dropped
+            return False
+        if ex.cancelled:
+            return False
+        if ex.on_message is not None:
+            ex.on_message(msg)
+        else:
+            self._deliver_unsolicited(msg)
+        return False
+
+    def _deliver_unsolicited(self, msg: Message) -> None:
+        if is_response(msg):
+            self._pending.resolve(msg)
+            return
+        if msg.get("method") == "notifications/progress" and self._pending.route_progress(msg):
+            return
+        try:
+            self._unsolicited(msg)
+        except Exception:
+            log.exception("unsolicited message handler failed")
+
+    async def _post_small(self, message: Message, headers: Mapping[str, str], what: str) -> httpx.Response:
+        """POST a notification or response; the answer's body is read (it should be empty)."""
+        h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
+        written = False
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            nonlocal written
+            if name.endswith("send_request_headers.started"):
+                written = True
+
+        try:
+            async with self._client.stream(
+                "POST", self._url, content=dumps(message), headers=h, extensions={"trace": trace}
+            ) as response:
+                await read_bounded(response)
+                return response
+        except httpx.HTTPError as exc:
+            raise translate_exception(exc, written, what) from None
+
+
+def _drop(message: Message) -> None:
+    log.debug("no unsolicited handler set; dropped %s", message.get("method"))
+
+
+class HttpModernLink(_HttpLink):
+    """The shared 2026-07-28 link: stateless POSTs, cancel = close the response stream."""
+
+    era = Era.MODERN
+
+    def __init__(self, upstream: HttpUpstream) -> None:
+        super().__init__(upstream, prefix="m")
+
+    def _request_headers(self, message: Message) -> dict[str, str]:
+        return modern_headers(message)
+
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        """POST it (the 2026 HTTP transport defines no client notifications; servers answer 202)."""
+        h = {**(headers or {}), **modern_headers(message)}
+        response = await self._post_small(message, h, "notification")
+        if not 200 <= response.status_code < 300:
+            raise await status_failure(response, None)
+
+
+class HttpLegacyLink(_HttpLink):
+    """One downstream 2025 session ↔ one upstream HTTP session."""
+
+    era = Era.LEGACY
+
+    def __init__(self, upstream: HttpUpstream) -> None:
+        super().__init__(upstream, prefix="")
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None
+        self._handshake = Handshake()
+        self._reinit_lock = asyncio.Lock()
+        self._get_task: asyncio.Task[None] | None = None
+        self.reestablished = 0  # how many times an expired session was re-established
+
+    # -- headers --------------------------------------------------------------------------
+    def _session_headers(self, for_initialize: bool = False) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if not for_initialize:
+            if self.session_id is not None:
+                h[SESSION_HEADER] = self.session_id
+            if self.protocol_version is not None:
+                h[VERSION_HEADER] = self.protocol_version
+        return h
+
+    def _request_headers(self, message: Message) -> dict[str, str]:
+        return self._session_headers(message.get("method") == "initialize")
+
+    def _sent_session(self, headers: Mapping[str, str]) -> bool:
+        return SESSION_HEADER in headers
+
+    def _before_request(self, message: Message) -> None:
+        self._handshake.observe(message)
+
+    def _on_response(self, ex: Exchange, response: httpx.Response, message: Message) -> None:
+        if ex.method == "initialize":
+            self._capture_session(response, message)
+
+    def _capture_session(self, response: httpx.Response, message: Message) -> None:
+        sid = response.headers.get(SESSION_HEADER)
+        if sid:
+            self.session_id = sid
+        result = message.get("result")
+        if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
+            self.protocol_version = result["protocolVersion"]
+
+    # -- requests with transparent session re-establishment ---------------------------------
+    async def _attempt_loop(
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+    ) -> None:
+        for attempt in range(2):
+            stale = self.session_id
+            try:
+                await self._post_exchange(ex, message, extra, sent)
+                return
+            except _Expired:
+                ex.written = False  # a 404 is a refusal: this request was not processed
+                if attempt == 1:
+                    raise UpstreamFailure(
+                        FailureKind.SESSION_EXPIRED,
+                        Dispatch.NO,
+                        "the upstream session expired again right after it was re-established",
+                        http_status=404,
+                    ) from None
+                await self._reestablish(stale)
+
+    async def _reestablish(self, stale: str | None) -> None:
+        async with self._reinit_lock:
+            if self.session_id != stale:
+                return  # a concurrent request already did it
+            init = self._handshake.initialize
+            if init is None:
+                raise UpstreamFailure(
+                    FailureKind.SESSION_EXPIRED,
+                    Dispatch.NO,
+                    "the upstream session expired and there is no handshake to replay",
+                    http_status=404,
+                )
+            log.info("upstream session expired (404): re-establishing it")
+            self._stop_get_stream()
+            self.session_id = None
+            replay = {**init, "id": self.new_id()}
+            try:
+                response_headers, answer = await self._upstream.rpc_once(replay, {}, on_other=self._deliver_unsolicited)
+            except UpstreamFailure as f:
+                raise UpstreamFailure(
+                    f.kind,
+                    Dispatch.NO,
+                    bounded_detail(f"re-establishing the expired upstream session failed: {f.detail}"),
+                    http_status=f.http_status,
+                    retry_after_s=f.retry_after_s,
+                ) from None
+            if "result" not in answer:
+                raise UpstreamFailure(
+                    FailureKind.PROTOCOL,
+                    Dispatch.NO,
+                    "the upstream refused the replayed initialize while re-establishing the session",
+                )
+            sid = response_headers.get(SESSION_HEADER)
+            self.session_id = sid or None
+            result = answer["result"]
+            if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
+                self.protocol_version = result["protocolVersion"]
+            self.reestablished += 1
+            if self._handshake.initialized is not None:
+                response = await self._post_small(
+                    self._handshake.initialized, self._session_headers(), "handshake replay"
+                )
+                if not 200 <= response.status_code < 300:
+                    f = await status_failure(response, None)
+                    raise UpstreamFailure(
+                        f.kind, Dispatch.NO, "replaying notifications/initialized failed", http_status=f.http_status
+                    )
+                self._start_get_stream()
+
+    # -- notifications, responses, cancel, close --------------------------------------------
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        self._handshake.observe(message)
+        h = {**(headers or {}), **self._session_headers()}
+        response = await self._post_small(message, h, "notification")
+        if response.status_code == 404 and SESSION_HEADER in h:
+            raise UpstreamFailure(
+                FailureKind.SESSION_EXPIRED, Dispatch.NO, "the upstream session expired", http_status=404
+            )
+        if not 200 <= response.status_code < 300:
+            raise await status_failure(response, None)
+        if message.get("method") == "notifications/initialized":
+            self._start_get_stream()
+
+    async def _cancel_on_wire(self, exchange: Exchange, reason: str | None) -> None:
+        if not exchange.written or exchange.method == "initialize":
+            return
+        params: dict[str, Any] = {"requestId": exchange.upstream_id}
+        if reason:
+            params["reason"] = reason
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        try:
+            await self._post_small(note, self._session_headers(), "cancel notification")
+        except UpstreamFailure as f:
+            log.debug("cancel notification not delivered: %s", f.detail)
+
+    async def _close_session(self) -> None:
+        self._stop_get_stream()
+        sid, self.session_id = self.session_id, None
+        if sid is None:
+            return
+        h = {SESSION_HEADER: sid}
+        if self.protocol_version:
+            h[VERSION_HEADER] = self.protocol_version
+        try:
+            async with asyncio.timeout(self._upstream.connect_timeout_s * 2):
+                response = await self._client.request("DELETE", self._url, headers=h)
+            if response.status_code not in (200, 202, 204, 404, 405):
+                log.debug("upstream answered DELETE with HTTP %s", response.status_code)
+        except (httpx.HTTPError, TimeoutError, OSError) as exc:
+            log.debug("DELETE of the upstream session failed: %s", type(exc).__name__)
+
+    # -- resumption of a POST stream (2025-11-25 polling / event-store servers) -------------
+    async def _resume(self, ex: Exchange, state: StreamState) -> bool:
+        failures = 0
+        while failures < RESUME_MAX_ATTEMPTS and not ex.cancelled and not self._closed:
+            await asyncio.sleep(min(state.retry_ms or DEFAULT_RETRY_MS, MAX_RETRY_MS) / 1000)
+            headers = {"accept": "text/event-stream", **self._session_headers()}
+            if state.last_event_id is not None:
+                headers[LAST_EVENT_ID_HEADER] = state.last_event_id
+            try:
+                async with self._client.stream("GET", self._url, headers=headers) as response:
+                    if response.status_code != 200 or content_type(response) != "text/event-stream":
+                        failures += 1
+                        continue
+                    failures = 0
+                    async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                        if self._route_stream_message(ex, response, msg):
+                            return True
+            except (httpx.HTTPError, SseError, OSError):
+                failures += 1
+        return False
+
+    # -- the standalone GET stream ----------------------------------------------------------
+    def _start_get_stream(self) -> None:
+        if self._closed or (self._get_task is not None and not self._get_task.done()):
+            return
+        self._get_task = asyncio.create_task(self._get_loop())
+
+    def _stop_get_stream(self) -> None:
+        task, self._get_task = self._get_task, None
+        if task is not None:
+            task.cancel()
+
+    async def _get_loop(self) -> None:
+        state = StreamState()
+        failures = 0
+        while not self._closed and self.session_id is not None and failures < GET_MAX_FAILURES:
+            headers = {"accept": "text/event-stream", **self._session_headers()}
+            if state.last_event_id is not None:
+                headers[LAST_EVENT_ID_HEADER] = state.last_event_id
+            try:
+                async with self._client.stream("GET", self._url, headers=headers) as response:
+                    if response.status_code in (404, 405):
+                        return  # no standalone stream offered, or the session is gone
+                    if response.status_code != 200 or content_type(response) != "text/event-stream":
+                        failures += 1
+                    else:
+                        failures = 0
+                        async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                            self._deliver_unsolicited(msg)
+            except (httpx.HTTPError, SseError, OSError) as exc:
+                log.debug("standalone GET stream broke: %s", type(exc).__name__)
+                failures += 1
+            if failures:
+                delay = min(GET_BACKOFF_CAP_S, GET_BACKOFF_BASE_S * 2 ** (failures - 1))
+                if state.retry_ms is not None:
+                    delay = max(delay, min(state.retry_ms, MAX_RETRY_MS) / 1000)
+            else:
+                delay = min(state.retry_ms or DEFAULT_RETRY_MS, MAX_RETRY_MS) / 1000
+            await asyncio.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------
+# the upstream
+# ---------------------------------------------------------------------------------------------
+class HttpUpstream:
+    """A Streamable HTTP MCP server (either era, or both)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 100,
+        probe_timeout_s: float = 10.0,
+        max_event_bytes: int | None = 16 * 1024 * 1024,
+    ) -> None:
+        self.url = url
+        parsed = httpx.URL(url)
+        self.description = f"http:{parsed.host}:{parsed.port or ''}{parsed.path}"
+        self.connect_timeout_s = connect_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.max_event_bytes = max_event_bytes
+        self.client = new_client(headers or {}, connect_timeout_s, max_connections)
+        self._modern: HttpModernLink | None = None
+        self._links: set[_HttpLink] = set()
+
+    async def open(self, era: Era) -> HttpLegacyLink | HttpModernLink:
+        if era is Era.MODERN:
+            if self._modern is None or self._modern._closed:
+                self._modern = HttpModernLink(self)
+            return self._modern
+        link = HttpLegacyLink(self)
+        self._links.add(link)
+        return link
+
+    def _forget(self, link: _HttpLink) -> None:
+        self._links.discard(link)
+        if link is self._modern:
+            self._modern = None
+
+    async def aclose(self) -> None:
+        links: list[_HttpLink] = list(self._links)
+        if self._modern is not None:
+            links.append(self._modern)
+        await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
+        await self.client.aclose()
+
+    async def rpc_once(
+        self,
+        message: Message,
+        headers: Mapping[str, str],
+        *,
+        on_other: Callable[[Message], None] | None = None,
+    ) -> tuple[httpx.Headers, Message]:
+        """POST one request and read its response (JSON or SSE); other messages go to `on_other`."""
+        h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
+        written = False
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            nonlocal written
+            if name.endswith("send_request_headers.started"):
+                written = True
+
+        try:
+            async with self.client.stream(
+                "POST", self.url, content=dumps(message), headers=h, extensions={"trace": trace}
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    raise await status_failure(response, message.get("id"))
+                ctype = content_type(response)
+                if ctype == "application/json":
+                    messages = iter_json_messages(response)
+                elif ctype == "text/event-stream":
+                    messages = iter_sse_messages(response, StreamState(), self.max_event_bytes)
+                else:
+                    raise UpstreamFailure(
+                        FailureKind.PROTOCOL,
+                        Dispatch.UNKNOWN,
+                        bounded_detail(f"upstream answered an unexpected content type {ctype!r}"),
+                    )
+                async for msg in messages:
+                    if "method" not in msg and msg.get("id") in (message.get("id"), None):
+                        return response.headers, msg
+                    if on_other is not None:
+                        on_other(msg)
+        except httpx.HTTPError as exc:
+            raise translate_exception(exc, written) from None
+        raise UpstreamFailure(
+            FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the stream before the response arrived"
+        )
+
+    async def probe(self) -> Capabilities:
+        """Which eras the upstream speaks: `server/discover` first, then a legacy `initialize`."""
+        modern = legacy = False
+        notes: list[str] = []
+        discover = {
+            "jsonrpc": "2.0",
+            "id": "probe-discover",
+            "method": "server/discover",
+            "params": {
+                "_meta": {
+                    META_PROTOCOL_VERSION: LATEST_MODERN,
+                    META_CLIENT_CAPABILITIES: {},
+                    META_CLIENT_INFO: CLIENT_INFO,
+                }
+            },
+        }
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                _, answer = await self.rpc_once(discover, modern_headers(discover))
+            result = answer.get("result")
+            versions = result.get("supportedVersions") if isinstance(result, dict) else None
+            if isinstance(versions, list):
+                modern = any(v in MODERN_VERSIONS for v in versions)
+                legacy = any(v in LEGACY_VERSIONS for v in versions)
+                notes.append(f"supportedVersions={[v for v in versions if isinstance(v, str)]}")
+            else:
+                notes.append("server/discover refused")
+        except TimeoutError:
+            notes.append("server/discover timed out")
+        except UpstreamFailure as f:
+            if f.kind is FailureKind.CONNECT_FAILED or f.http_status in (401, 403):
+                raise
+            notes.append(f"server/discover failed: {f.detail}")
+        if not legacy:
+            legacy, note = await self._probe_legacy()
+            notes.append(note)
+        return Capabilities(legacy=legacy, modern=modern, detail=bounded_detail("; ".join(notes)))
+
+    async def _probe_legacy(self) -> tuple[bool, str]:
+        init = {
+            "jsonrpc": "2.0",
+            "id": "probe-initialize",
+            "method": "initialize",
+            "params": {"protocolVersion": LATEST_LEGACY, "capabilities": {}, "clientInfo": CLIENT_INFO},
+        }
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                headers, answer = await self.rpc_once(init, {})
+        except TimeoutError:
+            return False, "initialize timed out"
+        except UpstreamFailure as f:
+            if f.kind is FailureKind.CONNECT_FAILED or f.http_status in (401, 403):
+                raise
+            return False, f"initialize failed: {f.detail}"
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            return False, "initialize refused"
+        sid = headers.get(SESSION_HEADER)
+        if sid:
+            h = {SESSION_HEADER: sid}
+            if isinstance(result.get("protocolVersion"), str):
+                h[VERSION_HEADER] = result["protocolVersion"]
+            with contextlib.suppress(httpx.HTTPError, TimeoutError, OSError):
+                async with asyncio.timeout(self.probe_timeout_s):
+                    await self.client.request("DELETE", self.url, headers=h)
+        return True, f"initialize negotiated {result.get('protocolVersion')}"

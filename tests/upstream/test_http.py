@@ -1,0 +1,457 @@
+"""HttpUpstream against real servers on 127.0.0.1: an SDK MCPServer over Streamable HTTP (both
+eras), misbehaving Starlette apps, a refused port and a server process killed mid-request."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import Message
+from proxy.upstream.base import Era, Exchange
+from proxy.upstream.http import (
+    HttpLegacyLink,
+    HttpModernLink,
+    HttpUpstream,
+    encode_header_value,
+    parse_retry_after,
+)
+
+from .servers import Journal, free_socket, serve, start_subprocess_server, streamable_app
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
+WAIT = 10.0
+
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+}
+
+
+@pytest.fixture
+def journal() -> Journal:
+    return Journal()
+
+
+@pytest.fixture
+async def mcp_url(journal: Journal) -> AsyncIterator[str]:
+    async with serve(streamable_app(journal)) as port:
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@pytest.fixture
+async def upstream(mcp_url: str) -> AsyncIterator[HttpUpstream]:
+    up = HttpUpstream(mcp_url, headers={"x-proxy-credential": "secret-value"})
+    yield up
+    await up.aclose()
+
+
+async def answer(ex: Exchange) -> Message:
+    return await asyncio.wait_for(ex.response, WAIT)
+
+
+async def failure_of(ex: Exchange) -> UpstreamFailure:
+    with pytest.raises(UpstreamFailure) as info:
+        await asyncio.wait_for(ex.response, WAIT)
+    return info.value
+
+
+async def legacy_session(up: HttpUpstream, sampling: bool = False) -> HttpLegacyLink:
+    link = await up.open(Era.LEGACY)
+    assert isinstance(link, HttpLegacyLink)
+    caps: dict[str, Any] = {"sampling": {}} if sampling else {}
+    init = {
+        "jsonrpc": "2.0",
+        "id": link.new_id(),
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": caps, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    resp = await answer(await link.send_request(init))
+    assert resp["result"]["protocolVersion"] == "2025-11-25"
+    assert link.session_id and link.protocol_version == "2025-11-25"
+    await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return link
+
+
+def call(link: Any, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> Message:
+    params: dict[str, Any] = {"name": name, "arguments": arguments}
+    if meta is not None:
+        params["_meta"] = meta
+    return {"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/call", "params": params}
+
+
+def text_of(resp: Message) -> str:
+    return resp["result"]["content"][0]["text"]
+
+
+# --- probe -----------------------------------------------------------------------------------
+async def test_probe_detects_both_eras(upstream: HttpUpstream) -> None:
+    caps = await upstream.probe()
+    assert caps.legacy and caps.modern
+    assert "2026-07-28" in caps.detail
+
+
+async def test_probe_connection_refused() -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()  # nobody listens there now
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp", connect_timeout_s=2)
+    try:
+        with pytest.raises(UpstreamFailure) as info:
+            await up.probe()
+        assert info.value.kind is FailureKind.CONNECT_FAILED and info.value.dispatched is Dispatch.NO
+        link = await up.open(Era.MODERN)
+        with pytest.raises(UpstreamFailure) as info:
+            await link.send_request(call(link, "echo", {"text": "x"}, MODERN_META))
+        assert info.value.kind is FailureKind.CONNECT_FAILED and info.value.dispatched is Dispatch.NO
+        assert link.in_flight == 0  # type: ignore[attr-defined]
+    finally:
+        await up.aclose()
+
+
+# --- legacy ----------------------------------------------------------------------------------
+async def test_legacy_handshake_list_and_call(upstream: HttpUpstream) -> None:
+    link = await legacy_session(upstream)
+    listed = await answer(await link.send_request({"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/list"}))
+    names = {t["name"] for t in listed["result"]["tools"]}
+    assert {"echo", "progress_and_log", "ask_llm", "slow"} <= names
+    ex = await link.send_request(call(link, "echo", {"text": "héllo"}))
+    assert ex.written
+    assert text_of(await answer(ex)) == "héllo"
+    other = await upstream.open(Era.LEGACY)
+    assert other is not link
+    await other.aclose()
+
+
+async def test_legacy_progress_and_log_go_to_on_message(upstream: HttpUpstream) -> None:
+    link = await legacy_session(upstream)
+    unsolicited: list[Message] = []
+    link.set_unsolicited_handler(unsolicited.append)
+    got: list[Message] = []
+    req = call(link, "progress_and_log", {"steps": 3})
+    req["params"]["_meta"] = {"progressToken": req["id"]}
+    resp = await answer(await link.send_request(req, on_message=got.append))
+    assert text_of(resp) == "done"
+    progress = [m for m in got if m["method"] == "notifications/progress"]
+    assert [p["params"]["progress"] for p in progress] == [1, 2, 3]
+    assert all(p["params"]["progressToken"] == req["id"] for p in progress)
+    assert any(m["method"] == "notifications/message" for m in got)
+    assert unsolicited == []
+
+
+async def test_legacy_sampling_round_trip(upstream: HttpUpstream) -> None:
+    link = await legacy_session(upstream, sampling=True)
+    tasks: list[asyncio.Task[None]] = []
+    seen: list[Message] = []
+
+    def on_message(m: Message) -> None:
+        seen.append(m)
+        if m.get("method") == "sampling/createMessage":
+            reply = {
+                "jsonrpc": "2.0",
+                "id": m["id"],
+                "result": {"role": "assistant", "content": {"type": "text", "text": "42"}, "model": "test-model"},
+            }
+            tasks.append(asyncio.create_task(link.send_response(reply)))
+
+    resp = await answer(await link.send_request(call(link, "ask_llm", {"prompt": "meaning?"}), on_message=on_message))
+    assert text_of(resp) == "llm said: 42"
+    assert any(m.get("method") == "sampling/createMessage" for m in seen)
+    await asyncio.gather(*tasks)
+
+
+async def test_legacy_cancel_stops_server_handler(upstream: HttpUpstream, journal: Journal) -> None:
+    link = await legacy_session(upstream)
+    ex = await link.send_request(call(link, "slow", {"seconds": 30}))
+    await asyncio.wait_for(journal.slow_started.wait(), WAIT)
+    await link.cancel(ex, "test timeout")
+    await asyncio.wait_for(journal.slow_cancelled.wait(), WAIT)
+    assert ex.cancelled
+    failure = await failure_of(ex)
+    assert failure.kind is FailureKind.CLOSED and failure.dispatched is Dispatch.UNKNOWN
+    # the link is still usable afterwards
+    assert text_of(await answer(await link.send_request(call(link, "echo", {"text": "after"})))) == "after"
+
+
+async def test_legacy_session_expiry_is_reestablished_once(upstream: HttpUpstream, mcp_url: str) -> None:
+    link = await legacy_session(upstream)
+    old = link.session_id
+    assert old is not None
+    async with httpx.AsyncClient() as c:  # the server forgets the session
+        r = await c.delete(mcp_url, headers={"mcp-session-id": old, "mcp-protocol-version": "2025-11-25"})
+        assert r.status_code == 200
+    resp = await answer(await link.send_request(call(link, "echo", {"text": "again"})))
+    assert text_of(resp) == "again"
+    assert link.session_id not in (None, old)
+    assert link.reestablished == 1
+
+
+async def test_legacy_second_404_is_session_expired() -> None:
+    """A server that answers 404 to anything after initialize: one re-establish, then SESSION_EXPIRED."""
+    inits = 0
+
+    async def endpoint(request: Request) -> Response:
+        nonlocal inits
+        body = orjson.loads(await request.body())
+        if request.method == "DELETE":
+            return Response(status_code=405)
+        if body.get("method") == "initialize":
+            inits += 1
+            result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}
+            return JSONResponse(
+                {"jsonrpc": "2.0", "id": body["id"], "result": result}, headers={"mcp-session-id": f"s{inits}"}
+            )
+        if "id" not in body:
+            return Response(status_code=202)
+        return Response(status_code=404)
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST", "DELETE", "GET"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.LEGACY)
+            init = {
+                "jsonrpc": "2.0",
+                "id": link.new_id(),
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25"},
+            }
+            await answer(await link.send_request(init))
+            ex = await link.send_request(call(link, "echo", {"text": "x"}))
+            failure = await failure_of(ex)
+            assert failure.kind is FailureKind.SESSION_EXPIRED and failure.dispatched is Dispatch.NO
+            assert inits == 2
+        finally:
+            await up.aclose()
+
+
+async def test_legacy_get_stream_delivers_unsolicited(upstream: HttpUpstream) -> None:
+    """A server request not tied to a client request travels on the standalone GET stream."""
+    link = await legacy_session(upstream, sampling=True)
+    tasks: list[asyncio.Task[None]] = []
+    unsolicited: list[Message] = []
+    on_stream: list[Message] = []
+
+    def on_unsolicited(m: Message) -> None:
+        unsolicited.append(m)
+        if m.get("method") == "sampling/createMessage":
+            reply = {
+                "jsonrpc": "2.0",
+                "id": m["id"],
+                "result": {"role": "assistant", "content": {"type": "text", "text": "via GET"}, "model": "m"},
+            }
+            tasks.append(asyncio.create_task(link.send_response(reply)))
+
+    link.set_unsolicited_handler(on_unsolicited)
+    req = call(link, "ask_llm", {"prompt": "q", "via_get_stream": True})
+    resp = await answer(await link.send_request(req, on_message=on_stream.append))
+    assert text_of(resp) == "llm said: via GET"
+    assert [m["method"] for m in unsolicited] == ["sampling/createMessage"]
+    assert on_stream == []
+    await asyncio.gather(*tasks)
+
+
+# --- modern ----------------------------------------------------------------------------------
+async def test_modern_call_with_envelope(upstream: HttpUpstream) -> None:
+    link = await upstream.open(Era.MODERN)
+    assert isinstance(link, HttpModernLink)
+    assert await upstream.open(Era.MODERN) is link  # shared
+    resp = await answer(await link.send_request(call(link, "echo", {"text": "modern"}, MODERN_META)))
+    assert text_of(resp) == "modern"
+    assert resp["result"]["resultType"] == "complete"
+    listed = await answer(
+        await link.send_request(
+            {"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/list", "params": {"_meta": MODERN_META}}
+        )
+    )
+    assert any(t["name"] == "slow" for t in listed["result"]["tools"])
+
+
+async def test_modern_progress_routing(upstream: HttpUpstream) -> None:
+    link = await upstream.open(Era.MODERN)
+    got: list[Message] = []
+    req = call(link, "progress_and_log", {"steps": 2})
+    req["params"]["_meta"] = {**MODERN_META, "progressToken": req["id"], "io.modelcontextprotocol/logLevel": "info"}
+    resp = await answer(await link.send_request(req, on_message=got.append))
+    assert text_of(resp) == "done"
+    assert [m["params"]["progress"] for m in got if m["method"] == "notifications/progress"] == [1, 2]
+    assert any(m["method"] == "notifications/message" for m in got)
+
+
+async def test_modern_cancel_closes_stream_and_stops_handler(upstream: HttpUpstream, journal: Journal) -> None:
+    link = await upstream.open(Era.MODERN)
+    ex = await link.send_request(call(link, "slow", {"seconds": 30}, MODERN_META))
+    await asyncio.wait_for(journal.slow_started.wait(), WAIT)
+    await link.cancel(ex)
+    await asyncio.wait_for(journal.slow_cancelled.wait(), WAIT)
+    assert not journal.slow_finished.is_set()
+    failure = await failure_of(ex)
+    assert failure.kind is FailureKind.CLOSED
+    assert text_of(await answer(await link.send_request(call(link, "echo", {"text": "ok"}, MODERN_META)))) == "ok"
+
+
+async def test_modern_headers_name_encoding_and_param_forwarding() -> None:
+    seen: list[dict[str, str]] = []
+
+    async def endpoint(request: Request) -> Response:
+        seen.append(dict(request.headers))
+        body = orjson.loads(await request.body())
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": {"ok": True}})
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp", headers={"authorization": "Bearer proxy-own"})
+        try:
+            link = await up.open(Era.MODERN)
+            await answer(
+                await link.send_request(
+                    call(link, "wëather", {"city": "Zürich"}, MODERN_META),
+                    headers={"Mcp-Param-City": "=?base64?WsO8cmljaA==?="},
+                )
+            )
+            read = {
+                "jsonrpc": "2.0",
+                "id": link.new_id(),
+                "method": "resources/read",
+                "params": {"uri": "file:///a b", "_meta": MODERN_META},
+            }
+            await answer(await link.send_request(read))
+        finally:
+            await up.aclose()
+    h = seen[0]
+    assert h["mcp-protocol-version"] == "2026-07-28"
+    assert h["mcp-method"] == "tools/call"
+    assert h["mcp-name"] == "=?base64?" + base64.b64encode("wëather".encode()).decode() + "?="
+    assert h["mcp-param-city"] == "=?base64?WsO8cmljaA==?="
+    assert h["authorization"] == "Bearer proxy-own"
+    assert "mcp-session-id" not in h
+    assert seen[1]["mcp-name"] == "file:///a b" and seen[1]["mcp-method"] == "resources/read"
+
+
+def test_header_value_rule() -> None:
+    assert encode_header_value("get_weather") == "get_weather"
+    assert encode_header_value(" padded") == "=?base64?IHBhZGRlZA==?="
+    assert encode_header_value("=?base64?abc?=").startswith("=?base64?PT9")
+    assert encode_header_value("a\r\nb") == "=?base64?YQ0KYg==?="
+
+
+def test_retry_after_parsing() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+# --- failures --------------------------------------------------------------------------------
+def status_app(status: int, headers: dict[str, str] | None = None, jsonrpc_error: bool = False) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        if jsonrpc_error:
+            err = {"jsonrpc": "2.0", "id": body.get("id"), "error": {"code": -32603, "message": "boom"}}
+            return JSONResponse(err, status_code=status, headers=headers)
+        return Response("nope", status_code=status, headers=headers)
+
+    return Starlette(routes=[Route("/mcp", endpoint, methods=["POST"])])
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "dispatched", "retry_after"),
+    [
+        (503, {"retry-after": "3"}, Dispatch.NO, 3.0),
+        (429, {"retry-after": "1"}, Dispatch.NO, 1.0),
+        (401, {"www-authenticate": "Bearer secret-realm"}, Dispatch.NO, None),
+        (500, {}, Dispatch.UNKNOWN, None),
+        (502, {}, Dispatch.UNKNOWN, None),
+    ],
+)
+async def test_http_status_failures(
+    status: int, headers: dict[str, str], dispatched: Dispatch, retry_after: float | None
+) -> None:
+    async with serve(status_app(status, headers)) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp", headers={"authorization": "Bearer top-secret"})
+        try:
+            link = await up.open(Era.MODERN)
+            ex = await link.send_request(call(link, "echo", {"text": "x"}, MODERN_META))
+            f = await failure_of(ex)
+        finally:
+            await up.aclose()
+    assert f.kind is FailureKind.HTTP_STATUS and f.http_status == status
+    assert f.dispatched is dispatched and f.retry_after_s == retry_after
+    assert len(f.detail) <= 300 and "secret" not in f.detail
+
+
+async def test_http_500_with_jsonrpc_body() -> None:
+    async with serve(status_app(500, jsonrpc_error=True)) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.MODERN)
+            req = call(link, "echo", {"text": "x"}, MODERN_META)
+            f = await failure_of(await link.send_request(req))
+        finally:
+            await up.aclose()
+    assert f.dispatched is Dispatch.UNKNOWN
+    assert f.body is not None and f.body["id"] == req["id"] and f.body["error"]["code"] == -32603
+
+
+async def test_peer_closes_without_answer_is_closed_unknown() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # take the request, then vanish
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.MODERN)
+        ex = await link.send_request(call(link, "echo", {"text": "x"}, MODERN_META))
+        assert ex.written
+        f = await failure_of(ex)
+        assert f.kind is FailureKind.CLOSED and f.dispatched is Dispatch.UNKNOWN
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("era", [Era.LEGACY, Era.MODERN])
+async def test_server_dies_mid_request(era: Era) -> None:
+    proc, port = await start_subprocess_server()
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        if era is Era.LEGACY:
+            link: Any = await legacy_session(up)
+            got: asyncio.Queue[Message] = asyncio.Queue()
+            req = call(link, "progress_and_log", {"steps": 1})
+            await answer(await link.send_request(req))
+            req = call(link, "slow", {"seconds": 60})
+        else:
+            link = await up.open(Era.MODERN)
+            got = asyncio.Queue()
+            req = call(link, "slow", {"seconds": 60}, MODERN_META)
+        ex = await link.send_request(req, on_message=got.put_nowait)
+        # the request reached the server (its stream is open); now kill the server
+        assert ex.written
+        proc.kill()
+        await proc.wait()
+        f = await failure_of(ex)
+        assert f.kind is FailureKind.CLOSED and f.dispatched is Dispatch.UNKNOWN
+        # nothing listens any more: the next request is refused before it is sent
+        with pytest.raises(UpstreamFailure) as info:
+            await link.send_request(call(link, "echo", {"text": "x"}, MODERN_META if era is Era.MODERN else None))
+        assert info.value.kind is FailureKind.CONNECT_FAILED and info.value.dispatched is Dispatch.NO
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await up.aclose()

@@ -1,0 +1,477 @@
+"""The enriched unresolved result: every key, schema-valid, upstream content kept, details redacted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import Dispatch, FailureKind
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_ATTEMPTS
+from proxy.policy.compiled import Category, SideEffect, ToolPolicy
+from proxy.recovery.classify import classify
+from proxy.recovery.decide import GiveUp, StopReason
+from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger, operation_digest
+from proxy.recovery.outcome import Outcome, RpcError, ToolError, TransportError
+from proxy.recovery.redact import redact
+from proxy.recovery.report import (
+    RESERVED_KEYS,
+    AttemptRecord,
+    PartialResult,
+    ledger_summary,
+    merge_upstream_structured,
+    rpc_error_as_result,
+    unresolved_result,
+    with_attempts_meta,
+)
+
+TABLE_KEYS = {
+    "errorCategory",
+    "isRetryable",
+    "retryAfterMs",
+    "budgetExhausted",
+    "stopReason",
+    "attemptCount",
+    "maxAttempts",
+    "elapsedMs",
+    "deadlineMs",
+    "attemptedSteps",
+    "partialResults",
+    "unresolvedSources",
+    "outcomeUnknown",
+    "operation",
+    "suggestedActions",
+    "classification",
+}
+DIGEST = "0" * 64
+
+
+def policy(**kw: Any) -> ToolPolicy:
+    kw.setdefault("side_effect", SideEffect.READ_ONLY)
+    return ToolPolicy(tool="archive_lookup", **kw)
+
+
+def attempts_of(p: ToolPolicy, *outcomes: Outcome) -> list[AttemptRecord]:
+    records = []
+    for i, outcome in enumerate(outcomes):
+        last = i == len(outcomes) - 1
+        records.append(AttemptRecord(i + 1, i * 1.5, 1.0, outcome, classify(outcome, p), None if last else 0.5))
+    return records
+
+
+def build(p: ToolPolicy, reason: StopReason, *outcomes: Outcome, **kw: Any) -> dict[str, Any]:
+    kw.setdefault("elapsed_s", 4.0)
+    kw.setdefault("deadline_s", p.deadline_s)
+    kw.setdefault("arguments_digest", DIGEST)
+    kw.setdefault("budget_id", "bud1")
+    retry_after = kw.pop("retry_after_s", None)
+    return unresolved_result(p, GiveUp(reason, retry_after), attempts=attempts_of(p, *outcomes), **kw)
+
+
+def tool_error(text: str, structured: Any = None) -> ToolError:
+    result: dict[str, Any] = {"isError": True, "content": [{"type": "text", "text": text}]}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return ToolError(result)
+
+
+TIMEOUT = TransportError(FailureKind.TIMEOUT, Dispatch.UNKNOWN, "no answer within 4 s")
+HTTP503 = TransportError(FailureKind.HTTP_STATUS, Dispatch.YES, "service unavailable", http_status=503)
+
+
+# (id, policy kwargs, stop reason, outcomes, extra kwargs, expected category, budgetExhausted, outcomeUnknown)
+CASES = [
+    ("attempts", {}, StopReason.ATTEMPTS_EXHAUSTED, [HTTP503] * 3, {}, "transient", True, False),
+    ("deadline", {}, StopReason.DEADLINE_EXHAUSTED, [TIMEOUT], {"retry_after_s": 12.0}, "transient", True, False),
+    (
+        "validation",
+        {},
+        StopReason.NOT_RETRYABLE,
+        [RpcError({"code": -32602, "message": "bad"})],
+        {},
+        "validation",
+        False,
+        False,
+    ),
+    (
+        "permission",
+        {},
+        StopReason.NOT_RETRYABLE,
+        [tool_error("no", {"errorCategory": "permission"})],
+        {},
+        "permission",
+        False,
+        False,
+    ),
+    (
+        "business",
+        {},
+        StopReason.NOT_RETRYABLE,
+        [tool_error("too big", {"errorCategory": "business"})],
+        {},
+        "business",
+        False,
+        False,
+    ),
+    ("unclassified", {}, StopReason.NOT_RETRYABLE, [tool_error("weird")], {}, "transient", False, False),
+    (
+        "declined",
+        {},
+        StopReason.UPSTREAM_DECLINED,
+        [tool_error("x", {"errorCategory": "transient", "isRetryable": False})],
+        {},
+        "transient",
+        False,
+        False,
+    ),
+    (
+        "outcome-unknown",
+        {"side_effect": SideEffect.STATE_CHANGING, "status_check_tool": "refund_status"},
+        StopReason.OUTCOME_UNKNOWN,
+        [TIMEOUT],
+        {},
+        "transient",
+        False,
+        True,
+    ),
+    ("retry-budget", {}, StopReason.RETRY_BUDGET, [HTTP503], {}, "transient", False, False),
+    (
+        "circuit-open-mid-call",
+        {},
+        StopReason.CIRCUIT_OPEN,
+        [HTTP503],
+        {"retry_after_s": 30.0},
+        "transient",
+        False,
+        False,
+    ),
+    ("circuit-open-before-first", {}, StopReason.CIRCUIT_OPEN, [], {"retry_after_s": 30.0}, "transient", False, False),
+    ("overloaded", {}, StopReason.OVERLOADED, [], {"retry_after_s": 1.0}, "transient", False, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy_kw", "reason", "outcomes", "kw", "category", "exhausted", "unknown"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_every_key_present_and_schema_valid(
+    assert_schema_valid, policy_kw, reason, outcomes, kw, category, exhausted, unknown
+):
+    p = policy(**policy_kw)
+    result = build(p, reason, *outcomes, **kw)
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    assert TABLE_KEYS <= set(s)
+    assert s["isRetryable"] is False
+    assert (s["errorCategory"], s["stopReason"]) == (category, reason.value)
+    assert (s["budgetExhausted"], s["outcomeUnknown"]) == (exhausted, unknown)
+    assert (s["attemptCount"], s["maxAttempts"]) == (len(outcomes), p.attempts)
+    assert s["operation"] == {
+        "tool": "archive_lookup",
+        "sideEffect": p.side_effect.value,
+        "argumentsDigest": DIGEST,
+        "budgetId": "bud1",
+        "approvedBudgetId": None,
+    }
+    assert [step["number"] for step in s["attemptedSteps"]] == list(range(1, len(outcomes) + 1))
+    if "retry_after_s" in kw:
+        assert s["retryAfterMs"] == round(kw["retry_after_s"] * 1000)
+    first = result["content"][0]
+    assert first["type"] == "text" and "archive_lookup" in first["text"] and "Next:" in first["text"]
+
+
+def test_attempted_steps_record_timing_outcome_dispatch_and_backoff(assert_schema_valid):
+    p = policy()
+    result = build(
+        p, StopReason.ATTEMPTS_EXHAUSTED, TIMEOUT, HTTP503, tool_error("down", {"errorCategory": "transient"})
+    )
+    assert_schema_valid(result)
+    steps = result["structuredContent"]["attemptedSteps"]
+    assert [(s["startedAt"], s["durationMs"], s["backoffMs"]) for s in steps] == [
+        (0, 1000, 500),
+        (1500, 1000, 500),
+        (3000, 1000, None),
+    ]
+    assert [(s["outcome"], s["dispatched"], s["source"]) for s in steps] == [
+        ("transport_error", "unknown", "transport"),
+        ("transport_error", "no", "http"),
+        ("tool_error", "yes", "upstream"),
+    ]
+    assert steps[1]["detail"] == "http_status (HTTP 503): service unavailable"
+
+
+def test_classification_evidence_is_reported():
+    p = policy()
+    s = build(p, StopReason.ATTEMPTS_EXHAUSTED, HTTP503)["structuredContent"]
+    assert s["classification"] == {"source": "http", "code": 503, "rule": None, "defaulted": False}
+    s = build(p, StopReason.NOT_RETRYABLE, tool_error("?"))["structuredContent"]
+    assert s["classification"] == {"source": "default", "code": None, "rule": None, "defaulted": True}
+
+
+def test_upstream_content_follows_the_message():
+    p = policy()
+    upstream = tool_error("archive is down", {"errorCategory": "transient"})
+    upstream.result["content"].append({"type": "image", "data": "AAAA", "mimeType": "image/png"})
+    result = build(p, StopReason.ATTEMPTS_EXHAUSTED, upstream)
+    assert result["content"][1:] == upstream.result["content"]
+
+
+def test_upstream_structured_keys_are_kept_and_collisions_moved(assert_schema_valid):
+    structured = {
+        "errorCategory": "transient",
+        "isRetryable": True,
+        "rows": [1, 2],
+        "upstream": "theirs",
+        "earlierBudget": 7,
+    }
+    result = build(policy(), StopReason.ATTEMPTS_EXHAUSTED, tool_error("x", structured))
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    assert s["rows"] == [1, 2] and s["isRetryable"] is False
+    assert s["upstream"] == {
+        "errorCategory": "transient",
+        "isRetryable": True,
+        "upstream": "theirs",
+        "earlierBudget": 7,
+    }
+    assert "earlierBudget" not in s
+
+
+@pytest.mark.parametrize("value", [["a", "b"], "text", 42, None, True])
+def test_non_object_upstream_structured_content_goes_under_upstream(assert_schema_valid, value):
+    result = build(
+        policy(),
+        StopReason.NOT_RETRYABLE,
+        tool_error("x", value)
+        if value is not None
+        else ToolError({"isError": True, "content": [], "structuredContent": None}),
+    )
+    assert_schema_valid(result)
+    assert result["structuredContent"]["upstream"] == value
+    assert isinstance(result["structuredContent"], dict)
+
+
+def test_merge_without_upstream_structured_adds_nothing():
+    assert merge_upstream_structured({"a": 1}) == {"a": 1}
+    assert "upstream" not in build(policy(), StopReason.ATTEMPTS_EXHAUSTED, TIMEOUT)["structuredContent"]
+    assert {"stopReason", "upstream"} <= RESERVED_KEYS
+
+
+def test_jsonrpc_error_becomes_an_is_error_result():
+    r = rpc_error_as_result({"code": -32602, "message": "bad date", "data": {"field": "from"}})
+    assert r["isError"] is True
+    assert "-32602" in r["content"][0]["text"] and "bad date" in r["content"][0]["text"]
+    assert r["structuredContent"]["jsonrpcError"] == {"code": -32602, "message": "bad date", "data": {"field": "from"}}
+    s = build(policy(), StopReason.NOT_RETRYABLE, RpcError({"code": -32602, "message": "bad date"}))
+    assert s["structuredContent"]["jsonrpcError"]["code"] == -32602
+    assert "bad date" in s["content"][1]["text"]
+
+
+def test_with_attempts_meta_changes_nothing_else():
+    result = {"content": [{"type": "text", "text": "ok"}], "structuredContent": {"n": 0}, "_meta": {"k": 1}}
+    out = with_attempts_meta(result, 3)
+    assert out == {**result, "_meta": {"k": 1, META_ATTEMPTS: 3}}
+    assert result["_meta"] == {"k": 1}  # not mutated
+    assert with_attempts_meta({"content": []}, 2) == {"content": [], "_meta": {META_ATTEMPTS: 2}}
+
+
+def test_partial_results_and_unresolved_sources(assert_schema_valid):
+    p = policy(alternatives=("archive_mirror",))
+    partial = PartialResult("primary_history", None, [{"type": "text", "text": "3 orders"}])
+    progress = PartialResult("progress", 2, "scanned 40%")
+    result = build(
+        p,
+        StopReason.ATTEMPTS_EXHAUSTED,
+        tool_error("first failure", {"errorCategory": "transient"}),
+        tool_error("second failure", {"errorCategory": "transient"}),
+        partial_results=[partial, progress],
+        unresolved_sources=["archive"],
+    )
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    assert s["partialResults"][:2] == [
+        {"source": "primary_history", "attempt": None, "content": [{"type": "text", "text": "3 orders"}]},
+        {"source": "progress", "attempt": 2, "content": "scanned 40%"},
+    ]
+    assert s["partialResults"][2] == {
+        "source": "failed_attempt",
+        "attempt": 1,
+        "content": [{"type": "text", "text": "first failure"}],
+    }
+    assert s["unresolvedSources"] == ["archive"]
+    actions = [a["action"] for a in s["suggestedActions"]]
+    assert actions == ["retry_later", "approve_budget", "use_alternative", "accept_partial"]
+    assert s["suggestedActions"][2]["tool"] == "archive_mirror"
+    assert META_APPROVE_BUDGET in s["suggestedActions"][1]["description"]
+    assert "2 partial result" not in result["content"][0]["text"]  # three are reported
+    assert "3 partial result(s)" in result["content"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "outcome", "expected"),
+    [
+        (StopReason.NOT_RETRYABLE, RpcError({"code": -32602, "message": "x"}), ["change_input"]),
+        (StopReason.NOT_RETRYABLE, tool_error("x", {"errorCategory": "permission"}), ["request_access"]),
+        (StopReason.NOT_RETRYABLE, tool_error("x", {"errorCategory": "business"}), ["explain_or_escalate"]),
+        (StopReason.NOT_RETRYABLE, tool_error("x"), ["inspect_error"]),
+        (
+            StopReason.UPSTREAM_DECLINED,
+            tool_error("x", {"errorCategory": "transient", "isRetryable": False}),
+            ["do_not_repeat"],
+        ),
+        (StopReason.ATTEMPTS_EXHAUSTED, HTTP503, ["retry_later", "approve_budget"]),
+        (StopReason.DEADLINE_EXHAUSTED, TIMEOUT, ["retry_later", "approve_budget"]),
+        (StopReason.RETRY_BUDGET, HTTP503, ["retry_later"]),
+        (StopReason.CIRCUIT_OPEN, HTTP503, ["retry_later"]),
+    ],
+)
+def test_suggested_actions_are_deterministic(reason, outcome, expected):
+    first = build(policy(), reason, outcome)["structuredContent"]["suggestedActions"]
+    again = build(policy(), reason, outcome)["structuredContent"]["suggestedActions"]
+    assert first == again
+    assert [a["action"] for a in first] == expected
+
+
+def test_outcome_unknown_suggests_the_status_check_and_says_so():
+    p = policy(side_effect=SideEffect.STATE_CHANGING, status_check_tool="refund_status")
+    result = build(p, StopReason.OUTCOME_UNKNOWN, TIMEOUT)
+    s = result["structuredContent"]
+    assert s["outcomeUnknown"] is True
+    assert s["suggestedActions"][:2] == [
+        {
+            "action": "check_status",
+            "description": "The change may have been applied: check its status before doing anything else.",
+            "tool": "refund_status",
+        },
+        {
+            "action": "do_not_repeat",
+            "description": "Do not repeat this call unchanged: it could apply the change twice.",
+        },
+    ]
+    assert "may have taken effect" in result["content"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "unknown"),
+    [
+        (TIMEOUT, True),
+        (tool_error("x", {"errorCategory": "transient"}), True),  # executed, transient: may have happened
+        (tool_error("x"), True),  # executed and unclassified: cannot tell
+        (tool_error("x", {"errorCategory": "business"}), False),  # the tool said no
+        (HTTP503, False),  # refused before processing
+        (RpcError({"code": -32602, "message": "x"}), False),
+    ],
+)
+def test_outcome_unknown_for_state_changing_tools(outcome, unknown):
+    s = build(policy(side_effect=SideEffect.STATE_CHANGING), StopReason.NOT_RETRYABLE, outcome)["structuredContent"]
+    assert s["outcomeUnknown"] is unknown
+    s = build(policy(side_effect=SideEffect.IDEMPOTENT), StopReason.NOT_RETRYABLE, outcome)["structuredContent"]
+    assert s["outcomeUnknown"] is False
+
+
+def test_ledger_exhausted_points_at_the_earlier_budget(assert_schema_valid):
+    p = policy()
+    earlier_result = build(p, StopReason.ATTEMPTS_EXHAUSTED, HTTP503, HTTP503, HTTP503, budget_id="old")
+    ledger = InMemoryLedger()
+    op = operation_digest(p.tool, {"q": 1})
+    ledger.record_exhausted(
+        op,
+        "old",
+        StopReason.ATTEMPTS_EXHAUSTED,
+        60.0,
+        now_s=0.0,
+        summary=ledger_summary(earlier_result["structuredContent"]),
+    )
+    entry = ledger.check(op, now_s=20.0)
+    assert isinstance(entry, ExhaustedEntry)
+    result = unresolved_result(
+        p,
+        GiveUp(StopReason.LEDGER_EXHAUSTED, entry.retry_after_s(20.0)),
+        attempts=[],
+        elapsed_s=0.0,
+        deadline_s=10.0,
+        arguments_digest=op,
+        budget_id=entry.budget_id,
+        earlier=entry,
+    )
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    assert (s["stopReason"], s["budgetExhausted"], s["attemptCount"], s["retryAfterMs"]) == (
+        "ledger_exhausted",
+        True,
+        0,
+        40_000,
+    )
+    assert s["operation"]["budgetId"] == "old"
+    assert s["errorCategory"] == "transient"
+    assert s["classification"] == {"source": "http", "code": 503, "rule": None, "defaulted": False}
+    assert s["earlierBudget"] == {
+        "budgetId": "old",
+        "stopReason": "attempts_exhausted",
+        "errorCategory": "transient",
+        "attemptCount": 3,
+        "maxAttempts": 3,
+        "elapsedMs": 4000,
+    }
+    assert "approve_budget" in [a["action"] for a in s["suggestedActions"]]
+
+
+def test_an_approved_budget_shows_in_the_new_result(assert_schema_valid):
+    result = build(policy(), StopReason.ATTEMPTS_EXHAUSTED, HTTP503, budget_id="new", approved_budget_id="old")
+    assert_schema_valid(result)
+    assert result["structuredContent"]["operation"]["approvedBudgetId"] == "old"
+
+
+SECRETS = [
+    ("Authorization: Bearer abc.def.ghi", "abc.def.ghi"),
+    ("header authorization=Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+    ("call failed with Bearer sk_live_1234567890", "sk_live_1234567890"),
+    ("url https://x/y?api_key=SECRET123&z=1", "SECRET123"),
+    ('{"password": "hunter22"}', "hunter22"),
+    ("token: tok_abcdef123456", "tok_abcdef123456"),
+    ("key sk-abcdefghijklmnopqrstuv used", "sk-abcdefghijklmnopqrstuv"),
+    ("gh token ghp_abcdefghijklmnopqrstuvwxyz0123", "ghp_abcdefghijklmnopqrstuvwxyz0123"),
+    ("aws AKIAABCDEFGHIJKLMNOP here", "AKIAABCDEFGHIJKLMNOP"),
+    ("hex 0123456789abcdef0123456789abcdef01 end", "0123456789abcdef0123456789abcdef01"),
+    ("b64 QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVoxMjM0NTY3OA== end", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVoxMjM0NTY3OA"),
+    ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig_nature", "eyJhbGciOiJIUzI1NiJ9"),
+]
+
+
+@pytest.mark.parametrize(("text", "secret"), SECRETS)
+def test_details_never_carry_credentials(text, secret):
+    out = redact(text)
+    assert secret not in out and "[redacted]" in out
+
+
+def test_redaction_keeps_ordinary_words():
+    text = "connection_refused_by_the_upstream_server_process at port 3001"
+    assert redact(text) == text
+
+
+def test_details_are_bounded_single_line_and_never_echo_arguments(assert_schema_valid):
+    args = {"email": "alice@example.com", "nested": {"note": "confidential plan"}, "n": 123456}
+    outcome = tool_error(
+        "invalid email alice@example.com for confidential plan #123456\n\nAuthorization: Bearer zzzzzzzzz " + "x" * 2000
+    )
+    result = build(policy(), StopReason.NOT_RETRYABLE, outcome, arguments=args)
+    assert_schema_valid(result)
+    detail = result["structuredContent"]["attemptedSteps"][0]["detail"]
+    assert len(detail) <= 300 and "\n" not in detail
+    for leaked in ("alice@example.com", "confidential plan", "123456", "zzzzzzzzz"):
+        assert leaked not in detail
+    assert "[argument]" in detail
+    assert len(result["content"][0]["text"]) <= 1200
+    assert "alice@example.com" not in result["content"][0]["text"]
+
+
+def test_huge_transport_detail_is_bounded():
+    outcome = TransportError(FailureKind.CLOSED, Dispatch.UNKNOWN, "y " * 100_000)
+    s = build(policy(), StopReason.ATTEMPTS_EXHAUSTED, outcome)["structuredContent"]
+    assert len(s["attemptedSteps"][0]["detail"]) == 300
+
+
+def test_defaulted_category_follows_the_policy_unclassified():
+    s = build(policy(unclassified=Category.BUSINESS), StopReason.NOT_RETRYABLE, tool_error("?"))["structuredContent"]
+    assert (s["errorCategory"], s["classification"]["defaulted"]) == ("business", True)

@@ -46,6 +46,7 @@ DEFAULTS_NAMES = ("defaults.yaml", "defaults.yml")
 BUILTIN_LABEL = "<built-in>"
 _NULL_MEANS_OFF = {"idle_timeout", "idempotency_key"}
 _BLOCKS = {"backoff", "trust", "report", "anti_storm"}
+Claims = dict[str, tuple[Layer, ParsedFile, int | None]]  # tool or glob -> (layer, file, line)
 
 
 def policy_file_names(folder: Path) -> list[str]:
@@ -104,41 +105,25 @@ def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
             f"{parsed[0][1].display.rsplit('/', 1)[0]}: both defaults.yaml and defaults.yml exist; keep one"
         )
     defaults: Layer | None = None
-    exact: dict[str, tuple[Layer, ParsedFile, int | None]] = {}
-    globs: dict[str, tuple[Layer, ParsedFile, int | None]] = {}
+    exact: Claims = {}
+    globs: Claims = {}
     for name, pf in parsed:
-        if pf.model is not None:
-            layer = _layer(pf.model, pf)
-            if name in DEFAULTS_NAMES:
-                if pf.model.tools is not None:
-                    pf.problem(
-                        ("tools",),
-                        "the defaults file covers every tool that no other file names; "
-                        "remove tools: here, or move these settings to a file of their own",
-                    )
-                defaults = layer
-            elif pf.model.tools is None:
+        layer = _layer(pf.model, pf) if pf.model is not None else Layer(file=pf.display)
+        if name in DEFAULTS_NAMES:
+            if ("tools",) in pf.lines:
                 pf.problem(
                     ("tools",),
-                    "is required: list the exact tool names or globs this file covers, "
-                    "like tools: [refund, 'billing_*']",
+                    "the defaults file covers every tool that no other file names; "
+                    "remove tools: here, or move these settings to a file of their own",
                 )
-            else:
-                for tool in dict.fromkeys(pf.model.tools):
-                    claims = globs if is_glob(tool) else exact
-                    index = pf.model.tools.index(tool)
-                    line = pf.line_of(("tools", index))
-                    if tool in claims:
-                        other = claims[tool]
-                        other_where = f"{other[1].display}:{other[2]}" if other[2] else other[1].display
-                        pf.problem(
-                            ("tools", index),
-                            f"{tool!r} is also claimed by {other_where}; "
-                            "a tool name (or glob) may appear in one file only, remove it from one",
-                            line=line,
-                        )
-                    else:
-                        claims[tool] = (layer, pf, line)
+            defaults = layer
+        elif pf.model is not None and pf.model.tools is None:
+            pf.problem(
+                ("tools",),
+                "is required: list the exact tool names or globs this file covers, like tools: [refund, 'billing_*']",
+            )
+        for tool in dict.fromkeys(pf.tools if name not in DEFAULTS_NAMES else ()):
+            _claim(globs if is_glob(tool) else exact, tool, layer, pf)
         problems.extend(pf.problems)
     if problems:
         raise PolicyError(problems)
@@ -153,6 +138,22 @@ def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
     if problems:
         raise PolicyError(problems)
     return policy_set
+
+
+def _claim(claims: Claims, tool: str, layer: Layer, pf: ParsedFile) -> None:
+    index = pf.tools.index(tool)
+    line = pf.line_of(("tools", index))
+    if tool not in claims:
+        claims[tool] = (layer, pf, line)
+        return
+    _, other, other_line = claims[tool]
+    other_where = f"{other.display}:{other_line}" if other_line else other.display
+    pf.problem(
+        ("tools", index),
+        f"{tool!r} is also claimed by {other_where}; a tool name (or glob) may appear in one file only, "
+        "remove it from one",
+        line=line,
+    )
 
 
 def _layer(model: PolicyFile, pf: ParsedFile) -> Layer:

@@ -38,6 +38,7 @@ class ParsedFile:
 
     display: str
     model: PolicyFile | None = None
+    tools: list[str] = field(default_factory=list)  # read even when the file is invalid, for claims
     lines: dict[Loc, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -93,6 +94,9 @@ def parse_policy_file(display: str, content: bytes) -> ParsedFile:
     if not isinstance(data, dict):
         parsed.problem((), "must be a block of key: value lines at the top (see docs/policies.md)", line=1)
         return parsed
+    tools = data.get("tools")
+    if isinstance(tools, list):
+        parsed.tools = [tool for tool in tools if isinstance(tool, str) and tool.strip()]
     try:
         parsed.model = PolicyFile.model_validate(data)
     except ValidationError as exc:

@@ -216,7 +216,9 @@ def suggested_actions(
         actions.append(
             _action(
                 "check_status",
-                "The change may have been applied: check its status before doing anything else.",
+                "Check whether the change was applied"
+                + (f" (with '{policy.status_check_tool}')" if policy.status_check_tool else "")
+                + " before doing anything else.",
                 tool=policy.status_check_tool,
             )
         )

@@ -341,7 +341,7 @@ def test_outcome_unknown_suggests_the_status_check_and_says_so():
     assert s["suggestedActions"][:2] == [
         {
             "action": "check_status",
-            "description": "The change may have been applied: check its status before doing anything else.",
+            "description": "Check whether the change was applied (with 'refund_status') before doing anything else.",
             "tool": "refund_status",
         },
         {

@@ -1,0 +1,375 @@
+"""Legacy HTTP+SSE upstream (the 2024-11-05 transport), at the JSON-RPC message level.
+
+A link GETs the SSE URL, waits (bounded) for the `endpoint` event (resolved against the SSE URL,
+same origin only), POSTs every message there (202 expected) and reads every response,
+notification and server→client request from the one SSE stream. Responses resolve their exchange;
+progress whose token is a pending request id goes to that exchange's `on_message`; everything else
+(notifications, sampling/elicitation requests) goes to the unsolicited handler: this transport has
+no per-request stream, so nothing else can be tied to a request.
+
+If the SSE stream ends, every pending exchange fails (CLOSED; dispatch unknown once written) and the
+next message reconnects and replays the client's handshake (initialize with a fresh id, then
+`notifications/initialized`) before it is sent. A 404 on a POST (the server forgot the session)
+does the same once, transparently; a second 404 is `SESSION_EXPIRED`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import Message, RequestId, dumps, is_response, loads
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+from proxy.upstream.http import bounded_detail, new_client, status_failure, translate_exception
+from proxy.upstream.sse_parse import SseError, SseParser
+
+log = logging.getLogger(__name__)
+
+
+def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
+    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+
+
+class _Connection:
+    """One GET stream and the POST endpoint it announced."""
+
+    def __init__(self) -> None:
+        self.endpoint: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.reader: asyncio.Task[None] | None = None
+        self.alive = True
+
+
+class SseLegacyLink:
+    era = Era.LEGACY
+
+    def __init__(self, upstream: SseUpstream) -> None:
+        self._upstream = upstream
+        self._client = upstream.client
+        self._pending = PendingTable()
+        self._handshake = Handshake()
+        self._unsolicited: OnMessage = lambda m: None
+        self._conn: _Connection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._closed = False
+        self._handshake_done = False  # the client's initialize succeeded once on some connection
+        self._connections = 0
+        self.reconnects = 0
+
+    # -- UpstreamLink ---------------------------------------------------------------------
+    def new_id(self) -> RequestId:
+        return self._pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        self._unsolicited = handler
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def send_request(
+        self,
+        message: Message,
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Exchange:
+        if self._closed:
+            raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
+        self._handshake.observe(message)
+        is_init = message.get("method") == "initialize"
+        ex = self._pending.add(message, on_message)
+        try:
+            for attempt in range(2):
+                endpoint = await self._ensure_connected(replay=not is_init)
+                ex.written = False
+                status = await self._post(endpoint, message, headers, ex)
+                if status == 404 and attempt == 0:
+                    self._drop_connection("the upstream forgot the SSE session (404)")
+                    continue
+                if status == 404:
+                    raise UpstreamFailure(
+                        FailureKind.SESSION_EXPIRED,
+                        Dispatch.NO,
+                        "the upstream SSE session expired again right after it was re-established",
+                        http_status=404,
+                    )
+                break
+        except UpstreamFailure as failure:
+            if ex.written:
+                self._pending.fail(ex, failure)
+                return ex
+            self._pending.discard(ex)
+            raise
+        except asyncio.CancelledError:
+            self._pending.discard(ex)
+            raise
+        if is_init:
+            ex.response.add_done_callback(self._on_initialize_answer)
+        return ex
+
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        self._handshake.observe(message)
+        endpoint = await self._ensure_connected(replay=True)
+        status = await self._post(endpoint, message, headers, None)
+        if status == 404:
+            self._drop_connection("the upstream forgot the SSE session (404)")
+            raise UpstreamFailure(
+                FailureKind.SESSION_EXPIRED, Dispatch.NO, "the upstream SSE session expired", http_status=404
+            )
+
+    async def send_response(self, message: Message) -> None:
+        await self.send_notification(message)
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
+        exchange.cancelled = True
+        self._pending.discard(exchange)
+        conn = self._conn
+        if exchange.written and exchange.method != "initialize" and conn is not None and conn.alive:
+            params: dict[str, Any] = {"requestId": exchange.upstream_id}
+            if reason:
+                params["reason"] = reason
+            note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+            with contextlib.suppress(UpstreamFailure):
+                if conn.endpoint.done() and not conn.endpoint.cancelled() and conn.endpoint.exception() is None:
+                    await self._post(conn.endpoint.result(), note, None, None)
+        self._pending.fail(
+            exchange,
+            UpstreamFailure(
+                FailureKind.CLOSED,
+                Dispatch.UNKNOWN if exchange.written else Dispatch.NO,
+                "the proxy cancelled the request",
+            ),
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_connection("the proxy closed the upstream link")
+        self._upstream._forget(self)
+
+    # -- connection -----------------------------------------------------------------------
+    def _on_initialize_answer(self, fut: asyncio.Future[Message]) -> None:
+        if not fut.cancelled() and fut.exception() is None and "result" in fut.result():
+            self._handshake_done = True
+
+    def _drop_connection(self, why: str) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.alive = False
+            if conn.reader is not None:
+                conn.reader.cancel()
+        self._pending.fail_all(FailureKind.CLOSED, why)
+
+    async def _ensure_connected(self, *, replay: bool) -> str:
+        async with self._connect_lock:
+            conn = self._conn
+            if conn is not None and conn.alive:
+                return await conn.endpoint
+            if self._connections:
+                self.reconnects += 1
+            endpoint = await self._connect()
+            if replay and self._handshake_done:
+                await self._replay_handshake(endpoint)
+            return endpoint
+
+    async def _connect(self) -> str:
+        conn = _Connection()
+        self._conn = conn
+        self._connections += 1
+        conn.reader = asyncio.create_task(self._read(conn))
+        try:
+            async with asyncio.timeout(self._upstream.endpoint_timeout_s):
+                return await asyncio.shield(conn.endpoint)
+        except TimeoutError:
+            self._drop_connection("no endpoint event")
+            raise UpstreamFailure(
+                FailureKind.PROTOCOL,
+                Dispatch.NO,
+                "the SSE upstream sent no endpoint event in time",
+            ) from None
+        except UpstreamFailure:
+            if self._conn is conn:
+                self._conn = None
+            raise
+
+    async def _replay_handshake(self, endpoint: str) -> None:
+        init = self._handshake.initialize
+        if init is None:
+            return
+        replay = {**init, "id": self.new_id()}
+        ex = self._pending.add(replay, None)
+        try:
+            status = await self._post(endpoint, replay, None, ex)
+            if status != 202 and not 200 <= status < 300:
+                raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, f"HTTP {status}")
+            async with asyncio.timeout(self._upstream.endpoint_timeout_s * 2):
+                answer = await ex.response
+            if "result" not in answer:
+                raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "the upstream refused initialize")
+            if self._handshake.initialized is not None:
+                await self._post(endpoint, self._handshake.initialized, None, None)
+        except (UpstreamFailure, TimeoutError) as exc:
+            self._pending.discard(ex)
+            detail = exc.detail if isinstance(exc, UpstreamFailure) else "timed out"
+            self._drop_connection("handshake replay failed")
+            raise UpstreamFailure(
+                exc.kind if isinstance(exc, UpstreamFailure) else FailureKind.TIMEOUT,
+                Dispatch.NO,
+                bounded_detail(f"re-establishing the SSE session failed: {detail}"),
+            ) from None
+
+    async def _read(self, conn: _Connection) -> None:
+        up = self._upstream
+        try:
+            async with self._client.stream("GET", up.url, headers={"accept": "text/event-stream"}) as response:
+                if response.status_code != 200:
+                    failure = await status_failure(response, None)
+                    if not conn.endpoint.done():
+                        conn.endpoint.set_exception(failure)
+                        conn.endpoint.exception()
+                    return
+                parser = SseParser(up.max_event_bytes)
+                async for chunk in response.aiter_raw():
+                    for ev in parser.feed(chunk):
+                        if ev.event == "endpoint":
+                            self._on_endpoint(conn, ev.data.decode("utf-8", "replace").strip())
+                        elif ev.event == "message" and ev.data.strip():
+                            self._on_data(ev.data)
+        except (httpx.HTTPError, SseError, OSError) as exc:
+            if not conn.endpoint.done():
+                conn.endpoint.set_exception(translate_exception(exc, False, "SSE connect"))
+                conn.endpoint.exception()
+            log.debug("SSE upstream stream broke: %s", type(exc).__name__)
+        finally:
+            if not conn.endpoint.done():
+                conn.endpoint.set_exception(
+                    UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "the SSE stream ended before its endpoint")
+                )
+                conn.endpoint.exception()
+            if conn.alive:
+                conn.alive = False
+                if self._conn is conn:
+                    self._conn = None
+                self._pending.fail_all(FailureKind.CLOSED, "the upstream SSE stream ended")
+
+    def _on_endpoint(self, conn: _Connection, data: str) -> None:
+        if conn.endpoint.done():
+            return
+        base = httpx.URL(self._upstream.url)
+        try:
+            target = base.join(data)
+        except httpx.InvalidURL:
+            target = None
+        if target is None or not _same_origin(base, target):
+            conn.endpoint.set_exception(
+                UpstreamFailure(
+                    FailureKind.PROTOCOL, Dispatch.NO, "the SSE upstream announced an endpoint on another origin"
+                )
+            )
+            conn.endpoint.exception()
+            return
+        conn.endpoint.set_result(str(target))
+
+    def _on_data(self, data: bytes) -> None:
+        try:
+            message = loads(data)
+        except ValueError:
+            log.warning("SSE upstream sent an event that is not JSON; dropped")
+            return
+        if not isinstance(message, dict):
+            return
+        if is_response(message):
+            self._pending.resolve(message)
+            return
+        if message.get("method") == "notifications/progress" and self._pending.route_progress(message):
+            return
+        try:
+            self._unsolicited(message)
+        except Exception:
+            log.exception("unsolicited message handler failed")
+
+    async def _post(
+        self, endpoint: str, message: Message, headers: Mapping[str, str] | None, ex: Exchange | None
+    ) -> int:
+        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise."""
+        written = False
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            nonlocal written
+            if name.endswith("send_request_headers.started"):
+                written = True
+                if ex is not None:
+                    ex.written = True
+
+        h = {"content-type": "application/json", **(headers or {})}
+        try:
+            async with self._client.stream(
+                "POST", endpoint, content=dumps(message), headers=h, extensions={"trace": trace}
+            ) as response:
+                status = response.status_code
+                if status == 404:
+                    if ex is not None:
+                        ex.written = False  # refused: not processed
+                    await response.aclose()
+                    return status
+                if not 200 <= status < 300:
+                    raise await status_failure(response, message.get("id"))
+                await response.aread()
+                return status
+        except httpx.HTTPError as exc:
+            raise translate_exception(exc, written) from None
+
+
+class SseUpstream:
+    """A legacy HTTP+SSE server: legacy era only, one SSE connection per downstream session."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 100,
+        endpoint_timeout_s: float = 10.0,
+        max_event_bytes: int | None = 16 * 1024 * 1024,
+    ) -> None:
+        self.url = url
+        parsed = httpx.URL(url)
+        self.description = f"sse:{parsed.host}:{parsed.port or ''}{parsed.path}"
+        self.endpoint_timeout_s = endpoint_timeout_s
+        self.max_event_bytes = max_event_bytes
+        self.client = new_client(headers or {}, connect_timeout_s, max_connections)
+        self._links: set[SseLegacyLink] = set()
+
+    async def probe(self) -> Capabilities:
+        """Open the SSE stream and wait for its `endpoint` event: legacy only, never modern."""
+        link = await self.open(Era.LEGACY)
+        try:
+            endpoint = await link._ensure_connected(replay=False)
+        finally:
+            await link.aclose()
+        path = httpx.URL(endpoint).path
+        return Capabilities(legacy=True, modern=False, detail=f"legacy HTTP+SSE, endpoint {path}")
+
+    async def open(self, era: Era) -> SseLegacyLink:
+        if era is Era.MODERN:
+            raise UpstreamFailure(
+                FailureKind.PROTOCOL, Dispatch.NO, "legacy SSE upstream speaks only the 2025 handshake revisions"
+            )
+        link = SseLegacyLink(self)
+        self._links.add(link)
+        return link
+
+    def _forget(self, link: SseLegacyLink) -> None:
+        self._links.discard(link)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(link.aclose() for link in list(self._links)), return_exceptions=True)
+        await self.client.aclose()

@@ -35,6 +35,7 @@ from proxy.recovery.reasons import StopReason
 __all__ = [
     "Admission",
     "CallState",
+    "Decision",
     "DecisionRow",
     "Deliver",
     "GiveUp",

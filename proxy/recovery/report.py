@@ -52,6 +52,9 @@ SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttemp
 
 _MISSING: Final = object()
 
+_CATEGORY_VALUES: Final = frozenset(c.value for c in Category)
+_SOURCE_VALUES: Final = frozenset(s.value for s in EvidenceSource)
+
 RESERVED_KEYS: Final = frozenset(
     {
         "errorCategory",
@@ -392,25 +395,27 @@ def _is_outcome_unknown(policy: ToolPolicy, attempts: Sequence[AttemptRecord]) -
     return False
 
 
-def _preflight_classification(stop: GiveUp, earlier: ExhaustedEntry | None) -> tuple[Category, dict[str, Any]]:
-    if earlier is not None:
-        raw = earlier.summary.get("errorCategory")
-        category = Category(raw) if raw in {c.value for c in Category} else Category.TRANSIENT
-        previous = earlier.summary.get("classification")
-        if isinstance(previous, Mapping):
-            return category, {
-                "source": previous.get("source", EvidenceSource.DEFAULT.value),
-                "code": previous.get("code"),
-                "rule": previous.get("rule"),
-                "defaulted": bool(previous.get("defaulted", False)),
-            }
-        return category, {"source": EvidenceSource.DEFAULT.value, "code": None, "rule": None, "defaulted": False}
-    return Category.TRANSIENT, {
-        "source": EvidenceSource.TRANSPORT.value,
-        "code": stop.reason.value,
-        "rule": None,
-        "defaulted": False,
-    }
+def _preflight_classification(stop: GiveUp, earlier: ExhaustedEntry | None) -> tuple[Category, Evidence, bool]:
+    """The category and evidence of a call stopped before attempt 1 (ledger, breaker, overload)."""
+    if earlier is None:  # breaker or overload: transient, not dispatched (RECOVERY.md §1.1)
+        return Category.TRANSIENT, Evidence(EvidenceSource.TRANSPORT, code=stop.reason.value), False
+    raw = earlier.summary.get("errorCategory")
+    category = Category(raw) if raw in _CATEGORY_VALUES else Category.TRANSIENT
+    previous = earlier.summary.get("classification")
+    if not isinstance(previous, Mapping):
+        return category, Evidence(EvidenceSource.DEFAULT), False
+    source = previous.get("source")
+    code = previous.get("code")
+    rule = previous.get("rule")
+    return (
+        category,
+        Evidence(
+            EvidenceSource(source) if source in _SOURCE_VALUES else EvidenceSource.DEFAULT,
+            code=code if isinstance(code, str | int) and not isinstance(code, bool) else None,
+            rule=rule if isinstance(rule, str) else None,
+        ),
+        previous.get("defaulted") is True,
+    )
 
 
 def unresolved_result(
@@ -440,21 +445,15 @@ def unresolved_result(
     last = attempts[-1] if attempts else None
     classified = last.classified if last is not None else None
     if classified is not None and classified.category is not None:
-        category = classified.category
-        classification = {
-            "source": classified.evidence.source.value,
-            "code": classified.evidence.code,
-            "rule": classified.evidence.rule,
-            "defaulted": classified.defaulted,
-        }
-        evidence = classified.evidence
-        defaulted = classified.defaulted
+        category, evidence, defaulted = classified.category, classified.evidence, classified.defaulted
     else:
-        category, classification = _preflight_classification(stop, earlier)
-        evidence = Evidence(EvidenceSource(classification["source"]), classification["code"], classification["rule"])
-        defaulted = bool(classification["defaulted"])
-    if isinstance(classification["code"], str):
-        classification["code"] = bound(classification["code"], 100)
+        category, evidence, defaulted = _preflight_classification(stop, earlier)
+    classification = {
+        "source": evidence.source.value,
+        "code": bound(evidence.code, 100) if isinstance(evidence.code, str) else evidence.code,
+        "rule": bound(evidence.rule, 200) if evidence.rule is not None else None,
+        "defaulted": defaulted,
+    }
 
     retry_after_ms = _ms(stop.retry_after_s)
     outcome_unknown = _is_outcome_unknown(policy, attempts)

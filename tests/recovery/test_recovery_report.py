@@ -475,3 +475,27 @@ def test_huge_transport_detail_is_bounded():
 def test_defaulted_category_follows_the_policy_unclassified():
     s = build(policy(unclassified=Category.BUSINESS), StopReason.NOT_RETRYABLE, tool_error("?"))["structuredContent"]
     assert (s["errorCategory"], s["classification"]["defaulted"]) == ("business", True)
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        {},
+        {"errorCategory": "nonsense", "classification": "not a dict"},
+        {"errorCategory": "permission", "classification": {"source": "bogus", "code": [1], "rule": 5}},
+    ],
+)
+def test_a_ledger_summary_from_a_shared_store_cannot_break_the_result(assert_schema_valid, summary):
+    entry = ExhaustedEntry("op", "old", StopReason.DEADLINE_EXHAUSTED, 0.0, 60.0, summary)
+    result = unresolved_result(
+        policy(),
+        GiveUp(StopReason.LEDGER_EXHAUSTED, 10.0),
+        attempts=[],
+        elapsed_s=0.0,
+        deadline_s=10.0,
+        arguments_digest=DIGEST,
+        budget_id="old",
+        earlier=entry,
+    )
+    assert_schema_valid(result)
+    assert result["structuredContent"]["classification"]["source"] == "default"

@@ -395,6 +395,18 @@ def _is_outcome_unknown(policy: ToolPolicy, attempts: Sequence[AttemptRecord]) -
     return False
 
 
+def _earlier_budget(earlier: ExhaustedEntry) -> dict[str, Any]:
+    """What the exhausted earlier call reported, keeping only well-formed values."""
+    out: dict[str, Any] = {"budgetId": earlier.budget_id, "stopReason": earlier.reason.value}
+    if earlier.summary.get("errorCategory") in _CATEGORY_VALUES:
+        out["errorCategory"] = earlier.summary["errorCategory"]
+    for key in ("attemptCount", "maxAttempts", "elapsedMs"):
+        value = earlier.summary.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= (1 if key == "maxAttempts" else 0):
+            out[key] = value
+    return out
+
+
 def _preflight_classification(stop: GiveUp, earlier: ExhaustedEntry | None) -> tuple[Category, Evidence, bool]:
     """The category and evidence of a call stopped before attempt 1 (ledger, breaker, overload)."""
     if earlier is None:  # breaker or overload: transient, not dispatched (RECOVERY.md §1.1)
@@ -494,11 +506,7 @@ def unresolved_result(
         "classification": classification,
     }
     if earlier is not None:
-        structured["earlierBudget"] = {
-            "budgetId": earlier.budget_id,
-            "stopReason": earlier.reason.value,
-            **{k: v for k, v in earlier.summary.items() if k in SUMMARY_KEYS and k != "stopReason"},
-        }
+        structured["earlierBudget"] = _earlier_budget(earlier)
 
     upstream_result: Mapping[str, Any] | None = None
     if last is not None:

@@ -418,7 +418,11 @@ class McpHttpApp:
                 if handler.done() and not handler.cancelled() and handler.exception() is not None:
                     log.error("relaying %s failed", request.get("method"), exc_info=handler.exception())
                     await _respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
-                return False  # cancelled: a cancelled request is not answered
+                    return False
+                # Cancelled: a cancelled request gets no response; its stream just ends.
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return False
             if jsonrpc.is_response(first) and first.get("id") == down_id:
                 ok = "result" in first
                 await _respond_json(send, _status_for(first, modern), first, extra)

@@ -224,7 +224,10 @@ class Relay:
             raise
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
-        if exchange.method == "initialize" or exchange.response.done():
+        # The awaiting task's cancellation also cancels the future it awaited; only an actual
+        # answer (or failure) means there is nothing left to cancel upstream.
+        response = exchange.response
+        if exchange.method == "initialize" or (response.done() and not response.cancelled()):
             return
         task = asyncio.create_task(self.link.cancel(exchange, reason))
         self._background.add(task)

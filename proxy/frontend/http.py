@@ -462,6 +462,7 @@ class McpHttpApp:
         with contextlib.suppress(Exception):
             while (await receive())["type"] != "http.disconnect":
                 pass
+            log.debug("client disconnected")
             stream.close()
             if cancel is not None:  # 2026 HTTP: closing the response stream is the cancellation
                 cancel.cancel()

@@ -130,7 +130,8 @@ async def test_a_caller_timeout_cancels_the_upstream_attempt(proxy: ProxyProcess
         async with Client(proxy.url, mode=mode) as client:
             with pytest.raises(MCPError):
                 await client.call_tool("hang", {"seconds": 30, "call_id": f"c-{mode}"}, read_timeout_seconds=0.5)
-    journal.wait_for(lambda j: j.events(tool="hang", event="cancelled", call=f"c-{mode}"), timeout_s=10)
+            # Still inside the session: the cancellation, not the session's end, stopped the handler.
+            await journal.await_for(lambda j: j.events(tool="hang", event="cancelled", call=f"c-{mode}"), timeout_s=10)
 
 
 async def test_malformed_input_gets_json_rpc_errors_and_the_proxy_keeps_serving(proxy: ProxyProcess) -> None:

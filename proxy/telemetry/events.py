@@ -1,0 +1,131 @@
+"""The events the engine and the relay emit, and the fan-out that delivers them to observers.
+
+Contract:
+- Events are frozen records; observers must not keep references to mutable state.
+- `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises
+  is logged (once per observer and event type) and never breaks traffic. Observers must be
+  cheap: no I/O on the request path (an exporter's own worker thread is fine).
+- `Telemetry.attempt_context(call_id, number)` asks the tracing observer, if any, for the W3C
+  trace-context entries (`traceparent`, `tracestate`) the engine puts into that attempt's
+  `_meta` and HTTP headers. It returns None when tracing is off: the caller's own context then
+  passes through unchanged.
+- Labels derived from events must stay bounded: `tool` is only ever a name the upstream listed
+  (the engine passes `tool_label`, already capped to the catalog or "other"); arguments never
+  appear in any event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+log = logging.getLogger("proxy.telemetry")
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    call_id: str
+    tool: str  # bounded label
+    side_effect: str
+    session_id: str | None
+    era: str
+    policy_version: str
+    max_attempts: int
+    deadline_s: float
+    trace_meta: Mapping[str, str] = field(default_factory=dict)  # traceparent/tracestate from the caller's _meta
+    trace_headers: Mapping[str, str] = field(default_factory=dict)  # traceparent/tracestate HTTP headers
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted:
+    call_id: str
+    tool: str
+    number: int  # 1-based
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFinished:
+    call_id: str
+    tool: str
+    number: int
+    duration_s: float
+    result: str  # success | tool_error | rpc_error | transport_error | timeout | cancelled
+    category: str | None  # transient | validation | business | permission | None on success
+    dispatched: str  # no | unknown | yes
+    evidence: str  # transport | http | jsonrpc | upstream | rule | default | none
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffStarted:
+    call_id: str
+    tool: str
+    next_attempt: int
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallFinished:
+    call_id: str
+    tool: str
+    outcome: str  # success | recovered | unresolved | tool_error | cancelled
+    stop_reason: str | None
+    category: str | None
+    attempts: int
+    duration_s: float
+    backoff_s: float
+    outcome_unknown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    upstream: str
+    up: bool
+    restarts: int = 0  # cumulative restarts of supervised children
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyReloaded:
+    result: str  # ok | unchanged | error
+    version: str
+
+
+Event = CallStarted | AttemptStarted | AttemptFinished | BackoffStarted | CallFinished | UpstreamStatus | PolicyReloaded
+
+
+class Observer(Protocol):
+    def on_event(self, event: Event) -> None: ...
+
+
+class Tracer(Protocol):
+    def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None: ...
+
+
+class Telemetry:
+    """Fan-out of events to observers; failures are contained and logged."""
+
+    def __init__(self, observers: list[Observer] | None = None, tracer: Tracer | None = None) -> None:
+        self.observers: list[Observer] = list(observers or [])
+        self.tracer = tracer
+        self._reported: set[tuple[int, type]] = set()
+
+    def emit(self, event: Event) -> None:
+        for observer in self.observers:
+            try:
+                observer.on_event(event)
+            except Exception:
+                key = (id(observer), type(event))
+                if key not in self._reported:
+                    self._reported.add(key)
+                    log.exception("telemetry observer %r failed on %s", observer, type(event).__name__)
+
+    def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None:
+        if self.tracer is None:
+            return None
+        try:
+            return self.tracer.attempt_context(call_id, number)
+        except Exception:
+            log.exception("tracing failed to give an attempt context")
+            return None

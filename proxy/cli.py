@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxy.errors import PolicyError
 from proxy.settings import Settings
 
 log = logging.getLogger("proxy")
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             _print_demo_banner(settings)
         return asyncio.run(run(settings))
+    except PolicyError as exc:
+        print(f"mcp-recovery-proxy: the policy folder is invalid ({len(exc.problems)} problems):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "settings"

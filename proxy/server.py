@@ -14,16 +14,24 @@ import logging
 import uvicorn
 
 from proxy.admin import build_admin_app
+from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
+from proxy.policy.store import PolicyStore
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
+from proxy.telemetry.events import Telemetry
 
 log = logging.getLogger("proxy.server")
 
 
-def build_service(settings: Settings) -> Service:
+def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None) -> Service:
     upstream = build_upstream(settings)
-    return Service(settings, upstream)
+    engine = Engine(
+        policies=lambda: policies.current,
+        telemetry=telemetry,
+        upstream_name=upstream.description,
+    )
+    return Service(settings, upstream, tool_calls=engine)
 
 
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
@@ -41,11 +49,22 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
 
 
 async def run(settings: Settings) -> int:
-    service = build_service(settings)
+    policies = PolicyStore(settings.policies)  # a bad folder stops the start with every problem named
+    service = build_service(settings, policies)
+    if settings.policies is not None:
+        await policies.start()
+        policies.install_sighup(asyncio.get_running_loop())
+    try:
+        return await _serve(settings, service, policies)
+    finally:
+        await policies.aclose()
+
+
+async def _serve(settings: Settings, service: Service, policies: PolicyStore) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service)
+        admin_app = build_admin_app(service, policies=policies.snapshot)
         admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio

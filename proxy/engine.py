@@ -1,0 +1,383 @@
+"""The recovery engine: the attempt loop of every `tools/call`. The only place that awaits an
+upstream attempt, sleeps, cancels and emits events; every decision comes from `proxy.recovery`.
+
+For one call:
+1. Resolve the tool's policy once (the snapshot the call keeps), the operation digest, and the
+   ledger: an operation whose budget was exhausted within its window is answered at once, unless
+   the caller names the earlier budget in `io.mcp-recovery-proxy/approveBudget` (single use).
+2. Each attempt gets a fresh upstream id (the relay's `attempt`), a hard timeout of
+   min(attempt timeout, deadline left) — optionally an idle timer that progress restarts — the
+   same idempotency key when the policy places one, and, with tracing on, its own trace context.
+   An attempt the engine stops waiting for is cancelled upstream as its transport requires.
+3. `decide` says deliver, retry after a backoff, or give up; a give-up becomes the enriched
+   unresolved result, and a budget exhaustion is written to the ledger.
+A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
+disconnected has not cancelled: the attempt in flight finishes, no new one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_DEADLINE_MS, META_PREFIX, Message
+from proxy.policy.compiled import PolicySet, ToolPolicy
+from proxy.recovery import (
+    LEDGER_RECORDED,
+    AttemptRecord,
+    CallState,
+    Deliver,
+    GiveUp,
+    InMemoryLedger,
+    Ledger,
+    PartialResult,
+    Retry,
+    RpcError,
+    StopReason,
+    Success,
+    ToolError,
+    TransportError,
+    attempt_timeout_s,
+    classify,
+    decide,
+    decide_first_attempt,
+    ledger_summary,
+    new_budget_id,
+    operation_digest,
+    outcome_from_response,
+    unresolved_result,
+    with_attempts_meta,
+)
+from proxy.recovery.outcome import Outcome
+from proxy.relay import Outbox, ProgressRelay, Relay, progress_token_of
+from proxy.telemetry.events import (
+    AttemptFinished,
+    AttemptStarted,
+    BackoffStarted,
+    CallFinished,
+    CallStarted,
+    Telemetry,
+)
+from proxy.upstream.base import Era
+
+TRACE_KEYS = ("traceparent", "tracestate")
+_TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
+_PROGRESS_NOTES = 20
+
+
+class _Progress(ProgressRelay):
+    """Progress relayed to the caller, remembered (bounded) as partial evidence, and timed for the idle timer."""
+
+    __slots__ = ("attempt", "last_at", "notes")
+
+    def __init__(self, token: Any, now_s: float) -> None:
+        super().__init__(token)
+        self.attempt = 1
+        self.last_at = now_s
+        self.notes: list[PartialResult] = []
+
+    def rewrite(self, message: Message) -> Message | None:
+        self.last_at = time.monotonic()
+        params = message.get("params")
+        if isinstance(params, dict) and params.get("message") and len(self.notes) < _PROGRESS_NOTES:
+            note = {k: params[k] for k in ("progress", "total", "message") if k in params}
+            self.notes.append(PartialResult("progress", self.attempt, note))
+        if self.token is None:
+            return None  # the caller asked for no progress: observed for the idle timer only
+        return super().rewrite(message)
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        policies: Callable[[], PolicySet],
+        ledger: Ledger | None = None,
+        telemetry: Telemetry | None = None,
+        upstream_name: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.policies = policies
+        self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger(clock)
+        self.telemetry = telemetry or Telemetry()
+        self.upstream_name = upstream_name
+        self.clock = clock
+        self.rand = rand
+        self._ids = itertools.count(1)
+
+    async def __call__(
+        self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None
+    ) -> Message:
+        params = request.get("params")
+        name = params.get("name") if isinstance(params, dict) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
+            return await relay.forward(request, outbox, headers)  # malformed: the upstream's answer
+        assert isinstance(params, dict)
+        call = _Call(self, relay, request, outbox, headers, params, name, arguments)
+        return await call.run()
+
+    def tool_label(self, relay: Relay, name: str) -> str:
+        return name if name in relay.catalog.tools else "other"
+
+
+class _Call:
+    """One tools/call in progress (the per-request retry state of the Envoy model)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        params: dict[str, Any],
+        name: str,
+        arguments: dict[str, Any] | None,
+    ) -> None:
+        self.e = engine
+        self.relay = relay
+        self.request = request
+        self.outbox = outbox
+        self.headers = headers
+        self.name = name
+        self.arguments = arguments
+        self.call_id = f"{next(engine._ids):x}-{os.urandom(3).hex()}"
+        self.label = engine.tool_label(relay, name)
+        self.policy: ToolPolicy = engine.policies().resolve(name, relay.catalog.annotations(name))
+        meta = params.get("_meta")
+        self.meta: dict[str, Any] = meta if isinstance(meta, dict) else {}
+        self.params = self._upstream_params(params)
+        self.attempts: list[AttemptRecord] = []
+        self.backoff_s = 0.0
+
+    def _upstream_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The params every attempt sends: our own _meta keys removed, the idempotency key placed."""
+        out = dict(params)
+        meta = {k: v for k, v in self.meta.items() if not k.startswith(META_PREFIX)}
+        key = self.policy.idempotency_key
+        if key is not None:
+            value = uuid.uuid4().hex
+            if key.location == "argument":
+                out["arguments"] = {**(self.arguments or {}), key.name: value}
+            else:
+                meta[key.name] = value
+        if meta or "_meta" in params:
+            out["_meta"] = meta
+        else:
+            out.pop("_meta", None)
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------
+    async def run(self) -> Message:
+        e, policy = self.e, self.policy
+        now = e.clock()
+        op = operation_digest(
+            self.name,
+            self.arguments,
+            policy.idempotency_key.name
+            if policy.idempotency_key and policy.idempotency_key.location == "argument"
+            else None,
+            upstream=e.upstream_name,
+        )
+        approval = self.meta.get(META_APPROVE_BUDGET)
+        entry = e.ledger.check(op, now)
+        approved = entry is not None and isinstance(approval, str) and e.ledger.approve(op, approval, now)
+        state = CallState.start(policy, now_s=now, caller_deadline_ms=self.meta.get(META_DEADLINE_MS))
+        self.state = state
+        self.op = op
+        self.budget_id = new_budget_id(os.urandom(9))
+        self.approved_id = approval if approved else None
+        e.telemetry.emit(
+            CallStarted(
+                self.call_id,
+                self.label,
+                policy.side_effect.value,
+                self.relay.session_id,
+                self.relay.era.value,
+                e.policies().version,
+                policy.attempts,
+                state.deadline_s,
+                trace_meta={k: v for k, v in self.meta.items() if k in TRACE_KEYS and isinstance(v, str)},
+                trace_headers={k: v for k, v in (self.headers or {}).items() if k in TRACE_KEYS},
+            )
+        )
+        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved)
+        if stop is not None:
+            return self._give_up(stop, earlier=entry)
+        token = progress_token_of(self.request)
+        progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
+        timeout_s = attempt_timeout_s(policy, state, now)
+        try:
+            while True:
+                number = len(self.attempts) + 1
+                if progress is not None:
+                    progress.attempt = number
+                started = e.clock()
+                outcome = await self._attempt(number, timeout_s, progress)
+                duration = e.clock() - started
+                classified = classify(outcome, policy)
+                self.state = state = state.attempted()
+                now = e.clock()
+                decision = decide(policy, state, classified, now_s=now, rand=e.rand, cancelled=self.outbox.closed)
+                backoff = decision.delay_s if isinstance(decision, Retry) else None
+                self.attempts.append(
+                    AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
+                )
+                e.telemetry.emit(
+                    AttemptFinished(
+                        self.call_id,
+                        self.label,
+                        number,
+                        duration,
+                        _result_label(outcome),
+                        classified.category.value if classified.category else None,
+                        classified.dispatched.value,
+                        classified.evidence.source.value,
+                    )
+                )
+                match decision:
+                    case Deliver():
+                        return self._deliver(outcome)
+                    case Retry(delay_s=delay):
+                        e.telemetry.emit(BackoffStarted(self.call_id, self.label, number + 1, delay))
+                        await asyncio.sleep(delay)
+                        self.backoff_s += delay
+                        self.state = state = state.retried()
+                        timeout_s = attempt_timeout_s(policy, state, e.clock())
+                    case GiveUp():
+                        partials = progress.notes if progress is not None else []
+                        return self._give_up(decision, partials=partials)
+        except asyncio.CancelledError:
+            self._finished("cancelled", StopReason.CANCELLED, None, False)
+            raise
+
+    async def _attempt(self, number: int, timeout_s: float, progress: _Progress | None) -> Outcome:
+        e = self.e
+        params = self.params
+        headers = self.headers
+        context = e.telemetry.attempt_context(self.call_id, number)
+        if context:
+            params = {**params, "_meta": {**params.get("_meta", {}), **context}}
+            headers = {**(headers or {}), **context}
+        e.telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
+        attempt = self.relay.attempt(self.request, self.outbox, headers, progress=progress, params=params)
+        idle_s = self.policy.idle_timeout_s
+        try:
+            if idle_s is None or progress is None:
+                async with asyncio.timeout(timeout_s):
+                    response = await attempt
+            else:
+                response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress)
+        except TimeoutError:
+            return TransportError(
+                FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"
+            )
+        except UpstreamFailure as failure:
+            return TransportError.from_failure(failure)
+        return outcome_from_response(response)
+
+    async def _with_idle_timer(self, attempt: Any, timeout_s: float, idle_s: float, progress: _Progress) -> Message:
+        """Wait for the attempt under a hard cap, also stopping when no progress came for `idle_s`."""
+        task = asyncio.ensure_future(attempt)
+        hard_at = self.e.clock() + timeout_s
+        progress.last_at = time.monotonic()
+        try:
+            while True:
+                now = self.e.clock()
+                idle_left = idle_s - (time.monotonic() - progress.last_at)
+                wait = min(hard_at - now, idle_left)
+                if wait <= 0:
+                    raise TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=wait)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    # -- endings --------------------------------------------------------------------------------
+    def _deliver(self, outcome: Outcome) -> Message:
+        assert isinstance(outcome, Success)
+        n = len(self.attempts)
+        result = with_attempts_meta(outcome.result, n) if n > 1 else outcome.result
+        if self.approved_id is not None:
+            self.e.ledger.clear(self.op)
+        self._finished("recovered" if n > 1 else "success", None, None, False)
+        return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
+
+    def _give_up(self, stop: GiveUp, *, earlier: Any = None, partials: list[PartialResult] | None = None) -> Message:
+        e, policy, state = self.e, self.policy, self.state
+        now = e.clock()
+        last = self.attempts[-1].outcome if self.attempts else None
+        if isinstance(last, RpcError) and not policy.jsonrpc_errors_as_results and stop.reason in _TOOL_ERROR_REASONS:
+            self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
+            return {"jsonrpc": "2.0", "id": self.request["id"], "error": last.error}
+        result = unresolved_result(
+            policy,
+            stop,
+            attempts=self.attempts,
+            elapsed_s=now - state.started_at_s,
+            deadline_s=state.deadline_s,
+            arguments_digest=self.op,
+            budget_id=earlier.budget_id if earlier is not None else self.budget_id,
+            arguments=self.arguments,
+            partial_results=partials or (),
+            earlier=earlier,
+            approved_budget_id=self.approved_id,
+        )
+        structured = result["structuredContent"]
+        if stop.reason in LEDGER_RECORDED:
+            e.ledger.record_exhausted(
+                self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(structured)
+            )
+        if self.relay.era is Era.MODERN:
+            result["resultType"] = "complete"
+        if stop.reason is StopReason.CANCELLED:
+            outcome = "cancelled"  # a 2025 HTTP client that disconnected: nobody reads this answer
+        elif stop.reason in _TOOL_ERROR_REASONS:
+            outcome = "tool_error"
+        else:
+            outcome = "unresolved"
+        category = structured.get("errorCategory")
+        self._finished(outcome, stop.reason, category, bool(structured.get("outcomeUnknown")))
+        return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
+
+    def _finished(self, outcome: str, reason: StopReason | None, category: Any, unknown: bool) -> None:
+        e = self.e
+        e.telemetry.emit(
+            CallFinished(
+                self.call_id,
+                self.label,
+                outcome,
+                reason.value if reason is not None else None,
+                str(category.value if hasattr(category, "value") else category) if category else None,
+                len(self.attempts),
+                e.clock() - self.state.started_at_s,
+                self.backoff_s,
+                unknown,
+            )
+        )
+
+
+def _result_label(outcome: Outcome) -> str:
+    match outcome:
+        case Success():
+            return "success"
+        case ToolError():
+            return "tool_error"
+        case RpcError():
+            return "rpc_error"
+        case TransportError(kind=FailureKind.TIMEOUT):
+            return "timeout"
+        case TransportError():
+            return "transport_error"

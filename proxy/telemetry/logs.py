@@ -1,0 +1,53 @@
+"""One structured log line per finished tools/call, on the logger `proxy.calls`.
+
+Contract:
+- Fields (as `extra`, so `--log-json` writes them as JSON keys): call_id, tool, outcome,
+  stop_reason, category, attempts, duration_ms, outcome_unknown, and trace_id when tracing is on.
+  Never arguments, results or secrets: the events carry none.
+- The message repeats the fields as `key=value` so plain-text logs read the same.
+- Level: INFO for success, recovered, tool_error and cancelled; WARNING for unresolved calls
+  (the proxy gave up while the caller wanted an answer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from proxy.telemetry.events import CallFinished, Event
+
+CALL_LOGGER = "proxy.calls"
+
+
+class CallLogObserver:
+    def __init__(
+        self,
+        logger: logging.Logger | None = None,
+        *,
+        trace_id: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.logger = logger or logging.getLogger(CALL_LOGGER)
+        self._trace_id = trace_id
+
+    def on_event(self, event: Event) -> None:
+        if not isinstance(event, CallFinished):
+            return
+        level = logging.WARNING if event.outcome == "unresolved" else logging.INFO
+        if not self.logger.isEnabledFor(level):
+            return
+        fields: dict[str, object] = {
+            "call_id": event.call_id,
+            "tool": event.tool,
+            "outcome": event.outcome,
+            "stop_reason": event.stop_reason,
+            "category": event.category,
+            "attempts": event.attempts,
+            "duration_ms": round(event.duration_s * 1000.0, 1),
+            "outcome_unknown": event.outcome_unknown,
+        }
+        if self._trace_id is not None:
+            trace_id = self._trace_id(event.call_id)
+            if trace_id:
+                fields["trace_id"] = trace_id
+        text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k != "tool")
+        self.logger.log(level, "tools/call %s %s", event.tool, text, extra=fields)

@@ -204,9 +204,13 @@ def managed(proc: ManagedProcess) -> Iterator[ManagedProcess]:
 
 @contextlib.contextmanager
 def everything_server_http(tools: ConformanceTools, log_dir: Path) -> Iterator[str]:
-    """The SDK everything-server over Streamable HTTP on 127.0.0.1; yields its MCP URL."""
+    """The SDK everything-server over Streamable HTTP on 127.0.0.1; yields its MCP URL.
+
+    Started through everything_http.py (h11 pinned) rather than ``mcp-everything-server``, whose
+    uvicorn picks httptools when installed and then fails one 2026-07-28 header check.
+    """
     port = free_port()
-    argv = [tools.python, "-m", "mcp_everything_server", "--port", str(port), "--log-level", "WARNING"]
+    argv = [tools.python, str(HERE / "everything_http.py"), str(port)]
     with managed(ManagedProcess("everything-server", argv, log_dir / f"everything-{port}.log")) as p:
         wait_until(f"TCP 127.0.0.1:{port}", lambda: tcp_open(port), p)
         yield f"http://127.0.0.1:{port}/mcp"

@@ -1,0 +1,164 @@
+"""MetricsObserver: synthetic event sequences in, registry values out."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from proxy.telemetry.events import CallFinished, CallStarted, PolicyReloaded, UpstreamStatus
+from proxy.telemetry.metrics import MetricsObserver
+from tests.telemetry import scenarios
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def observer(registry: CollectorRegistry) -> MetricsObserver:
+    return MetricsObserver(registry)
+
+
+def feed(observer: MetricsObserver, events: list) -> None:
+    for event in events:
+        observer.on_event(event)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    got = registry.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+def test_a_call_recovered_after_two_failures_counts_three_attempts_two_retries_and_one_retry_success(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    feed(observer, scenarios.recovered("c1", "flaky_read", failures=2))
+    assert value(registry, "mcp_recovery_calls_total", tool="flaky_read", outcome="recovered") == 1
+    assert (
+        value(registry, "mcp_recovery_attempts_total", tool="flaky_read", result="tool_error", category="transient")
+        == 2
+    )
+    assert value(registry, "mcp_recovery_attempts_total", tool="flaky_read", result="success", category="none") == 1
+    assert value(registry, "mcp_recovery_retries_total", tool="flaky_read") == 2
+    assert value(registry, "mcp_recovery_retry_successes_total", tool="flaky_read") == 1
+    assert value(registry, "mcp_recovery_call_attempts_bucket", tool="flaky_read", le="2.0") == 0
+    assert value(registry, "mcp_recovery_call_attempts_bucket", tool="flaky_read", le="3.0") == 1
+    assert value(registry, "mcp_recovery_call_attempts_sum", tool="flaky_read") == 3
+    assert value(registry, "mcp_recovery_backoff_delay_seconds_count", tool="flaky_read") == 2
+    assert value(registry, "mcp_recovery_backoff_seconds_total", tool="flaky_read") == pytest.approx(0.15)
+    assert value(registry, "mcp_recovery_call_duration_seconds_count", tool="flaky_read", outcome="recovered") == 1
+    assert value(registry, "mcp_recovery_attempt_duration_seconds_count", tool="flaky_read", result="tool_error") == 2
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="flaky_read") == 0
+    assert registry.get_sample_value("mcp_recovery_stops_total", {"tool": "flaky_read", "stop_reason": "none"}) is None
+
+
+def test_an_unresolved_call_counts_its_stop_reason_and_outcome_unknown(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    feed(observer, scenarios.unresolved("c1", "always_fail", attempts=3, stop_reason="attempts_exhausted"))
+    feed(
+        observer, scenarios.unresolved("c2", "charge", attempts=1, stop_reason="outcome_unknown", outcome_unknown=True)
+    )
+    assert value(registry, "mcp_recovery_calls_total", tool="always_fail", outcome="unresolved") == 1
+    assert value(registry, "mcp_recovery_stops_total", tool="always_fail", stop_reason="attempts_exhausted") == 1
+    assert value(registry, "mcp_recovery_stops_total", tool="charge", stop_reason="outcome_unknown") == 1
+    assert value(registry, "mcp_recovery_outcome_unknown_calls_total", tool="charge") == 1
+    assert registry.get_sample_value("mcp_recovery_outcome_unknown_calls_total", {"tool": "always_fail"}) is None
+    assert value(registry, "mcp_recovery_retry_successes_total", tool="always_fail") == 0
+    assert value(registry, "mcp_recovery_retries_total", tool="always_fail") == 2
+
+
+def test_a_cancelled_call_leaves_nothing_in_flight_and_counts_as_cancelled(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    events = scenarios.cancelled("c1", "hang")
+    feed(observer, events[:2])
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="hang") == 1
+    feed(observer, events[2:])
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="hang") == 0
+    assert value(registry, "mcp_recovery_calls_total", tool="hang", outcome="cancelled") == 1
+    assert value(registry, "mcp_recovery_stops_total", tool="hang", stop_reason="cancelled") == 1
+    # No attempt finished and none was counted: attempts per call only records calls that made one.
+    assert registry.get_sample_value("mcp_recovery_call_attempts_count", {"tool": "hang"}) is None
+
+
+def test_upstream_restarts_count_the_growth_of_the_cumulative_figure(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    observer.on_event(UpstreamStatus("stdio:python", up=True))
+    assert value(registry, "mcp_recovery_upstream_up", upstream="stdio:python") == 1
+    assert value(registry, "mcp_recovery_upstream_restarts_total", upstream="stdio:python") == 0
+    observer.on_event(UpstreamStatus("stdio:python", up=False, restarts=0))
+    observer.on_event(UpstreamStatus("stdio:python", up=True, restarts=1))
+    observer.on_event(UpstreamStatus("stdio:python", up=True, restarts=1))  # repeated status: no new restart
+    observer.on_event(UpstreamStatus("stdio:python", up=True, restarts=3))
+    assert value(registry, "mcp_recovery_upstream_restarts_total", upstream="stdio:python") == 3
+    assert value(registry, "mcp_recovery_upstream_up", upstream="stdio:python") == 1
+    observer.on_event(UpstreamStatus("stdio:python", up=False, restarts=3))
+    assert value(registry, "mcp_recovery_upstream_up", upstream="stdio:python") == 0
+
+
+def test_policy_reloads_count_by_result_and_keep_exactly_one_version_series(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    for result in ("ok", "unchanged", "error"):  # known results exist at zero before any reload
+        assert registry.get_sample_value("mcp_recovery_policy_reloads_total", {"result": result}) == 0
+    observer.on_event(PolicyReloaded("ok", "v1"))
+    observer.on_event(PolicyReloaded("ok", "v2"))
+    observer.on_event(PolicyReloaded("error", "v2"))
+    assert value(registry, "mcp_recovery_policy_reloads_total", result="ok") == 2
+    assert value(registry, "mcp_recovery_policy_reloads_total", result="error") == 1
+    assert value(registry, "mcp_recovery_policy_reload_ok") == 0
+    assert registry.get_sample_value("mcp_recovery_policy_info", {"version": "v1"}) is None
+    assert value(registry, "mcp_recovery_policy_info", version="v2") == 1
+    observer.on_event(PolicyReloaded("unchanged", "v2"))
+    assert value(registry, "mcp_recovery_policy_reload_ok") == 1
+
+
+def test_the_policy_version_a_call_ran_under_becomes_the_info_series(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    feed(observer, scenarios.success("c1", policy_version="sha-1"))
+    feed(observer, scenarios.success("c2", policy_version="sha-2"))
+    info = [s for m in registry.collect() if m.name == "mcp_recovery_policy_info" for s in m.samples]
+    assert [(s.labels, s.value) for s in info] == [({"version": "sha-2"}, 1.0)]
+
+
+def test_distinct_tool_labels_are_capped_and_the_rest_become_other(registry: CollectorRegistry) -> None:
+    observer = MetricsObserver(registry, max_tools=3)
+    for i in range(6):
+        feed(observer, scenarios.success(f"c{i}", f"tool{i}"))
+    tools = {s.labels["tool"] for m in registry.collect() if m.name == "mcp_recovery_calls" for s in m.samples}
+    assert tools == {"tool0", "tool1", "tool2", "other"}
+    assert value(registry, "mcp_recovery_calls_total", tool="other", outcome="success") == 3
+    # A capped tool's in-flight gauge still returns to zero: start and finish map to the same label.
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="other") == 0
+
+
+def test_unexpected_label_values_collapse_to_other() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(registry)
+    observer.on_event(scenarios.started("c1", "echo"))
+    observer.on_event(CallFinished("c1", "echo", "weird-outcome", "weird-reason", None, 1, 0.1, 0.0, False))
+    assert value(registry, "mcp_recovery_calls_total", tool="echo", outcome="other") == 1
+    assert value(registry, "mcp_recovery_stops_total", tool="echo", stop_reason="other") == 1
+
+
+def test_no_global_registry_is_touched() -> None:
+    from prometheus_client import REGISTRY
+
+    before = {m.name for m in REGISTRY.collect()}
+    MetricsObserver(CollectorRegistry())
+    assert not any(name.startswith("mcp_recovery_") for name in before | {m.name for m in REGISTRY.collect()})
+
+
+def test_every_exported_metric_carries_the_prefix_and_a_help_text(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    feed(observer, scenarios.recovered("c1"))
+    observer.on_event(CallStarted("c2", "echo", "read_only", None, "legacy", "v1", 3, 1.0))
+    text = generate_latest(registry).decode()
+    helps = [line for line in text.splitlines() if line.startswith("# HELP ")]
+    assert helps and all(line.split()[2].startswith("mcp_recovery_") for line in helps)
+    assert all(len(line.split(maxsplit=3)) == 4 for line in helps)

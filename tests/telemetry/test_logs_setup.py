@@ -1,0 +1,85 @@
+"""Call log lines and the assembled telemetry bundle."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from prometheus_client import generate_latest
+
+from proxy.logs import JsonFormatter
+from proxy.telemetry.events import PolicyReloaded
+from proxy.telemetry.logs import CallLogObserver
+from proxy.telemetry.setup import build_telemetry
+from tests.telemetry import scenarios
+
+FIELDS = {"call_id", "tool", "outcome", "stop_reason", "category", "attempts", "duration_ms", "outcome_unknown"}
+
+
+def test_one_json_line_per_call_outcome_with_the_documented_fields_and_no_arguments(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    observer = CallLogObserver()
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in scenarios.recovered("c1") + scenarios.unresolved("c2", stop_reason="attempts_exhausted"):
+            observer.on_event(event)
+    assert len(caplog.records) == 2
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    assert all(FIELDS <= set(line) for line in lines)
+    assert (lines[0]["outcome"], lines[0]["attempts"], lines[0]["stop_reason"]) == ("recovered", 3, None)
+    assert (lines[1]["outcome"], lines[1]["stop_reason"], lines[1]["level"]) == (
+        "unresolved",
+        "attempts_exhausted",
+        "warning",
+    )
+    assert lines[1]["logger"] == "proxy.calls"
+    assert "arguments" not in lines[0] and "key" not in lines[0]
+
+
+def test_the_plain_message_names_the_tool_and_the_outcome(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in scenarios.success("c9", "echo"):
+            CallLogObserver().on_event(event)
+    assert caplog.records[0].getMessage().startswith("tools/call echo call_id=c9 outcome=success attempts=1")
+
+
+def test_build_telemetry_without_otel_variables_has_metrics_logs_and_no_tracing() -> None:
+    bundle = build_telemetry(None, environ={})
+    assert bundle.tracing is None
+    assert bundle.telemetry.attempt_context("c1", 1) is None
+    for event in scenarios.recovered("c1"):
+        bundle.telemetry.emit(event)
+    text = generate_latest(bundle.registry).decode()
+    assert 'mcp_recovery_calls_total{outcome="recovered",tool="flaky_read"} 1.0' in text
+    assert "process_cpu_seconds_total" in text
+    assert "_created" not in text
+
+
+def test_build_telemetry_with_an_exporter_traces_and_the_log_line_carries_the_trace_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    bundle = build_telemetry(None, environ={}, span_exporter=exporter)
+    assert bundle.tracing is not None
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in scenarios.success("c1", trace_meta={"traceparent": scenarios.CALLER_TRACEPARENT}):
+            if type(event).__name__ == "AttemptStarted":
+                assert bundle.telemetry.attempt_context("c1", 1) is not None
+            bundle.telemetry.emit(event)
+    assert caplog.records[0].trace_id == scenarios.CALLER_TRACE_ID  # type: ignore[attr-defined]
+    import asyncio
+
+    asyncio.run(bundle.shutdown())
+    assert len(exporter.get_finished_spans()) == 2
+    assert bundle.telemetry.attempt_context("c2", 1) is None  # after shutdown: pass-through
+
+
+def test_the_policy_reload_hook_emits_policy_reloaded() -> None:
+    bundle = build_telemetry(None, environ={})
+    bundle.on_policy_reload("error", "v1", "bad file")
+    assert bundle.registry.get_sample_value("mcp_recovery_policy_reloads_total", {"result": "error"}) == 1
+    bundle.telemetry.emit(PolicyReloaded("ok", "v2"))
+    assert bundle.registry.get_sample_value("mcp_recovery_policy_info", {"version": "v2"}) == 1

@@ -8,8 +8,10 @@ Contract:
   this observer caps the distinct values again (`max_tools`, default 200, then "other") as defence
   in depth; `upstream` is capped the same way. `outcome`, `result`, `category`, `stop_reason`,
   `dispatched` and reload `result` are closed vocabularies; an unexpected value becomes "other".
-- Known label values of the small closed sets (reload results) are created at 0 up front, so a
-  dashboard or alert that watches for failures reads a real zero instead of a missing series.
+- Known label values of the small closed sets (reload results; per tool, the call outcomes,
+  retries and outcome-unknown calls, the first time the tool is seen) are created at 0, so a
+  dashboard or alert that watches for them reads a real zero instead of a missing series, and
+  `rate()` sees the first increment.
 - The metric table lives in docs/observability.md; tests/telemetry keeps the two in step.
 """
 
@@ -94,6 +96,7 @@ class MetricsObserver:
         self._upstream = BoundedLabel(max_upstreams)
         self._restarts_seen: dict[str, int] = {}
         self._policy_version: str | None = None
+        self._touched: set[str] = set()
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(PREFIX + name, doc, labels, registry=registry)
@@ -156,21 +159,37 @@ class MetricsObserver:
 
     # ------------------------------------------------------------------------------ events
 
+    def _tool_label(self, tool: str) -> str:
+        """The bounded label of `tool`; its per-tool counters start at 0 the first time it is seen.
+
+        A counter that first appears already at 1 makes `rate()`/`increase()` miss that first
+        event; creating the series at 0 lets alerts and dashboards see it.
+        """
+        label = self._tool(tool)
+        if label not in self._touched:
+            self._touched.add(label)
+            for outcome in OUTCOMES:
+                self.calls.labels(tool=label, outcome=outcome)
+            self.retries.labels(tool=label)
+            self.retry_successes.labels(tool=label)
+            self.outcome_unknown.labels(tool=label)
+        return label
+
     def on_event(self, event: Event) -> None:
         match event:
             case AttemptFinished():
                 self._attempt_finished(event)
             case AttemptStarted():
                 if event.number > 1:
-                    self.retries.labels(tool=self._tool(event.tool)).inc()
+                    self.retries.labels(tool=self._tool_label(event.tool)).inc()
             case CallStarted():
-                self.calls_in_flight.labels(tool=self._tool(event.tool)).inc()
+                self.calls_in_flight.labels(tool=self._tool_label(event.tool)).inc()
                 if event.policy_version:
                     self._set_policy_version(event.policy_version)
             case CallFinished():
                 self._call_finished(event)
             case BackoffStarted():
-                self.backoff_delay.labels(tool=self._tool(event.tool)).observe(max(event.delay_s, 0.0))
+                self.backoff_delay.labels(tool=self._tool_label(event.tool)).observe(max(event.delay_s, 0.0))
             case UpstreamStatus():
                 self._upstream_status(event)
             case PolicyReloaded():
@@ -181,7 +200,7 @@ class MetricsObserver:
                     self._set_policy_version(event.version)
 
     def _attempt_finished(self, event: AttemptFinished) -> None:
-        tool = self._tool(event.tool)
+        tool = self._tool_label(event.tool)
         result = _closed(event.result, RESULTS)
         category = _closed(event.category, CATEGORIES)
         self.attempts.labels(tool=tool, result=result, category=category).inc()
@@ -190,7 +209,7 @@ class MetricsObserver:
             self.retry_successes.labels(tool=tool).inc()
 
     def _call_finished(self, event: CallFinished) -> None:
-        tool = self._tool(event.tool)
+        tool = self._tool_label(event.tool)
         outcome = _closed(event.outcome, OUTCOMES)
         self.calls_in_flight.labels(tool=tool).dec()
         self.calls.labels(tool=tool, outcome=outcome).inc()

@@ -1,0 +1,22 @@
+"""docs/observability.md's metric table lists exactly the metrics the proxy exports."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import CollectorRegistry
+
+from proxy.telemetry.metrics import MetricsObserver
+from tests.telemetry.promql import REPO
+
+
+def test_the_metric_table_matches_the_registry() -> None:
+    registry = CollectorRegistry()
+    MetricsObserver(registry)
+    exported = {}
+    for metric in registry.collect():
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        exported[name] = metric.type
+    text = (REPO / "docs" / "observability.md").read_text()
+    documented = dict(re.findall(r"^\| `(mcp_recovery_[a-z_]+)` \| (\w+) \|", text, re.MULTILINE))
+    assert documented == exported

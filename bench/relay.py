@@ -1,0 +1,695 @@
+"""The relay benchmark: direct against through the proxy, HTTP→stdio and HTTP→HTTP, in one run.
+
+    .venv/bin/python bench/relay.py                     # 10 s a leg, concurrency 1 and 16, wait 0 and 5 ms
+    .venv/bin/python bench/relay.py --duration 5 --concurrency 16 --wait-ms 5
+    .venv/bin/python bench/relay.py --profile bench/out  # then one py-spy leg per topology
+
+Not a test and not in CI (two shared cores, minutes of load). Every leg is a `wrk` run (Debian
+package `wrk`; installed with apt-get when missing) posting the same stateless 2026-07-28
+`tools/call` (`echo`) with the era's headers, so each request is an independent POST, identical
+for the direct and the proxied leg. Legs:
+
+- `direct`      wrk → the SDK's MCPServer over Streamable HTTP (`bench/upstream.py`): the yardstick.
+- `http→stdio`  wrk → proxy → the same server over stdio (a child of the proxy). There is no
+                "direct over HTTP" for a stdio server, so its baseline is that server served by the
+                SDK over HTTP, i.e. the `direct` row: what you would run instead of the proxy.
+- `http→http`   wrk → proxy → the very SDK HTTP server of the `direct` row.
+
+Each leg runs after a short warm-up, bounded by `--duration` and by `--max-requests`. CPU comes
+from /proc/PID/stat (utime+stime, all threads) before and after the leg, divided by the completed
+requests: the proxy process alone (its stdio children — the guard and the upstream — are counted
+apart, since the upstream's CPU is not the proxy's), and for the direct leg the SDK server's CPU,
+so the reader sees what the yardstick itself costs. `busy%` is the whole machine's CPU use during
+the leg (from /proc/stat, 100% = every core): with other work on the machine it tells how noisy a
+row is.
+
+Targets (the issue): proxy CPU at most 1.0 ms per relayed call on HTTP→stdio and 1.5 ms on
+HTTP→HTTP; and with an upstream that waits (`--wait-ms 5`, asyncio.sleep, not CPU) throughput
+within 10% of direct. Every process started here is stopped by its pid, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UPSTREAM = REPO / "bench" / "upstream.py"
+PYTHON = sys.executable
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
+THROUGHPUT_TARGET = 0.10  # proxied calls/s at most 10% below direct, with a waiting upstream
+
+PROTOCOL = "2026-07-28"
+BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "echo",
+            "arguments": {"text": "hello"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    },
+    separators=(",", ":"),
+)
+HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": PROTOCOL,
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "echo",
+}
+
+# A request counts as completed when it is a 200 whose body holds a non-error result; anything
+# else is counted apart and the leg is flagged. `done` prints one JSON line the runner parses.
+WRK_LUA = r"""
+wrk.method = "POST"
+wrk.body = [==[%(body)s]==]
+%(headers)s
+local max_per_thread = tonumber(os.getenv("BENCH_MAX_PER_THREAD") or "0")
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; bad = 0 end
+function response(status, headers, body)
+  local good = body:find('"result"', 1, true) and not body:find('"isError":true', 1, true)
+  if status == 200 and good then
+    ok = ok + 1
+  else
+    bad = bad + 1
+  end
+  if max_per_thread > 0 and ok + bad >= max_per_thread then wrk.thread:stop() end
+end
+function done(summary, latency, requests)
+  local ok_total, bad_total = 0, 0
+  for _, t in ipairs(threads) do ok_total = ok_total + t:get("ok"); bad_total = bad_total + t:get("bad") end
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH {"requests":%%d,"duration_us":%%d,"ok":%%d,"bad":%%d,' ..
+    '"connect":%%d,"read":%%d,"write":%%d,"status":%%d,"timeout":%%d,' ..
+    '"p50_us":%%d,"p99_us":%%d,"max_us":%%d}\n',
+    summary.requests, summary.duration, ok_total, bad_total, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency.max))
+end
+"""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every process this run starts, stopped by pid (SIGTERM, then SIGKILL) in reverse order."""
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._extra_pids: set[int] = set()
+
+    def start(self, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            # A session of its own: Ctrl-C reaches only this script, which then stops them in order.
+            proc = subprocess.Popen(
+                list(argv), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        self._procs.append(proc)
+        return proc
+
+    def watch(self, pids: Sequence[int]) -> None:
+        """Descendants (the stdio guard and upstream) to make sure of after their parent stops."""
+        self._extra_pids.update(pids)
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=timeout_s)
+        if proc in self._procs:
+            self._procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self._procs)):
+            self.stop(proc)
+        # The proxy's guard stops the stdio upstream when the proxy goes; wait for that, bounded,
+        # and only then end a straggler ourselves, by its pid.
+        deadline = time.monotonic() + 5.0
+        while self._extra_pids and time.monotonic() < deadline:
+            self._extra_pids = {p for p in self._extra_pids if _alive(p)}
+            time.sleep(0.05)
+        for pid in self._extra_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._extra_pids.clear()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def cpu_s(pid: int) -> float:
+    """utime+stime of one process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # fields 14 and 15 of stat(5)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children[ppid].append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]
+    total = sum(vals[:8])
+    return total - idle, total
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check, what: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout_s}s; log {log}")
+        time.sleep(0.05)
+
+
+def port_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+
+
+def ready(admin_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1.0) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+# --------------------------------------------------------------------------- wrk
+
+
+def ensure_wrk() -> str:
+    found = shutil.which("wrk")
+    if found:
+        return found
+    print("bench: `wrk` is missing; installing the Debian package `wrk` with apt-get ...", file=sys.stderr)
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    cmd = [*sudo, "apt-get", "install", "-y", "wrk"]
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run([*sudo, "apt-get", "update"], stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    found = shutil.which("wrk")
+    if not found:
+        sys.exit("bench: could not install `wrk`; install it (apt-get install wrk) and run again")
+    return found
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    ok: int
+    bad: int
+    errors: int
+    duration_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def run_wrk(wrk: str, lua: Path, url: str, concurrency: int, duration_s: float, max_requests: int) -> WrkResult:
+    threads = 1  # one wrk thread drives 16 connections easily and leaves the cores to what we measure
+    env = {**os.environ, "BENCH_MAX_PER_THREAD": str(max_requests // threads if max_requests else 0)}
+    argv = [
+        wrk,
+        "-t",
+        str(threads),
+        "-c",
+        str(concurrency),
+        "-d",
+        f"{max(1, round(duration_s))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(lua),
+        url,
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=duration_s + 60).stdout
+    m = re.search(r"^BENCH (\{.*\})$", out, re.M)
+    if not m:
+        raise RuntimeError(f"wrk printed no summary:\n{out}")
+    d = json.loads(m.group(1))
+    return WrkResult(
+        requests=d["requests"],
+        ok=d["ok"],
+        bad=d["bad"],
+        errors=d["connect"] + d["read"] + d["write"] + d["timeout"],
+        duration_s=d["duration_us"] / 1e6,
+        p50_ms=d["p50_us"] / 1000,
+        p99_ms=d["p99_us"] / 1000,
+    )
+
+
+def write_lua(path: Path) -> Path:
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in HEADERS.items())
+    path.write_text(WRK_LUA % {"body": BODY, "headers": headers})
+    return path
+
+
+# --------------------------------------------------------------------------- legs
+
+
+@dataclass
+class Leg:
+    run: int
+    wait_ms: float
+    leg: str  # direct | http→stdio | http→http
+    concurrency: int
+    calls: int
+    bad: int
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    proxy_cpu_ms: float | None  # per call
+    upstream_cpu_ms: float  # per call: the SDK server (direct, http→http) or the stdio guard+child
+    busy_pct: float
+    notes: list[str] = field(default_factory=list)
+
+
+def measure(
+    wrk: str,
+    lua: Path,
+    *,
+    url: str,
+    concurrency: int,
+    args: argparse.Namespace,
+    proxy_pid: int | None,
+    upstream_pids: Sequence[int],
+) -> tuple[WrkResult, float | None, float, float]:
+    """One leg: warm up, then wrk with CPU read before and after. CPU figures in seconds."""
+    if args.warmup > 0:
+        run_wrk(wrk, lua, url, concurrency, args.warmup, 0)
+    p0 = cpu_s(proxy_pid) if proxy_pid else 0.0
+    u0 = sum(cpu_s(p) for p in upstream_pids)
+    m0 = machine_cpu()
+    res = run_wrk(wrk, lua, url, concurrency, args.duration, args.max_requests)
+    m1 = machine_cpu()
+    p1 = cpu_s(proxy_pid) if proxy_pid else 0.0
+    u1 = sum(cpu_s(p) for p in upstream_pids)
+    busy = 100.0 * (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
+    return res, (p1 - p0) if proxy_pid else None, u1 - u0, busy
+
+
+def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    log = workdir / f"upstream-http-{port}.log"
+    proc = procs.start(
+        [PYTHON, str(UPSTREAM), "--transport", "http", "--port", str(port), "--wait-ms", str(wait_ms)], log
+    )
+    wait_until(lambda: port_open(port), "SDK HTTP upstream", proc, log)
+    return proc, port
+
+
+def start_proxy(
+    procs: Processes, upstream: Sequence[str] | str, workdir: Path, extra: Sequence[str]
+) -> tuple[subprocess.Popen[bytes], int]:
+    port, admin = free_port(), free_port()
+    log = workdir / f"proxy-{port}.log"
+    argv = [PYTHON, "-m", "proxy", "serve", "--listen", f"http://127.0.0.1:{port}/mcp", "--admin", f"127.0.0.1:{admin}"]
+    argv += list(extra)
+    argv += ["--upstream", upstream] if isinstance(upstream, str) else ["--", *upstream]
+    proc = procs.start(argv, log)
+    wait_until(lambda: ready(admin), "proxy", proc, log, timeout_s=60)
+    return proc, port
+
+
+def fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def run_once(
+    run: int, wait_ms: float, args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, workdir: Path
+) -> list[Leg]:
+    legs: list[Leg] = []
+    up, up_port = start_upstream_http(procs, wait_ms, workdir)
+    stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(wait_ms)]
+    px_stdio, stdio_port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg)
+    px_http, http_port = start_proxy(procs, f"http://127.0.0.1:{up_port}/mcp", workdir, args.proxy_arg)
+    try:
+        for conc in args.concurrency:
+            for name, url, proxy_pid, up_pids in (
+                ("direct", f"http://127.0.0.1:{up_port}/mcp", None, [up.pid]),
+                ("http→stdio", f"http://127.0.0.1:{stdio_port}/mcp", px_stdio.pid, None),
+                ("http→http", f"http://127.0.0.1:{http_port}/mcp", px_http.pid, [up.pid]),
+            ):
+                if up_pids is None:  # the stdio upstream: the proxy's guard and its child
+                    up_pids = descendants(px_stdio.pid)
+                    procs.watch(up_pids)
+                res, p_cpu, u_cpu, busy = measure(
+                    wrk, lua, url=url, concurrency=conc, args=args, proxy_pid=proxy_pid, upstream_pids=up_pids
+                )
+                calls = res.ok
+                leg = Leg(
+                    run=run,
+                    wait_ms=wait_ms,
+                    leg=name,
+                    concurrency=conc,
+                    calls=calls,
+                    bad=res.bad + res.errors,
+                    calls_per_s=calls / res.duration_s if res.duration_s else 0.0,
+                    p50_ms=res.p50_ms,
+                    p99_ms=res.p99_ms,
+                    proxy_cpu_ms=None if p_cpu is None else 1000 * p_cpu / max(1, calls),
+                    upstream_cpu_ms=1000 * u_cpu / max(1, calls),
+                    busy_pct=busy,
+                )
+                if leg.bad:
+                    leg.notes.append(f"{leg.bad} failed requests")
+                legs.append(leg)
+                print(
+                    f"  run {run} wait {wait_ms:g} ms  {name:<10} c={conc:<3} {leg.calls_per_s:8.0f} calls/s "
+                    f"p50 {leg.p50_ms:6.2f} ms  p99 {leg.p99_ms:6.2f} ms  "
+                    f"proxy CPU {fmt(leg.proxy_cpu_ms, '.3f')} ms/call  "
+                    f"upstream CPU {leg.upstream_cpu_ms:.3f} ms/call  busy {busy:3.0f}%",
+                    flush=True,
+                )
+    finally:
+        for p in (px_http, px_stdio, up):
+            procs.stop(p)
+    return legs
+
+
+def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
+    """Each proxied leg with its comparison to direct and its verdicts against the targets."""
+    direct = {(x.run, x.wait_ms, x.concurrency): x for x in legs if x.leg == "direct"}
+    out = []
+    for x in legs:
+        if x.leg == "direct":
+            out.append((x, "baseline", ""))
+            continue
+        d = direct.get((x.run, x.wait_ms, x.concurrency))
+        ratio = x.calls_per_s / d.calls_per_s if d and d.calls_per_s else 0.0
+        cmp_ = f"{100 * (ratio - 1):+.1f}% calls/s"
+        if d:
+            cmp_ += f", p50 {x.p50_ms - d.p50_ms:+.2f} ms"
+        checks = []
+        target = CPU_TARGET_MS[x.leg]
+        checks.append(f"CPU≤{target:g}: {'PASS' if (x.proxy_cpu_ms or 0) <= target else 'FAIL'}")
+        if x.wait_ms > 0:
+            checks.append(f"thr≥-10%: {'PASS' if ratio >= 1 - THROUGHPUT_TARGET else 'FAIL'}")
+        if x.bad:
+            checks.append("ERRORS")
+        out.append((x, cmp_, "  ".join(checks)))
+    return out
+
+
+def print_table(legs: list[Leg]) -> None:
+    head = (
+        f"{'run':>3} {'wait':>5} {'leg':<10} {'c':>3} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'proxy ms/call':>13} {'upstr ms/call':>13} {'busy':>5}  {'vs direct':<30} targets"
+    )
+    print(head)
+    print("-" * len(head))
+    for x, cmp_, checks in verdicts(legs):
+        print(
+            f"{x.run:>3} {x.wait_ms:>4g}ms {x.leg:<10} {x.concurrency:>3} {x.calls_per_s:>8.0f} "
+            f"{x.p50_ms:>7.2f} {x.p99_ms:>7.2f} "
+            f"{fmt(x.proxy_cpu_ms, '.3f'):>13} {x.upstream_cpu_ms:>13.3f} {x.busy_pct:>4.0f}%  {cmp_:<30} {checks}"
+        )
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def profile(args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, workdir: Path) -> None:
+    """One extra leg per topology with py-spy attached (not measured: sampling costs CPU too)."""
+    py_spy = shutil.which("py-spy") or str(Path(PYTHON).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        print("bench: py-spy is missing; install it with `.venv/bin/pip install py-spy`", file=sys.stderr)
+        return
+    out_dir = Path(args.profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    up, up_port = start_upstream_http(procs, 0.0, workdir)
+    stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio"]
+    try:
+        for name, target in (("http-stdio", stdio_cmd), ("http-http", f"http://127.0.0.1:{up_port}/mcp")):
+            px, port = start_proxy(procs, target, workdir, args.proxy_arg)
+            procs.watch(descendants(px.pid))
+            url = f"http://127.0.0.1:{port}/mcp"
+            run_wrk(wrk, lua, url, 16, max(args.warmup, 1.0), 0)
+            secs = int(args.duration)
+            raw, svg = out_dir / f"profile-{name}.txt", out_dir / f"profile-{name}.svg"
+            spies = [
+                subprocess.Popen(
+                    [
+                        py_spy,
+                        "record",
+                        "--nonblocking",
+                        "-r",
+                        "200",
+                        "-d",
+                        str(secs),
+                        "-p",
+                        str(px.pid),
+                        "-f",
+                        fmt_,
+                        "-o",
+                        str(path),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                for fmt_, path in (("raw", raw), ("flamegraph", svg))
+            ]
+            res = run_wrk(wrk, lua, url, 16, secs + 1, 0)
+            for spy in spies:
+                try:
+                    spy.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(spy.pid, signal.SIGKILL)
+                    spy.wait()
+            procs.stop(px)
+            print(f"\nprofile {name} (c=16, {res.ok} calls under py-spy): {raw}, {svg}")
+            if raw.exists():
+                (out_dir / f"profile-{name}.json").write_text(json.dumps(hotspots(raw, args.top), indent=1))
+                print_hotspots(raw, args.top)
+    finally:
+        procs.stop(up)
+
+
+IDLE_LEAVES = ("EpollSelector.select (selectors.py)",)
+# Layers, for an exclusive split: a sample goes to the layer of the frame nearest its leaf that
+# belongs to one (so the proxy's app does not count as "uvicorn" because uvicorn calls it).
+LAYERS = (
+    ("pipe write syscalls (asyncio _UnixWritePipeTransport.write)", ("_UnixWritePipeTransport.write",)),
+    ("socket write syscalls (asyncio _SelectorSocketTransport.write)", ("_SelectorSocketTransport.write",)),
+    ("importlib (an import attempted per call)", ("importlib._bootstrap",)),
+    ("logging", ("logging/__init__.py",)),
+    ("h11 + uvicorn (downstream HTTP server)", ("uvicorn/", "h11/")),
+    ("httpx + httpcore (upstream HTTP client)", ("httpx/", "httpcore/")),
+    ("anyio", ("anyio/",)),
+    ("mcp SDK", ("(mcp/",)),
+    ("orjson / json", ("orjson", "(json/")),
+    ("proxy/frontend", ("proxy/frontend/",)),
+    ("proxy/engine + recovery + policy", ("proxy/engine.py", "proxy/recovery/", "proxy/policy/")),
+    ("proxy/relay + jsonrpc + service", ("proxy/relay.py", "proxy/jsonrpc.py", "proxy/service.py")),
+    ("proxy/upstream", ("proxy/upstream/",)),
+    ("proxy/telemetry", ("proxy/telemetry/",)),
+)
+# Inclusive markers: the share of busy samples with such a frame anywhere on the stack.
+MARKERS = {
+    "httpcore current_async_library (a failed `import sniffio` per call)": ("current_async_library",),
+    "httpcore pool: _assign_requests_to_connections": ("_assign_requests_to_connections",),
+    "httpcore pool: has_expired / is_socket_readable": ("has_expired",),
+    "mcp.shared.inbound classify_inbound_request": ("classify_inbound_request",),
+    "proxy engine _Call.run (the attempt loop)": ("_Call.run",),
+}
+
+
+def hotspots(raw: Path, top: int) -> dict[str, object]:
+    """Self and inclusive shares from py-spy's collapsed stacks, of busy (not idle-in-epoll) samples."""
+    self_c: collections.Counter[str] = collections.Counter()
+    file_c: collections.Counter[str] = collections.Counter()
+    marker_c: collections.Counter[str] = collections.Counter()
+    layer_c: collections.Counter[str] = collections.Counter()
+    total = idle = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        if frames[-1].endswith(IDLE_LEAVES):
+            idle += count
+            continue
+        total += count
+        self_c[_short(frames[-1])] += count
+        m = re.search(r"\((.*?)\)$", frames[-1])
+        file_c[_short(m.group(1)) if m else frames[-1]] += count
+        joined = ";".join(frames)
+        for frame in reversed(frames):
+            layer = next((name for name, needles in LAYERS if any(k in frame for k in needles)), None)
+            if layer:
+                layer_c[layer] += count
+                break
+        else:
+            layer_c["event loop / stdlib"] += count
+        for name, needles in MARKERS.items():
+            if any(k in joined for k in needles):
+                marker_c[name] += count
+    share = lambda c: round(100 * c / total, 1) if total else 0.0  # noqa: E731
+    return {
+        "busy_samples": total,
+        "idle_samples": idle,
+        "self_by_function": [(f, share(c)) for f, c in self_c.most_common(top)],
+        "self_by_file": [(f, share(c)) for f, c in file_c.most_common(top)],
+        "layers": [(name, share(c)) for name, c in layer_c.most_common()],
+        "inclusive": [(name, share(marker_c[name])) for name in MARKERS],
+    }
+
+
+def print_hotspots(raw: Path, top: int) -> None:
+    h = hotspots(raw, top)
+    print(f"  {h['busy_samples']} busy samples (+{h['idle_samples']} idle in epoll, left out); shares of busy CPU")
+    print("  self time by function:")
+    for f, pct in h["self_by_function"]:
+        print(f"    {pct:5.1f}%  {f}")
+    print("  self time by file:")
+    for f, pct in h["self_by_file"]:
+        print(f"    {pct:5.1f}%  {f}")
+    print("  by layer (exclusive: the layer nearest the leaf; sums to 100%):")
+    for name, pct in h["layers"]:
+        print(f"    {pct:5.1f}%  {name}")
+    print("  inclusive (the frame anywhere on the stack):")
+    for name, pct in h["inclusive"]:
+        print(f"    {pct:5.1f}%  {name}")
+
+
+def _short(frame: str) -> str:
+    return re.sub(r"/\S*?/(site-packages|lib/python3\.\d+|work/main)/", "", frame)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=10, help="seconds per measured leg (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="seconds of unmeasured load before each leg")
+    parser.add_argument("--max-requests", type=int, default=500_000, help="stop a leg after this many responses")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--wait-ms", type=float, nargs="+", default=[0.0, 5.0], help="upstream wait per call")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the whole matrix")
+    parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write every leg as JSON here")
+    parser.add_argument("--profile", metavar="DIR", help="after the legs, profile the proxy with py-spy into DIR")
+    parser.add_argument("--profile-only", action="store_true", help="skip the measured legs")
+    parser.add_argument("--top", type=int, default=15, help="hotspots to print per profile")
+    args = parser.parse_args(argv)
+
+    # Ctrl-C (even when started from a shell that ignores SIGINT in the background) and SIGTERM
+    # both take the orderly path: KeyboardInterrupt, then every process stopped by pid.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    wrk = ensure_wrk()
+    procs = Processes()
+    legs: list[Leg] = []
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        workdir = Path(tmp)
+        lua = write_lua(workdir / "tools_call.lua")
+        try:
+            print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}; load average {_loadavg()}")
+            print(
+                f"legs: {args.duration:g} s each after {args.warmup:g} s warm-up, wrk -t1, "
+                f"concurrency {args.concurrency}, upstream wait {args.wait_ms} ms\n",
+                flush=True,
+            )
+            if not args.profile_only:
+                for run in range(1, args.runs + 1):
+                    for wait_ms in args.wait_ms:
+                        legs += run_once(run, wait_ms, args, wrk, lua, procs, workdir)
+                print()
+                print_table(legs)
+                print(f"\nload average after: {_loadavg()}")
+                if args.json:
+                    args.json.write_text(json.dumps([asdict(x) for x in legs], indent=1, ensure_ascii=False))
+            if args.profile:
+                profile(args, wrk, lua, procs, workdir)
+        except KeyboardInterrupt:
+            print("\nbench: interrupted; stopping what it started", file=sys.stderr)
+            if legs:
+                print_table(legs)
+            return 130
+        finally:
+            procs.stop_all()
+    return 0
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

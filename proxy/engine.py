@@ -269,15 +269,35 @@ class _Call:
             params = {**params, "_meta": {**params.get("_meta", {}), **context}}
             headers = {**(headers or {}), **context}
         e.telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
-        attempt = self.relay.attempt(self.request, self.outbox, headers, progress=progress, params=params)
+        sent = asyncio.Event()
         idle_s = self.policy.idle_timeout_s
+        idle = idle_s is not None and progress is not None
+        attempt = self.relay.attempt(
+            self.request,
+            self.outbox,
+            headers,
+            progress=progress,
+            params=params,
+            response_timeout_s=None if idle else timeout_s,
+            sent=sent,
+        )
+        # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
+        # timer: a slow cold start must not turn every first call after a crash into a timeout.
+        deadline_left_s = self.state.deadline_left_s(e.clock())
         try:
-            if idle_s is None or progress is None:
-                async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(max(deadline_left_s, timeout_s)):
+                if idle:
+                    assert idle_s is not None and progress is not None
+                    response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress, sent)
+                else:
                     response = await attempt
-            else:
-                response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress)
         except TimeoutError:
+            if not sent.is_set():
+                return TransportError(
+                    FailureKind.NOT_RUNNING,
+                    Dispatch.NO,
+                    f"attempt {number}: the upstream was not ready to take the request before the deadline",
+                )
             return TransportError(
                 FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"
             )
@@ -285,12 +305,17 @@ class _Call:
             return TransportError.from_failure(failure)
         return outcome_from_response(response)
 
-    async def _with_idle_timer(self, attempt: Any, timeout_s: float, idle_s: float, progress: _Progress) -> Message:
+    async def _with_idle_timer(
+        self, attempt: Any, timeout_s: float, idle_s: float, progress: _Progress, sent: asyncio.Event
+    ) -> Message:
         """Wait for the attempt under a hard cap, also stopping when no progress came for `idle_s`."""
         task = asyncio.ensure_future(attempt)
-        hard_at = self.e.clock() + timeout_s
-        progress.last_at = time.monotonic()
         try:
+            waiter = asyncio.ensure_future(sent.wait())
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            hard_at = self.e.clock() + timeout_s
+            progress.last_at = time.monotonic()
             while True:
                 now = self.e.clock()
                 idle_left = idle_s - (time.monotonic() - progress.last_at)

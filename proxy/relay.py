@@ -195,12 +195,17 @@ class Relay:
         *,
         progress: ProgressRelay | None = None,
         params: dict[str, Any] | None = None,
+        response_timeout_s: float | None = None,
+        sent: asyncio.Event | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.
 
         Returns the upstream's response message (still under the upstream id). Raises
-        UpstreamFailure. If the awaiting task is cancelled (caller cancelled, or the engine's
-        attempt timeout), the upstream exchange is cancelled as its transport requires.
+        UpstreamFailure, or TimeoutError when no response came within `response_timeout_s` of the
+        request being handed to the transport (starting a stdio child or connecting is not part
+        of that timer: the caller bounds the whole attempt by its deadline). `sent` is set once
+        the request was handed over. If the awaiting task is cancelled (the caller cancelled, or
+        a timer fired), the upstream exchange is cancelled as its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
         """
         link = self.link
@@ -217,9 +222,14 @@ class Relay:
             self._related(message, outbox, progress)
 
         exchange = await link.send_request(up, on_message=on_message, headers=headers)
+        if sent is not None:
+            sent.set()
         try:
-            return await exchange.response
-        except asyncio.CancelledError:
+            if response_timeout_s is None:
+                return await exchange.response
+            async with asyncio.timeout(response_timeout_s):
+                return await exchange.response
+        except (asyncio.CancelledError, TimeoutError):
             self._cancel_upstream(exchange, "request cancelled by the proxy")
             raise
 

@@ -197,30 +197,35 @@ class StdioLink:
             if self._spawns > 1:
                 self.restarts += 1
             self._child = child
-            if (
-                self.era is Era.LEGACY
-                and message.get("method") != "initialize"
-                and self._handshake.initialize is not None
-            ):
+            if self.era is Era.MODERN:
+                await self._await_ready(child)
+            elif message.get("method") != "initialize" and self._handshake.initialize is not None:
                 await self._replay_handshake(child)
             return child
+
+    async def _await_ready(self, child: _Child) -> None:
+        """A fresh modern child answers one `server/discover` before it gets real work, so that an
+        attempt's timer never counts the child's start-up (a cold `npx` can take seconds)."""
+        probe = _discover_message(self._pending.new_id())
+        await self._exchange_internally(child, probe, "starting the upstream")
+
+    async def _exchange_internally(self, child: _Child, message: Message, what: str) -> Message:
+        ex = self._pending.add(message, None)
+        try:
+            child.write(dumps(message) + b"\n")
+            ex.written = True
+            await child.drain()
+            return await asyncio.wait_for(ex.response, self._upstream.handshake_timeout_s)
+        except (TimeoutError, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
+            self._pending.discard(ex)
+            await child.terminate()
+            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"{what} failed: {exc}") from None
 
     async def _replay_handshake(self, child: _Child) -> None:
         assert self._handshake.initialize is not None
         init = dict(self._handshake.initialize)
         init["id"] = self._pending.new_id()
-        ex = self._pending.add(init, None)
-        try:
-            child.write(dumps(init) + b"\n")
-            ex.written = True
-            await child.drain()
-            response = await asyncio.wait_for(ex.response, self._upstream.handshake_timeout_s)
-        except (TimeoutError, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
-            self._pending.discard(ex)
-            await child.terminate()
-            raise UpstreamFailure(
-                FailureKind.SPAWN_FAILED, Dispatch.NO, f"re-initializing the restarted upstream failed: {exc}"
-            ) from None
+        response = await self._exchange_internally(child, init, "re-initializing the restarted upstream")
         if "error" in response:
             await child.terminate()
             raise UpstreamFailure(
@@ -300,19 +305,13 @@ class StdioUpstream:
     async def probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it or does not answer is legacy-only."""
         link = await self.open(Era.MODERN)
-        message = {
-            "jsonrpc": "2.0",
-            "id": link.new_id(),
-            "method": "server/discover",
-            "params": {
-                "_meta": {
-                    META_PROTOCOL_VERSION: LATEST_MODERN,
-                    META_CLIENT_CAPABILITIES: {},
-                    META_CLIENT_INFO: {"name": "mcp-recovery-proxy-probe", "version": "0"},
-                }
-            },
-        }
-        ex = await link.send_request(message)
+        try:
+            ex = await link.send_request(_discover_message(link.new_id()))
+        except UpstreamFailure as failure:
+            if failure.kind is not FailureKind.SPAWN_FAILED or "starting" not in failure.detail:
+                raise
+            await self._drop_modern()  # no answer to discover at all: a legacy-only server
+            return Capabilities(legacy=True, modern=False, detail="server/discover unanswered: legacy only")
         try:
             response = await asyncio.wait_for(ex.response, self.handshake_timeout_s)
         except TimeoutError:
@@ -431,3 +430,18 @@ async def _read_stderr(child: _Child) -> None:
             for line in chunk.splitlines():
                 if line.strip():
                     stderr_log.info("%s: %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace"))
+
+
+def _discover_message(request_id: RequestId) -> Message:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "server/discover",
+        "params": {
+            "_meta": {
+                META_PROTOCOL_VERSION: LATEST_MODERN,
+                META_CLIENT_CAPABILITIES: {},
+                META_CLIENT_INFO: {"name": "mcp-recovery-proxy", "version": "0"},
+            }
+        },
+    }

@@ -1,0 +1,283 @@
+"""The recovery engine end to end: real SDK clients -> the real proxy -> the misbehaving upstream.
+
+Over a stdio upstream and a Streamable HTTP upstream, in both protocol eras. Every assertion about
+what happened upstream is read from the upstream's own journal (executions, side effects,
+cancellations), never from the proxy's bookkeeping; every unresolved result is validated against
+the published JSON Schema.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import jsonschema
+import pytest
+from mcp import Client
+
+from tests.fixtures.helpers import ScriptedHTTP
+from tests.fixtures.journal import Journal
+from tests.proxy_process import ProxyProcess, scripted_stdio_command
+
+pytestmark = pytest.mark.anyio
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "proxy" / "schemas" / "unresolved-result.schema.json").read_text()
+)
+BOUND_S = 30.0
+DEADLINE_SLACK_S = 0.1
+
+POLICIES = {
+    "defaults.yaml": """
+retry_on: [transient]
+attempts: 3
+deadline: 4s
+attempt_timeout: 1s
+min_attempt_time: 200ms
+backoff: {initial: 50ms, max: 200ms, multiplier: 2, jitter: full}
+retry_after_cap: 30s
+unclassified: transient
+ledger_window: 60s
+""",
+    "hang.yaml": """
+tools: [hang]
+attempts: 2
+deadline: 2s
+attempt_timeout: 500ms
+min_attempt_time: 100ms
+""",
+    "charge.yaml": """
+tools: [charge]
+attempt_timeout: 500ms
+report:
+  status_check_tool: echo
+""",
+}
+
+
+def write_policies(folder: Path, extra: dict[str, str] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in {**POLICIES, **(extra or {})}.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+class Target:
+    def __init__(self, proxy: ProxyProcess, journal: Journal, transport: str) -> None:
+        self.proxy = proxy
+        self.journal = journal
+        self.transport = transport
+
+
+def _stdio_target(tmp: Path, extra_policies: dict[str, str] | None = None) -> Iterator[Target]:
+    journal = Journal(tmp / "journal.jsonl")
+    policies = write_policies(tmp / "policies", extra_policies)
+    command = scripted_stdio_command(journal.path, tmp / "state.json")
+    with ProxyProcess(upstream=command, extra=["--policies", str(policies)], log_path=tmp / "proxy.log") as proxy:
+        yield Target(proxy, journal, "stdio")
+
+
+def _http_target(tmp: Path, server_extra: tuple[str, ...] = ()) -> Iterator[Target]:
+    journal = Journal(tmp / "journal.jsonl")
+    policies = write_policies(tmp / "policies")
+    with ScriptedHTTP(journal.path, tmp / "state.json", extra=server_extra) as server:
+        extra = ["--policies", str(policies)]
+        with ProxyProcess(upstream_url=server.url, extra=extra, log_path=tmp / "proxy.log") as proxy:
+            yield Target(proxy, journal, "http")
+
+
+@pytest.fixture(scope="module", params=["stdio", "http"])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    tmp = tmp_path_factory.mktemp(f"engine-{request.param}")
+    yield from (_stdio_target(tmp) if request.param == "stdio" else _http_target(tmp))
+
+
+@pytest.fixture(params=["legacy", "2026-07-28"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def call_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def call(target: Target, mode: str, tool: str, args: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
+    with anyio.fail_after(BOUND_S):
+        async with Client(target.proxy.url, mode=mode) as client:
+            await client.list_tools()
+            return await client.call_tool(tool, args, meta=meta)
+
+
+def unresolved(result: Any) -> dict[str, Any]:
+    assert result.is_error, result
+    structured = result.structured_content
+    jsonschema.validate(structured, SCHEMA)
+    assert result.content[0].text.startswith(f"Tool '"), result.content[0].text
+    return structured
+
+
+async def test_a_flaky_read_is_recovered_within_one_call(target: Target, mode: str) -> None:
+    cid = call_id()
+    result = await call(target, mode, "flaky_read", {"key": cid, "fail_times": 2, "call_id": cid})
+    assert not result.is_error
+    assert result.structured_content["executions"] == 3
+    assert result.meta["io.mcp-recovery-proxy/attempts"] == 3
+    assert target.journal.executions("flaky_read", cid) == 3
+
+
+async def test_exhausted_budget_is_reported_then_refused_by_the_ledger_until_approved(target: Target, mode: str) -> None:
+    cid = call_id()
+    args = {"category": "transient", "retryable": True, "call_id": cid}
+    raw = await call(target, mode, "always_fail", args)
+    first = unresolved(raw)
+    # The upstream's own content (its partial answer) follows the proxy's summary.
+    assert any("partial: 2 of 5 sources answered" in getattr(c, "text", "") for c in raw.content[1:])
+    assert first["stopReason"] == "attempts_exhausted" and first["budgetExhausted"] is True
+    assert first["attemptCount"] == 3 and first["maxAttempts"] == 3
+    assert first["errorCategory"] == "transient" and first["isRetryable"] is False
+    assert [s["number"] for s in first["attemptedSteps"]] == [1, 2, 3]
+    assert target.journal.executions("always_fail", cid) == 3
+
+    again = unresolved(await call(target, mode, "always_fail", args))
+    assert again["stopReason"] == "ledger_exhausted" and again["attemptCount"] == 0
+    assert again["operation"]["budgetId"] == first["operation"]["budgetId"]
+    assert target.journal.executions("always_fail", cid) == 3, "the ledger refused without touching the upstream"
+
+    approval = {"io.mcp-recovery-proxy/approveBudget": first["operation"]["budgetId"]}
+    fresh = unresolved(await call(target, mode, "always_fail", args, meta=approval))
+    assert fresh["stopReason"] == "attempts_exhausted"
+    assert fresh["operation"]["approvedBudgetId"] == first["operation"]["budgetId"]
+    assert target.journal.executions("always_fail", cid) == 6
+
+    reused = unresolved(await call(target, mode, "always_fail", args, meta=approval))
+    assert reused["stopReason"] == "ledger_exhausted", "an approval is single-use"
+    assert target.journal.executions("always_fail", cid) == 6
+
+
+@pytest.mark.parametrize("category", ["validation", "business", "permission"])
+async def test_non_transient_failures_are_never_retried(target: Target, category: str) -> None:
+    cid = call_id()
+    result = unresolved(await call(target, "legacy", "always_fail", {"category": category, "call_id": cid}))
+    assert result["stopReason"] == "not_retryable" and result["errorCategory"] == category
+    assert target.journal.executions("always_fail", cid) == 1
+
+
+async def test_upstream_declined_is_not_retried(target: Target) -> None:
+    cid = call_id()
+    result = unresolved(await call(target, "legacy", "always_fail", {"retryable": False, "call_id": cid}))
+    assert result["stopReason"] == "upstream_declined"
+    assert target.journal.executions("always_fail", cid) == 1
+
+
+async def test_hung_attempts_are_cancelled_and_the_answer_arrives_within_the_deadline(target: Target, mode: str) -> None:
+    cid = call_id()
+    with anyio.fail_after(BOUND_S):
+        async with Client(target.proxy.url, mode=mode) as client:
+            await client.list_tools()
+            started = time.monotonic()
+            raw = await client.call_tool("hang", {"seconds": 30, "call_id": cid})
+            elapsed = time.monotonic() - started
+    result = unresolved(raw)
+    assert result["stopReason"] in ("attempts_exhausted", "deadline_exhausted")
+    assert result["attemptCount"] == 2
+    assert all(s["outcome"] == "transport_error" for s in result["attemptedSteps"])
+    # The caller had its answer within the policy deadline (2 s) plus 100 ms.
+    assert result["elapsedMs"] <= 2000 + 100
+    assert elapsed <= 2.0 + DEADLINE_SLACK_S
+    await target.journal.await_for(lambda j: len(j.events(tool="hang", event="cancelled", call=cid)) == 2, timeout_s=10)
+    assert target.journal.executions("hang", cid) == 2
+
+
+async def test_a_callers_shorter_deadline_is_honoured(target: Target) -> None:
+    cid = call_id()
+    meta = {"io.mcp-recovery-proxy/deadlineMs": 300}
+    with anyio.fail_after(BOUND_S):
+        async with Client(target.proxy.url, mode="legacy") as client:
+            started = time.monotonic()
+            result = await client.call_tool("hang", {"seconds": 30, "call_id": cid}, meta=meta)
+            elapsed = time.monotonic() - started
+    structured = unresolved(result)
+    assert structured["deadlineMs"] == 300
+    assert elapsed <= 0.3 + DEADLINE_SLACK_S
+    await target.journal.await_for(lambda j: j.events(tool="hang", event="cancelled", call=cid), timeout_s=10)
+
+
+@pytest.mark.parametrize("then", ["hang", "fail"])
+async def test_a_state_changing_tool_never_runs_twice(target: Target, mode: str, then: str) -> None:
+    cid = call_id()
+    result = unresolved(await call(target, mode, "charge", {"account": cid, "amount": 5, "then": then, "call_id": cid}))
+    assert result["stopReason"] == "outcome_unknown" and result["outcomeUnknown"] is True
+    assert result["operation"]["sideEffect"] == "state_changing"
+    assert any(a.get("tool") == "echo" for a in result["suggestedActions"]), "the status-check tool is suggested"
+    assert len(target.journal.effects("charge", cid)) == 1
+    if then == "hang":
+        await target.journal.await_for(lambda j: j.events(tool="charge", event="cancelled", call=cid), timeout_s=10)
+    assert len(target.journal.effects("charge", cid)) == 1
+
+
+async def test_json_rpc_errors_of_tools_call_become_results(target: Target) -> None:
+    cid = call_id()
+    result = unresolved(await call(target, "legacy", "rpc_error", {"code": -32602, "message": "bad", "call_id": cid}))
+    assert result["errorCategory"] == "validation" and result["classification"]["source"] == "jsonrpc"
+    assert target.journal.executions("rpc_error", cid) == 1
+
+
+# -- stdio-only faults: the proxy supervises the process ------------------------------------------
+@pytest.fixture(scope="module")
+def stdio_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    extra = {
+        "charge-keyed.yaml": """
+tools: [charge]
+attempt_timeout: 500ms
+idempotency_key: {location: argument, name: idempotency_key}
+"""
+    }
+    tmp = tmp_path_factory.mktemp("engine-stdio-faults")
+    policies = dict(POLICIES)
+    policies.pop("charge.yaml")
+    journal = Journal(tmp / "journal.jsonl")
+    folder = tmp / "policies"
+    folder.mkdir()
+    for name, text in {**policies, **extra}.items():
+        (folder / name).write_text(text)
+    command = scripted_stdio_command(journal.path, tmp / "state.json")
+    with ProxyProcess(upstream=command, extra=["--policies", str(folder)], log_path=tmp / "proxy.log") as proxy:
+        yield Target(proxy, journal, "stdio")
+
+
+async def test_a_read_whose_process_crashed_is_retried_on_a_fresh_process(stdio_target: Target, mode: str) -> None:
+    cid = call_id()
+    result = await call(stdio_target, mode, "flaky_read", {"key": cid, "fail_times": 1, "mode": "crash", "call_id": cid})
+    assert not result.is_error
+    assert stdio_target.journal.executions("flaky_read", cid) == 2
+    pids = {e["pid"] for e in stdio_target.journal.events(tool="flaky_read", event="started", call=cid)}
+    assert len(pids) == 2, "the second attempt ran in a respawned process"
+
+
+async def test_an_idempotency_key_makes_a_state_changing_tool_retryable(stdio_target: Target) -> None:
+    cid = call_id()
+    result = unresolved(
+        await call(stdio_target, "legacy", "charge", {"account": cid, "amount": 1, "then": "fail", "call_id": cid})
+    )
+    assert result["stopReason"] == "attempts_exhausted"
+    effects = stdio_target.journal.effects("charge", cid)
+    assert len(effects) == 3
+    keys = {e["idempotency_key"] for e in effects}
+    assert len(keys) == 1 and None not in keys, "one key, generated by the proxy, identical on every attempt"
+    assert [e["replayed"] for e in effects] == [False, True, True]
+
+
+async def test_http_503_with_retry_after_is_retried_after_the_wait(tmp_path: Path) -> None:
+    server_extra = ("--http-fail-status", "503", "--http-fail-times", "1", "--retry-after", "1")
+    for target in _http_target(tmp_path, server_extra):
+        cid = call_id()
+        started = time.monotonic()
+        result = await call(target, "legacy", "echo", {"text": "ok", "call_id": cid})
+        assert not result.is_error and result.meta["io.mcp-recovery-proxy/attempts"] == 2
+        assert time.monotonic() - started >= 1.0, "the Retry-After was honoured"
+        assert len(target.journal.events(event="http_refused")) == 1
+        assert target.journal.executions("echo", cid) == 1

@@ -1,0 +1,85 @@
+# mcp-recovery-proxy: a recovery proxy for MCP tool servers, shipped as a sidecar image.
+#
+#   docker build --network=host -t mcp-recovery-proxy .
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9464:9464 mcp-recovery-proxy          # the demo
+#   docker run --rm --network=host -e MCP_RECOVERY_UPSTREAM=http://127.0.0.1:3001/mcp \
+#       mcp-recovery-proxy serve                                                               # a sidecar
+#
+# The default CMD is `demo`: the proxy in front of the bundled flaky demo server, so `docker run -p`
+# shows something at once. Real deployments run `serve` and name the upstream with
+# MCP_RECOVERY_UPSTREAM (or `serve -- COMMAND` for a stdio server). `demo` refuses to start when
+# MCP_RECOVERY_UPSTREAM is set, so a forgotten `serve` fails loudly instead of proxying the demo.
+# See docs/deploy.md.
+#
+# Works on the official python image and on any Debian-like base with python3 + venv (the base is
+# a build argument): everything runs from the venv at /opt/venv, never from the base's python path.
+# Only the classic builder's features are used (no BuildKit mounts), so it builds everywhere.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --upgrade pip setuptools wheel
+
+WORKDIR /src
+
+# Dependencies first, in their own layer: it is rebuilt only when pyproject.toml changes.
+COPY pyproject.toml ./
+RUN /opt/venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/requirements.txt
+
+# Then the project itself, built as a wheel and installed without touching the dependencies.
+COPY proxy ./proxy
+RUN /opt/venv/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheels . \
+ && /opt/venv/bin/pip install --no-deps /tmp/wheels/*.whl \
+ && /opt/venv/bin/pip uninstall -y setuptools wheel \
+ && /opt/venv/bin/mcp-recovery-proxy --help >/dev/null
+
+COPY policies /src/policies
+RUN /opt/venv/bin/mcp-recovery-proxy policies check /src/policies
+
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+LABEL org.opencontainers.image.title="mcp-recovery-proxy" \
+      org.opencontainers.image.description="A recovery proxy for MCP tool servers (sidecar)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+RUN groupadd --system --gid 10001 mcp \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin mcp
+
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /src/policies /etc/mcp-recovery/policies
+
+# Process configuration: every flag of `serve` has an MCP_RECOVERY_<FLAG> variable; a flag on the
+# command line wins. Lists are JSON. The allowed hosts cover `docker run -p` on this machine
+# (http://localhost:8080/mcp); add your Service's DNS names in Kubernetes.
+ENV PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    MCP_RECOVERY_LISTEN=http://0.0.0.0:8080/mcp \
+    MCP_RECOVERY_ADMIN=0.0.0.0:9464 \
+    MCP_RECOVERY_POLICIES=/etc/mcp-recovery/policies \
+    MCP_RECOVERY_ALLOWED_HOSTS='["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", "[::1]", "[::1]:*"]' \
+    MCP_RECOVERY_LOG_LEVEL=info \
+    MCP_RECOVERY_LOG_JSON=true
+
+USER 10001:10001
+WORKDIR /tmp
+EXPOSE 8080 9464
+
+# /readyz answers 200 once the upstream answered a probe (503 before). The port follows
+# MCP_RECOVERY_ADMIN; a wildcard bind address is probed on 127.0.0.1. No proxies: it is local.
+HEALTHCHECK --interval=10s --timeout=4s --start-period=30s --retries=3 \
+  CMD ["/opt/venv/bin/python", "-c", "import os, urllib.request as u; h, _, p = os.environ.get('MCP_RECOVERY_ADMIN', '127.0.0.1:9464').rpartition(':'); h = '127.0.0.1' if h in ('', '0.0.0.0', '::', '[::]') else h; u.build_opener(u.ProxyHandler({})).open(f'http://{h}:{p}/readyz', timeout=3)"]
+
+ENTRYPOINT ["mcp-recovery-proxy"]
+CMD ["demo"]

@@ -122,6 +122,8 @@ class Engine:
         if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
             return await relay.forward(request, outbox, headers)  # malformed: the upstream's answer
         assert isinstance(params, dict)
+        if name not in relay.catalog.tools:
+            await relay.lookup_tool(name, request)  # annotations decide the side-effect class
         call = _Call(self, relay, request, outbox, headers, params, name, arguments)
         return await call.run()
 
@@ -344,7 +346,7 @@ class _Call:
         e, policy, state = self.e, self.policy, self.state
         now = e.clock()
         last = self.attempts[-1].outcome if self.attempts else None
-        if isinstance(last, RpcError) and not policy.jsonrpc_errors_as_results and stop.reason in _TOOL_ERROR_REASONS:
+        if isinstance(last, RpcError) and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(last):
             self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
             return {"jsonrpc": "2.0", "id": self.request["id"], "error": last.error}
         result = unresolved_result(
@@ -376,6 +378,24 @@ class _Call:
         category = structured.get("errorCategory")
         self._finished(outcome, stop.reason, category, bool(structured.get("outcomeUnknown")))
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
+
+    def _keep_rpc_error(self, error: RpcError) -> bool:
+        """Whether a JSON-RPC error of tools/call goes back as it came instead of as an isError result.
+
+        Deliberate deviation, documented in docs/recovery.md: the 2026 protocol errors
+        (-32020..-32022) and any error answering an input-required continuation (a request that
+        carries `requestState` or `inputResponses`) belong to the client's protocol machinery
+        (re-listing tools, declaring a capability, restarting the rounds); turned into a tool
+        result they would be invisible to it. They are still classified (validation) and never
+        retried. Everything else follows the policy's `jsonrpc_errors_as_results`.
+        """
+        if not self.policy.jsonrpc_errors_as_results:
+            return True
+        code = error.error.get("code")
+        if isinstance(code, int) and -32022 <= code <= -32020:
+            return True
+        params = self.request.get("params") or {}
+        return "requestState" in params or "inputResponses" in params
 
     def _finished(self, outcome: str, reason: StopReason | None, category: Any, unknown: bool) -> None:
         e = self.e

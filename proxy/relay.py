@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error
-from proxy.upstream.base import Era, Exchange, UpstreamLink
+from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
 
@@ -45,6 +45,15 @@ class Outbox(Protocol):
 
 
 ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None], Awaitable[Message]]
+
+
+class _NullOutbox:
+    """An outbox for the proxy's own requests: whatever they stream is not for any client."""
+
+    closed = False
+
+    def send(self, message: Message) -> None:
+        pass
 
 
 class ToolCatalog:
@@ -218,7 +227,13 @@ class Relay:
         if p is not None:
             up["params"] = p
 
+        down_id = request.get("id")
+
         def on_message(message: Message) -> None:
+            params = message.get("params")
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            if isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID) == uid:
+                message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
             self._related(message, outbox, progress)
 
         exchange = await link.send_request(up, on_message=on_message, headers=headers)
@@ -242,6 +257,37 @@ class Relay:
         task = asyncio.create_task(self.link.cancel(exchange, reason))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def lookup_tool(self, name: str, request: Message, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        """The upstream's definition of `name`, listing tools once (bounded) if the catalog lacks it.
+
+        Used for a tool's annotations (its side-effect class) and its `x-mcp-header` schema when a
+        client calls a tool without having listed tools first. A modern request's envelope is
+        reused so the listing is a valid 2026 request.
+        """
+        tool = self.catalog.tools.get(name)
+        if tool is not None or self.catalog.listed.is_set():
+            return tool
+        params = request.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
+        cursor: Any = None
+        sink = _NullOutbox()
+        try:
+            async with asyncio.timeout(timeout_s):
+                for _ in range(20):
+                    list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
+                    if cursor is not None:
+                        list_params["cursor"] = cursor
+                    listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
+                    response = await self.forward(listing, sink)
+                    result = response.get("result")
+                    cursor = result.get("nextCursor") if isinstance(result, dict) else None
+                    if name in self.catalog.tools or not isinstance(cursor, str):
+                        break
+        except (UpstreamFailure, TimeoutError):
+            return None
+        return self.catalog.tools.get(name)
 
     async def handle_notification(self, message: Message, headers: Mapping[str, str] | None = None) -> None:
         self.last_activity = time.monotonic()

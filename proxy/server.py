@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from proxy.admin import build_admin_app
 from proxy.engine import Engine
@@ -20,6 +21,7 @@ from proxy.policy.store import PolicyStore
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
+from proxy.telemetry.setup import build_telemetry
 
 log = logging.getLogger("proxy.server")
 
@@ -31,7 +33,7 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
         telemetry=telemetry,
         upstream_name=upstream.description,
     )
-    return Service(settings, upstream, tool_calls=engine)
+    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
@@ -49,22 +51,25 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
 
 
 async def run(settings: Settings) -> int:
-    policies = PolicyStore(settings.policies)  # a bad folder stops the start with every problem named
-    service = build_service(settings, policies)
+    bundle = build_telemetry(settings)
+    # A bad folder stops the start with every problem named (cli.py prints them).
+    policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
+    service = build_service(settings, policies, bundle.telemetry)
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
     try:
-        return await _serve(settings, service, policies)
+        return await _serve(settings, service, policies, bundle.registry)
     finally:
         await policies.aclose()
+        await bundle.shutdown()
 
 
-async def _serve(settings: Settings, service: Service, policies: PolicyStore) -> int:
+async def _serve(settings: Settings, service: Service, policies: PolicyStore, registry: CollectorRegistry) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service, policies=policies.snapshot)
+        admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
         admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio

@@ -15,11 +15,12 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
+from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.upstream.base import Capabilities, Era, Upstream
 
 log = logging.getLogger("proxy.service")
@@ -51,9 +52,19 @@ def build_upstream(settings: Settings) -> Upstream:
 
 
 class Service:
-    def __init__(self, settings: Settings, upstream: Upstream, *, tool_calls: ToolCallHandler | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        *,
+        tool_calls: ToolCallHandler | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.telemetry = telemetry or Telemetry()
+        if hasattr(upstream, "on_status"):
+            upstream.on_status = self._upstream_status
         self.catalog = ToolCatalog()
         self.tool_calls = tool_calls
         self.capabilities: Capabilities | None = None
@@ -95,9 +106,11 @@ class Service:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), PROBE_TIMEOUT_S)
                     self.probe_error = None
                     log.info("upstream %s: %s", self.upstream.description, self.capabilities)
+                    self._upstream_status(True)
                 except (UpstreamFailure, TimeoutError, OSError) as exc:
                     self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
                     log.warning("%s", self.probe_error)
+                    self._upstream_status(False)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
@@ -108,6 +121,10 @@ class Service:
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 10.0)
             await self.ensure_probed(raise_on_failure=False)
+
+    def _upstream_status(self, up: bool) -> None:
+        restarts = int(getattr(self.upstream, "restarts", 0))
+        self.telemetry.emit(UpstreamStatus(self.upstream.description, up, restarts))
 
     # -- relays ---------------------------------------------------------------------------------
     async def modern_relay(self) -> Relay | None:
@@ -158,6 +175,3 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
-
-
-ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]

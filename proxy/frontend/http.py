@@ -53,6 +53,7 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
+_PRIMING = b"id: 0\nretry: 1000\ndata: \n\n"
 
 
 class ClientGone(Exception):
@@ -171,7 +172,8 @@ class McpHttpApp:
         if path != self.path:
             await _respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks).
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in scope["headers"]}
         host = headers.get("host", "")
         if self.allowed_hosts is not None and not _allowed(host, self.allowed_hosts):
             await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
@@ -236,6 +238,10 @@ class McpHttpApp:
             await _respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
             return
         version = headers.get("mcp-protocol-version")
+        if version in jsonrpc.MODERN_VERSIONS and message.get("method") == "initialize" and "id" in message:
+            # A 2026 endpoint has no handshake: initialize is an unknown method there.
+            await _respond_error(send, 404, message["id"], jsonrpc.METHOD_NOT_FOUND, "Method not found: initialize")
+            return
         modern = (version in jsonrpc.MODERN_VERSIONS or jsonrpc.is_modern_request(message)) and (
             message.get("method") != "initialize"
         )
@@ -302,34 +308,10 @@ class McpHttpApp:
             return None
         if not arguments and not any(h.startswith("mcp-param-") for h in headers):
             return None
-        tool = self.service.catalog.tools.get(name)
-        if tool is None:
-            tool = await self._lookup_tool(relay, message, name)
+        tool = await relay.lookup_tool(name, message)
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
         return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
-
-    async def _lookup_tool(self, relay: Relay, message: Message, name: str) -> dict[str, Any] | None:
-        """Fill the tool catalog from the upstream (one tools/list walk, bounded) for header checks."""
-        meta = jsonrpc.meta_of(message) or {}
-        envelope = {k: v for k, v in meta.items() if k.startswith("io.modelcontextprotocol/")}
-        cursor: Any = None
-        for _ in range(20):
-            params: dict[str, Any] = {"_meta": envelope}
-            if cursor is not None:
-                params["cursor"] = cursor
-            request = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": params}
-            try:
-                response = await asyncio.wait_for(relay.forward(request, _Stream()), 10.0)
-            except (UpstreamFailure, TimeoutError):
-                return None
-            result = response.get("result")
-            if not isinstance(result, dict):
-                return None
-            cursor = result.get("nextCursor")
-            if name in self.service.catalog.tools or not isinstance(cursor, str):
-                break
-        return self.service.catalog.tools.get(name)
 
     async def _post_legacy(
         self, receive: Receive, send: Send, headers: dict[str, str], message: Message, version: str | None
@@ -428,6 +410,9 @@ class McpHttpApp:
                 await _respond_json(send, _status_for(first, modern), first, extra)
                 return ok
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+            if not modern:
+                # 2025-11-25 (SEP-1699): a priming event with an id and a reconnection delay.
+                await send({"type": "http.response.body", "body": _PRIMING, "more_body": True})
             message: Message | None = first
             while message is not None:
                 await send({"type": "http.response.body", "body": _sse(message), "more_body": True})

@@ -30,6 +30,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, RequestId
 
 OnMessage = Callable[[Message], None]
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 
 class Era(StrEnum):
@@ -74,9 +75,7 @@ class UpstreamLink(Protocol):
         headers: Mapping[str, str] | None = None,
     ) -> Exchange: ...
 
-    async def send_notification(
-        self, message: Message, *, headers: Mapping[str, str] | None = None
-    ) -> None: ...
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None: ...
 
     async def send_response(self, message: Message) -> None: ...
 
@@ -148,6 +147,28 @@ class PendingTable:
             return False
         ex.on_message(message)
         return True
+
+    def route_subscription(self, message: Message) -> bool:
+        """Deliver a notification of a 2026 `subscriptions/listen` stream to the listen request.
+
+        The SDK uses the listen request's id as the subscription id, so a notification whose
+        `_meta["io.modelcontextprotocol/subscriptionId"]` is one of our ids belongs to it.
+        """
+        params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if not isinstance(meta, dict):
+            return False
+        ex = self._pending.get(meta.get(SUBSCRIPTION_ID))  # type: ignore[arg-type]
+        if ex is None or ex.on_message is None:
+            return False
+        ex.on_message(message)
+        return True
+
+    def route_related(self, message: Message) -> bool:
+        """Progress by token, subscription notifications by subscription id (what stdio can tell)."""
+        if message.get("method") == "notifications/progress":
+            return self.route_progress(message)
+        return "id" not in message and self.route_subscription(message)
 
     def fail(self, ex: Exchange, failure: UpstreamFailure) -> None:
         self.discard(ex)

@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -196,11 +196,14 @@ class StdioLink:
             self._spawns += 1
             if self._spawns > 1:
                 self.restarts += 1
+                self._upstream.restarts += 1
             self._child = child
             if self.era is Era.MODERN:
                 await self._await_ready(child)
             elif message.get("method") != "initialize" and self._handshake.initialize is not None:
                 await self._replay_handshake(child)
+            if self._spawns > 1:
+                self._upstream._status(True)
             return child
 
     async def _await_ready(self, child: _Child) -> None:
@@ -253,7 +256,7 @@ class StdioLink:
                     child.answered = True
                     self._quick_deaths = 0
             return
-        if message.get("method") == "notifications/progress" and self._pending.route_progress(message):
+        if self._pending.route_related(message):
             return
         self._unsolicited(message)
 
@@ -263,6 +266,7 @@ class StdioLink:
         detail = f"upstream process exited with code {code}"
         if not self._closed:
             log.warning("%s: %s", child.name, detail)
+            self._upstream._status(False)
         self._pending.fail_all(FailureKind.CLOSED, detail)
         lived_s = time.monotonic() - child.started_at
         if child.answered and lived_s > 5.0:
@@ -301,6 +305,8 @@ class StdioUpstream:
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
         self._spawned = 0
+        self.restarts = 0  # respawns after a child died, all links together
+        self.on_status: Callable[[bool], None] | None = None  # up/down, for telemetry
 
     async def probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it or does not answer is legacy-only."""
@@ -347,6 +353,10 @@ class StdioUpstream:
         link = StdioLink(self, Era.LEGACY)
         self._links.add(link)
         return link
+
+    def _status(self, up: bool) -> None:
+        if self.on_status is not None:
+            self.on_status(up)
 
     def _forget(self, link: StdioLink) -> None:
         self._links.discard(link)

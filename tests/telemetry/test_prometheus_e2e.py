@@ -38,9 +38,6 @@ pytestmark = [
         reason="prometheus/promtool not found: install Debian's `prometheus` package (apt-get install -y prometheus)",
     ),
     pytest.mark.timeout(180),
-    # Remove once proxy/server.py builds the telemetry (build_telemetry, registry to the admin app,
-    # on_reload hook) and something emits UpstreamStatus (the upstream series are otherwise absent).
-    pytest.mark.xfail(strict=False, reason="engine not wired yet: telemetry not built in server.py, no UpstreamStatus"),
 ]
 BOUND_S = 30.0
 JOB = "mcp-recovery-proxy"

@@ -24,7 +24,6 @@ from tests.telemetry.test_otlp import Receiver, attributes
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.timeout(90),
-    pytest.mark.xfail(strict=False, reason="engine not wired yet: telemetry not built in server.py"),
 ]
 
 POLICY = """

@@ -8,3 +8,15 @@ import pytest
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In CI (MCP_PROMETHEUS_REQUIRED=1) a missing promtool/prometheus is an error, not a skip."""
+    import os
+    import shutil
+
+    if os.environ.get("MCP_PROMETHEUS_REQUIRED", "") in ("", "0", "false", "no"):
+        return
+    missing = [tool for tool in ("prometheus", "promtool") if shutil.which(tool) is None]
+    if missing:
+        raise pytest.UsageError(f"MCP_PROMETHEUS_REQUIRED is set but {', '.join(missing)} is not installed")

@@ -346,9 +346,10 @@ class _Call:
         e, policy, state = self.e, self.policy, self.state
         now = e.clock()
         last = self.attempts[-1].outcome if self.attempts else None
-        if isinstance(last, RpcError) and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(last):
+        error = _rpc_error_of(last)
+        if error is not None and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(error):
             self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
-            return {"jsonrpc": "2.0", "id": self.request["id"], "error": last.error}
+            return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
         result = unresolved_result(
             policy,
             stop,
@@ -379,7 +380,7 @@ class _Call:
         self._finished(outcome, stop.reason, category, bool(structured.get("outcomeUnknown")))
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
-    def _keep_rpc_error(self, error: RpcError) -> bool:
+    def _keep_rpc_error(self, error: dict[str, Any]) -> bool:
         """Whether a JSON-RPC error of tools/call goes back as it came instead of as an isError result.
 
         Deliberate deviation, documented in docs/recovery.md: the 2026 protocol errors
@@ -391,7 +392,7 @@ class _Call:
         """
         if not self.policy.jsonrpc_errors_as_results:
             return True
-        code = error.error.get("code")
+        code = error.get("code")
         if isinstance(code, int) and -32022 <= code <= -32020:
             return True
         params = self.request.get("params") or {}
@@ -412,6 +413,17 @@ class _Call:
                 unknown,
             )
         )
+
+
+def _rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:
+    """The JSON-RPC error object an attempt ended with: from the wire, or from an HTTP error's body."""
+    match outcome:
+        case RpcError(error=error):
+            return error
+        case TransportError(body={"error": dict() as error}):
+            return error
+        case _:
+            return None
 
 
 def _result_label(outcome: Outcome) -> str:

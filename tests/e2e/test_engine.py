@@ -116,7 +116,7 @@ def unresolved(result: Any) -> dict[str, Any]:
     assert result.is_error, result
     structured = result.structured_content
     jsonschema.validate(structured, SCHEMA)
-    assert result.content[0].text.startswith(f"Tool '"), result.content[0].text
+    assert result.content[0].text.startswith("Tool '"), result.content[0].text
     return structured
 
 
@@ -129,7 +129,9 @@ async def test_a_flaky_read_is_recovered_within_one_call(target: Target, mode: s
     assert target.journal.executions("flaky_read", cid) == 3
 
 
-async def test_exhausted_budget_is_reported_then_refused_by_the_ledger_until_approved(target: Target, mode: str) -> None:
+async def test_exhausted_budget_is_reported_then_refused_by_the_ledger_until_approved(
+    target: Target, mode: str
+) -> None:
     cid = call_id()
     args = {"category": "transient", "retryable": True, "call_id": cid}
     raw = await call(target, mode, "always_fail", args)
@@ -173,7 +175,9 @@ async def test_upstream_declined_is_not_retried(target: Target) -> None:
     assert target.journal.executions("always_fail", cid) == 1
 
 
-async def test_hung_attempts_are_cancelled_and_the_answer_arrives_within_the_deadline(target: Target, mode: str) -> None:
+async def test_hung_attempts_are_cancelled_and_the_answer_arrives_within_the_deadline(
+    target: Target, mode: str
+) -> None:
     cid = call_id()
     with anyio.fail_after(BOUND_S):
         async with Client(target.proxy.url, mode=mode) as client:
@@ -251,7 +255,9 @@ idempotency_key: {location: argument, name: idempotency_key}
 
 async def test_a_read_whose_process_crashed_is_retried_on_a_fresh_process(stdio_target: Target, mode: str) -> None:
     cid = call_id()
-    result = await call(stdio_target, mode, "flaky_read", {"key": cid, "fail_times": 1, "mode": "crash", "call_id": cid})
+    result = await call(
+        stdio_target, mode, "flaky_read", {"key": cid, "fail_times": 1, "mode": "crash", "call_id": cid}
+    )
     assert not result.is_error
     assert stdio_target.journal.executions("flaky_read", cid) == 2
     pids = {e["pid"] for e in stdio_target.journal.events(tool="flaky_read", event="started", call=cid)}

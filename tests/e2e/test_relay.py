@@ -65,7 +65,9 @@ async def test_progress_is_relayed_with_the_callers_token(proxy: ProxyProcess, m
 
     with anyio.fail_after(BOUND_S):
         async with Client(proxy.url, mode=mode) as client:
-            result = await client.call_tool("slow_progress", {"steps": 4, "delay_s": 0.01}, progress_callback=on_progress)
+            result = await client.call_tool(
+                "slow_progress", {"steps": 4, "delay_s": 0.01}, progress_callback=on_progress
+            )
     assert not result.is_error
     assert seen == [1, 2, 3, 4]
 
@@ -148,9 +150,7 @@ async def test_malformed_input_gets_json_rpc_errors_and_the_proxy_keeps_serving(
         assert r.status_code == 413
         r = await http.post(proxy.url, content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', headers=headers)
         assert r.status_code == 400 and "session" in r.json()["error"]["message"].lower()
-        r = await http.post(
-            proxy.url, content=b"{}", headers={**headers, "mcp-session-id": "nope"}
-        )
+        r = await http.post(proxy.url, content=b"{}", headers={**headers, "mcp-session-id": "nope"})
         assert r.status_code == 400
         r = await http.post(
             proxy.url,
@@ -178,7 +178,7 @@ async def test_stdio_frontend_relays_both_eras(tmp_path: Path, journal: Journal)
                 assert text_of(await client.call_tool("echo", {"text": mode})) == mode
                 seen: list[float] = []
 
-                async def on_progress(p: float, t: float | None, m: str | None) -> None:
+                async def on_progress(p: float, t: float | None, m: str | None, seen: list[float] = seen) -> None:
                     seen.append(p)
 
                 await client.call_tool("slow_progress", {"steps": 2, "delay_s": 0.01}, progress_callback=on_progress)

@@ -41,6 +41,7 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=s, help="allowed Origin")
     p.add_argument("--max-body-bytes", type=int, default=s)
     p.add_argument("--max-sessions", type=int, default=s)
+    p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)
@@ -144,6 +145,10 @@ def _print_demo_banner(settings: Settings) -> None:
         "  refund           state-changing and slow: reported as outcome unknown, never repeated",
         "  refund_status    the status check a refund's result points to",
         "  slow_report      progress notifications relayed through the proxy",
+        "",
+        "A second identical search_archive call within 60 s is refused by the ledger; a coordinator",
+        'opens one fresh budget by repeating it with _meta {"io.mcp-recovery-proxy/approveBudget":',
+        '"<budgetId from the first result>"} (single use).',
         "",
         "Stop with Ctrl-C.",
     ]

@@ -38,6 +38,7 @@ from proxy.recovery import (
     InMemoryLedger,
     Ledger,
     PartialResult,
+    Refused,
     Retry,
     RpcError,
     StopReason,
@@ -70,6 +71,7 @@ from proxy.upstream.base import Era
 TRACE_KEYS = ("traceparent", "tracestate")
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
+OVERLOAD_RETRY_AFTER_S = 1.0
 
 
 class _Progress(ProgressRelay):
@@ -104,8 +106,11 @@ class Engine:
         upstream_name: str = "",
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
+        max_concurrent_calls: int | None = None,
     ) -> None:
         self.policies = policies
+        self.max_concurrent_calls = max_concurrent_calls
+        self.in_flight = 0
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger(clock)
         self.telemetry = telemetry or Telemetry()
         self.upstream_name = upstream_name
@@ -125,7 +130,17 @@ class Engine:
         if name not in relay.catalog.tools:
             await relay.lookup_tool(name, request)  # annotations decide the side-effect class
         call = _Call(self, relay, request, outbox, headers, params, name, arguments)
-        return await call.run()
+        self.in_flight += 1
+        try:
+            return await call.run()
+        finally:
+            self.in_flight -= 1
+
+    def admit_first(self, now_s: float) -> Refused | None:
+        """The proxy's own concurrency limit: a call beyond it is refused before its first attempt."""
+        if self.max_concurrent_calls is not None and self.in_flight > self.max_concurrent_calls:
+            return Refused(StopReason.OVERLOADED, OVERLOAD_RETRY_AFTER_S)
+        return None
 
     def tool_label(self, relay: Relay, name: str) -> str:
         return name if name in relay.catalog.tools else "other"
@@ -212,7 +227,7 @@ class _Call:
                 trace_headers={k: v for k, v in (self.headers or {}).items() if k in TRACE_KEYS},
             )
         )
-        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved)
+        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=e.admit_first)
         if stop is not None:
             return self._give_up(stop, earlier=entry)
         token = progress_token_of(self.request)

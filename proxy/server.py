@@ -32,6 +32,7 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
         policies=lambda: policies.current,
         telemetry=telemetry,
         upstream_name=upstream.description,
+        max_concurrent_calls=settings.max_concurrent_calls,
     )
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 

@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list, description="Origin allow-list (scheme://host[:port])")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
+    max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     log_level: str = "info"

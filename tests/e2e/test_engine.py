@@ -287,3 +287,22 @@ async def test_http_503_with_retry_after_is_retried_after_the_wait(tmp_path: Pat
         assert time.monotonic() - started >= 1.0, "the Retry-After was honoured"
         assert len(target.journal.events(event="http_refused")) == 1
         assert target.journal.executions("echo", cid) == 1
+
+
+async def test_calls_beyond_the_concurrency_limit_are_refused_as_overloaded(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    policies = write_policies(tmp_path / "policies")
+    command = scripted_stdio_command(journal.path, tmp_path / "state.json")
+    extra = ["--policies", str(policies), "--max-concurrent-calls", "1"]
+    with ProxyProcess(upstream=command, extra=extra, log_path=tmp_path / "proxy.log") as proxy:
+        busy, refused = call_id(), call_id()
+        with anyio.fail_after(BOUND_S):
+            async with Client(proxy.url, mode="legacy") as client:
+                await client.list_tools()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "hang", {"seconds": 30, "call_id": busy})
+                    await journal.await_for(lambda j: j.executions("hang", busy) == 1, timeout_s=10)
+                    result = unresolved(await client.call_tool("echo", {"text": "x", "call_id": refused}))
+                    tg.cancel_scope.cancel()
+        assert result["stopReason"] == "overloaded" and result["retryAfterMs"] == 1000
+        assert result["attemptCount"] == 0 and journal.executions("echo", refused) == 0

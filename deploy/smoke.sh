@@ -30,7 +30,7 @@ make_base=${MAKE_BASE_IMAGE:-$repo/../shared/tools/make-base-image}
 work=$(mktemp -d "${TMPDIR:-/tmp}/mcp-smoke.XXXXXX")
 project="mcpsmoke$$"
 failures=0
-cid=""
+cid=""          # the container this run started (its name until `docker run` returned the id)
 compose=()
 compose_up=0
 started=$(date +%s)
@@ -58,8 +58,24 @@ cleanup() {
   rm -rf "$work"
   exit "$rc"
 }
+# Long steps run in the background and are awaited, so a signal is handled at once (bash defers
+# traps until a foreground command ends) and the step itself is stopped too.
+child=""
+bounded() {
+  timeout "$@" &
+  child=$!
+  wait "$child"
+  local rc=$?
+  child=""
+  return "$rc"
+}
+interrupted() {
+  echo "FAIL interrupted"
+  if [[ -n $child ]]; then kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
+  exit 130
+}
 trap cleanup EXIT
-trap 'echo "FAIL interrupted"; exit 130' INT TERM
+trap interrupted INT TERM
 
 finish() {
   if [[ $failures -eq 0 ]]; then
@@ -107,6 +123,25 @@ def get(url: str) -> int:
             extra = f", {sum(1 for x in body.splitlines() if x.startswith('mcp_recovery_'))} mcp_recovery_* samples"
         print(f"{r.status}, {len(body)} bytes{extra}, {ctype}")
         return 0 if r.status == 200 else 1
+
+
+def policies(url: str, tool: str, wait_s: float) -> int:
+    """Wait until the active policy set (GET /policies) names `tool`; print its version."""
+    deadline = time.monotonic() + wait_s
+    seen = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with opener.open(url, timeout=3) as r:
+                body = json.loads(r.read())
+            seen = f"version {body.get('version')}, files {[f.rsplit('/', 1)[-1] for f in body.get('files', [])]}"
+            if tool in body.get("tools", {}):
+                print(f"{seen}, reloads {body.get('reloads')}")
+                return 0
+        except (OSError, ValueError) as e:
+            seen = repr(e)
+        time.sleep(0.5)
+    print(f"{tool!r} not in the active policies after {wait_s:.0f}s: {seen}")
+    return 1
 
 
 def call(url: str, tool: str, arguments: str) -> int:
@@ -158,6 +193,8 @@ if __name__ == "__main__":
         sys.exit(ready(args[0], float(args[1])))
     if cmd == "get":
         sys.exit(get(args[0]))
+    if cmd == "policies":
+        sys.exit(policies(args[0], args[1], float(args[2])))
     sys.exit(call(*args))
 PY
 
@@ -186,7 +223,7 @@ done
 if ! docker info >/dev/null 2>&1; then
   if [[ -x $make_base ]]; then
     info "no Docker engine answers: $make_base starts one"
-    timeout "$build_timeout" "$make_base" "$base_image" || { fail "make-base-image (engine start)"; finish; }
+    bounded "$build_timeout" "$make_base" "$base_image" || { fail "make-base-image (engine start)"; finish; }
   fi
   docker info >/dev/null 2>&1 || { fail "no Docker engine answers (docker info)"; finish; }
 fi
@@ -197,14 +234,14 @@ if [[ ${MCP_SMOKE_SKIP_BUILD:-0} != 1 ]]; then
   info "build $image (base $base_image)"
   if ! docker image inspect "$base_image" >/dev/null 2>&1 && [[ -x $make_base ]]; then
     info "base image $base_image missing: building the local stand-in (first time: several minutes)"
-    if timeout "$build_timeout" "$make_base" "$base_image"; then
+    if bounded "$build_timeout" "$make_base" "$base_image"; then
       pass "base image $base_image built by make-base-image"
     else
       fail "base image $base_image (make-base-image)"; finish
     fi
   fi
   t0=$(date +%s)
-  if timeout "$build_timeout" docker build --network=host --build-arg "PYTHON_IMAGE=$base_image" \
+  if bounded "$build_timeout" docker build --network=host --build-arg "PYTHON_IMAGE=$base_image" \
       -t "$image" "$repo" >"$work/build.log" 2>&1; then
     pass "docker build $image ($(($(date +%s) - t0))s)"
   else
@@ -226,12 +263,13 @@ fi
 # ---------------------------------------------------------------------------------------------
 info "docker run (default CMD: the demo, stdio upstream) with a hardened runtime"
 mcp_port=$(free_port); admin_port=$(free_port)
-cid=$(docker run -d --network=host --read-only --tmpfs /tmp --cap-drop ALL \
+cid="$project-run"
+cid=$(docker run -d --name "$project-run" --network=host --read-only --tmpfs /tmp --cap-drop ALL \
   --security-opt no-new-privileges:true \
   -e MCP_RECOVERY_LISTEN="http://127.0.0.1:$mcp_port/mcp" \
   -e MCP_RECOVERY_ADMIN="127.0.0.1:$admin_port" \
   --label mcp-recovery-proxy.smoke="$project" "$image" 2>"$work/run.err") \
-  || { fail "docker run: $(cat "$work/run.err")"; cid=""; finish; }
+  || { cid="$project-run"; fail "docker run: $(cat "$work/run.err")"; finish; }
 pass "container started ${cid:0:12} (MCP 127.0.0.1:$mcp_port, admin 127.0.0.1:$admin_port)"
 
 if out=$(client ready "http://127.0.0.1:$admin_port/readyz" "$wait_s"); then
@@ -251,7 +289,11 @@ if out=$(client call "http://127.0.0.1:$mcp_port/mcp" lookup_customer '{"custome
 else
   echo "INFO tools/call lookup_customer did not recover within one call (retries not active?): ${out:0:200}"
 fi
-if out=$(client get "http://127.0.0.1:$admin_port/metrics" 2>&1); then pass "/metrics $out"; else fail "/metrics: $out"; fi
+if out=$(client get "http://127.0.0.1:$admin_port/metrics" 2>&1) && ! grep -q " 0 mcp_recovery_" <<<"$out"; then
+  pass "/metrics $out"
+else
+  fail "/metrics (200 with mcp_recovery_* samples expected): $out"
+fi
 status=$(wait_healthy "$cid")
 [[ $status == healthy ]] && pass "Docker HEALTHCHECK reports healthy" || fail "Docker HEALTHCHECK status: $status"
 docker rm -f "$cid" >/dev/null 2>&1 && cid=""
@@ -275,14 +317,24 @@ if [[ ${#compose[@]} -eq 0 ]]; then
 fi
 compose+=(-p "$project" -f "$repo/docker-compose.yml" -f "$repo/deploy/compose.host-network.yml")
 
+# The proxy's policy folder, laid out the way the kubelet writes a ConfigMap volume: files in a
+# timestamped folder, `..data` pointing at it, and top-level links through `..data`.
+cm=$work/configmap
+mkdir -p "$cm/..2026_01_01_00_00_00.1"
+cp "$repo/policies/defaults.yaml" "$cm/..2026_01_01_00_00_00.1/"
+ln -s ..2026_01_01_00_00_00.1 "$cm/..data"
+ln -s ..data/defaults.yaml "$cm/defaults.yaml"
+chmod -R a+rX "$work"   # the container runs as uid 10001
+export MCP_SMOKE_POLICIES_DIR=$cm
+
 export MCP_RECOVERY_PROXY_IMAGE=$image
 export MCP_SMOKE_UPSTREAM_PORT=$(free_port) MCP_SMOKE_MCP_PORT=$(free_port) MCP_SMOKE_ADMIN_PORT=$(free_port)
 if out=$(timeout 60 "${compose[@]}" config -q 2>&1); then pass "compose config valid"; else fail "compose config: $out"; fi
 compose_up=1
-if out=$(timeout $((wait_s * 3)) "${compose[@]}" up -d --no-build 2>&1); then
+if bounded $((wait_s * 3)) "${compose[@]}" up -d --no-build >"$work/compose-up.log" 2>&1; then
   pass "compose up (upstream healthy, then proxy started)"
 else
-  fail "compose up: $(tail -5 <<<"$out")"; finish
+  fail "compose up: $(tail -5 "$work/compose-up.log")"; finish
 fi
 if out=$(client ready "http://127.0.0.1:$MCP_SMOKE_ADMIN_PORT/readyz" "$wait_s"); then
   pass "sidecar /readyz 200: $out"
@@ -295,7 +347,26 @@ if out=$(client call "http://127.0.0.1:$MCP_SMOKE_MCP_PORT/mcp" echo '{"text": "
 else
   fail "tools/call echo through the sidecar: $out"
 fi
-if out=$(client get "http://127.0.0.1:$MCP_SMOKE_ADMIN_PORT/metrics" 2>&1); then pass "sidecar /metrics $out"; else fail "sidecar /metrics: $out"; fi
+if out=$(client get "http://127.0.0.1:$MCP_SMOKE_ADMIN_PORT/metrics" 2>&1) && ! grep -q " 0 mcp_recovery_" <<<"$out"; then
+  pass "sidecar /metrics $out"
+else
+  fail "sidecar /metrics (200 with mcp_recovery_* samples expected): $out"
+fi
+# A ConfigMap update as the kubelet performs it: a new timestamped folder, an atomic rename of a
+# new `..data` link over the old one, links for new keys, then the old folder goes.
+new="..2026_01_01_00_01_00.2"
+mkdir "$cm/$new"
+cp "$repo/policies/defaults.yaml" "$cm/$new/"
+cp "$repo/policies/examples/refund.yaml" "$cm/$new/refund.yaml"
+chmod -R a+rX "$cm/$new"
+ln -s "$new" "$cm/..data_tmp" && mv -T "$cm/..data_tmp" "$cm/..data"
+ln -s ..data/refund.yaml "$cm/refund.yaml"
+rm -rf "$cm/..2026_01_01_00_00_00.1"
+if out=$(client policies "http://127.0.0.1:$MCP_SMOKE_ADMIN_PORT/policies" refund 30 2>&1); then
+  pass "policy hot reload through a ConfigMap-style ..data swap: $out"
+else
+  fail "policy hot reload through a ConfigMap-style ..data swap: $out"
+fi
 proxy_id=$(timeout 30 "${compose[@]}" ps -q proxy 2>/dev/null)
 status=$(wait_healthy "$proxy_id")
 [[ $status == healthy ]] && pass "sidecar healthcheck reports healthy" || fail "sidecar healthcheck status: $status"

@@ -1,7 +1,7 @@
 """Streamable HTTP upstream, both eras, at the JSON-RPC message level.
 
-One `httpx.AsyncClient` per upstream (keep-alive pool, HTTP/1.1, `retries=0`, no read timeout):
-the proxy owns every retry and every attempt timeout, so the client does neither.
+One `aiohttp.ClientSession` per upstream (keep-alive pool, HTTP/1.1, no retries, no redirects, no
+read timeout): the proxy owns every retry and every attempt timeout, so the client does neither.
 
 - `HttpLegacyLink` (one per downstream 2025 session): forwards the client's own `initialize`,
   keeps `Mcp-Session-Id` and the negotiated `MCP-Protocol-Version`, opens the standalone GET SSE
@@ -10,10 +10,23 @@ the proxy owns every retry and every attempt timeout, so the client does neither
 - `HttpModernLink` (shared by every 2026-07-28 request): one POST per request with the 2026
   routing headers; cancelling is closing that request's response stream.
 
-Failure translation happens here and nowhere else: httpx exceptions and HTTP statuses become
+Failure translation happens here and nowhere else: aiohttp exceptions and HTTP statuses become
 `UpstreamFailure` with the right `Dispatch` (RECOVERY.md §1). `Exchange.written` turns true when
-httpx starts writing the request headers (httpcore trace hook), so anything failing from then on
-has dispatch unknown. Header values are never logged nor put in failure details.
+the request starts going out on the connection (aiohttp buffers the request head and writes it
+together with the body, and `_Body.write*` runs right before that write), so anything failing
+from then on has dispatch unknown; before it, only establishing the connection can fail, and
+that is dispatch no. Header values are never logged nor put in failure details.
+
+Why aiohttp and not httpx (measured with `bench/relay.py`, see docs/benchmarks.md): the proxy's
+CPU per relayed HTTP→HTTP `tools/call` was 2.5 to 4.7 ms against a target of 1.5 ms, and py-spy put
+about 60% of it in httpx/httpcore (the connection pool walks every pooled connection per request,
+encode/httpcore#1035; `current_async_library()` retries a failing `import sniffio` per call,
+encode/httpcore#1103). Measured on the same machine, same day, same benchmark (wait 0, c=1/c=16):
+httpx + `sniffio` 2.3/3.2 ms; httpx2/httpcore2 (the SDK's stack, which caches the detection)
+1.8/1.7 ms — both still over the target; aiohttp (C HTTP parser, O(1) pool) about 1 ms. The client
+alone, same request shape, per request: httpx 1.4/2.1 ms, httpx + sniffio 1.0/1.8 ms, httpx2
+0.9/0.8 ms, aiohttp 0.3/0.2 ms. Hence the dependency. httpx stays a dependency of the test suite
+and of other modules' clients; this adapter (and `sse.py`) no longer uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +42,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
+import aiohttp
+from multidict import CIMultiDictProxy
+from yarl import URL
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
@@ -109,14 +124,21 @@ def bounded_detail(text: str) -> str:
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 
+# What the HTTP client raises for a failed exchange (aiohttp's own errors, socket errors).
+CLIENT_ERRORS: Final = (aiohttp.ClientError, OSError)
+
+
 def translate_exception(exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
-    """An httpx (or socket) exception as an `UpstreamFailure`. Never includes header values."""
+    """An aiohttp (or socket) exception as an `UpstreamFailure`. Never includes header values.
+
+    Establishing the connection (connect refused, DNS, TLS, the connect timeout, which in aiohttp
+    also bounds the wait for a free pooled connection) is dispatch no whatever `written` says."""
     name = type(exc).__name__
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         return UpstreamFailure(
             FailureKind.CONNECT_FAILED, Dispatch.NO, bounded_detail(f"cannot connect to the upstream ({name})")
         )
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, bounded_detail(f"bad upstream URL ({name})"))
     if isinstance(exc, SseError):
         return UpstreamFailure(
@@ -134,11 +156,11 @@ def status_dispatch(status: int) -> Dispatch:
     return Dispatch.NO if status in NOT_DISPATCHED_STATUSES else Dispatch.UNKNOWN
 
 
-async def read_bounded(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+async def read_bounded(response: aiohttp.ClientResponse, limit: int = MAX_ERROR_BODY) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    with contextlib.suppress(httpx.HTTPError):
-        async for chunk in response.aiter_raw():
+    with contextlib.suppress(*CLIENT_ERRORS):
+        async for chunk in response.content.iter_any():
             chunks.append(chunk)
             size += len(chunk)
             if size >= limit:
@@ -146,10 +168,14 @@ async def read_bounded(response: httpx.Response, limit: int = MAX_ERROR_BODY) ->
     return b"".join(chunks)[:limit]
 
 
-async def status_failure(response: httpx.Response, request_id: RequestId | None) -> UpstreamFailure:
+async def status_failure(response: aiohttp.ClientResponse, request_id: RequestId | None) -> UpstreamFailure:
     """A non-2xx answer as `UpstreamFailure(HTTP_STATUS, ...)`, with the JSON-RPC error body if any."""
-    status = response.status_code
-    raw = await read_bounded(response)
+    return status_failure_of(response, await read_bounded(response), request_id)
+
+
+def status_failure_of(response: aiohttp.ClientResponse, raw: bytes, request_id: RequestId | None) -> UpstreamFailure:
+    """`status_failure` for an answer whose (bounded) body was already read."""
+    status = response.status
     body: dict[str, Any] | None = None
     if raw:
         try:
@@ -165,8 +191,8 @@ async def status_failure(response: httpx.Response, request_id: RequestId | None)
             if request_id is not None:
                 body["id"] = request_id
     detail = f"upstream answered HTTP {status}"
-    if response.reason_phrase:
-        detail += f" {response.reason_phrase}"
+    if response.reason:
+        detail += f" {response.reason}"
     if body is not None:
         msg = body["error"].get("message")
         detail += f" (JSON-RPC {body['error'].get('code')}: {msg if isinstance(msg, str) else ''})"
@@ -180,7 +206,7 @@ async def status_failure(response: httpx.Response, request_id: RequestId | None)
     )
 
 
-def content_type(response: httpx.Response) -> str:
+def content_type(response: aiohttp.ClientResponse) -> str:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
@@ -193,11 +219,11 @@ class StreamState:
 
 
 async def iter_sse_messages(
-    response: httpx.Response, state: StreamState, max_event_bytes: int | None
+    response: aiohttp.ClientResponse, state: StreamState, max_event_bytes: int | None
 ) -> AsyncIterator[Message]:
     """Parse `message` events of an SSE response into JSON-RPC messages (invalid JSON is skipped)."""
     parser = SseParser(max_event_bytes)
-    async for chunk in response.aiter_raw():
+    async for chunk in response.content.iter_any():
         for ev in parser.feed(chunk):
             state.last_event_id = parser.last_event_id
             if parser.retry is not None:
@@ -220,8 +246,8 @@ async def iter_sse_messages(
             state.retry_ms = parser.retry
 
 
-async def iter_json_messages(response: httpx.Response) -> AsyncIterator[Message]:
-    raw = await response.aread()
+async def iter_json_messages(response: aiohttp.ClientResponse) -> AsyncIterator[Message]:
+    raw = await response.read()
     try:
         parsed = loads(raw)
     except ValueError:
@@ -234,20 +260,54 @@ async def iter_json_messages(response: httpx.Response) -> AsyncIterator[Message]
             yield item
 
 
-def new_client(headers: Mapping[str, str], connect_timeout_s: float, max_connections: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
+def new_session(headers: Mapping[str, str], connect_timeout_s: float, max_connections: int) -> aiohttp.ClientSession:
+    """The upstream's HTTP client: HTTP/1.1 keep-alive pool, no retries (aiohttp has none), no
+    redirects (`allow_redirects=False` on every request), no proxy from the environment, no read
+    timeout; `connect` bounds both the wait for a pooled connection and the TCP connect.
+    Must be created inside the running event loop (see `HttpUpstream.client`)."""
+    return aiohttp.ClientSession(
         headers=dict(headers),
-        timeout=httpx.Timeout(None, connect=connect_timeout_s, pool=connect_timeout_s),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        transport=httpx.AsyncHTTPTransport(
-            retries=0,
-            http1=True,
-            http2=False,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        ),
-        follow_redirects=False,
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
         trust_env=False,
+        raise_for_status=False,
     )
+
+
+class _Body(aiohttp.BytesPayload):
+    """A JSON request body that reports the moment it starts going out on the connection.
+
+    aiohttp buffers the request line and headers and writes them with the first body bytes, from
+    `write_with_length` (or `write`, older callers): nothing of the request can have reached the
+    peer before this hook runs. The hook marks `written` (dispatch unknown from now on) and, for
+    an exchange, releases `send_request` (the request was handed to the transport)."""
+
+    def __init__(self, data: bytes, on_write: Callable[[], None]) -> None:
+        super().__init__(data, content_type="application/json")
+        self._on_write = on_write
+
+    async def write(self, writer: Any) -> None:
+        self._on_write()
+        await super().write(writer)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        self._on_write()
+        await super().write_with_length(writer, content_length)
+
+
+class _Written:
+    """A `written` flag for the POSTs that are not exchanges (notifications, probes, replays)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = False
+
+    def mark(self) -> None:
+        self.written = True
+
+
+_NAME_PARAM: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 
 
 def modern_headers(message: Message) -> dict[str, str]:
@@ -261,7 +321,7 @@ def modern_headers(message: Message) -> dict[str, str]:
         headers[METHOD_HEADER] = encode_header_value(method)
         params = message.get("params")
         if isinstance(params, dict):
-            key = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}.get(method)
+            key = _NAME_PARAM.get(method)
             value = params.get(key) if key else None
             if isinstance(value, str):
                 headers[NAME_HEADER] = encode_header_value(value)
@@ -283,7 +343,7 @@ class _HttpLink:
     def __init__(self, upstream: HttpUpstream, prefix: str) -> None:
         self._upstream = upstream
         self._client = upstream.client
-        self._url = upstream.url
+        self._url = upstream.yurl
         self._pending = PendingTable(prefix=prefix)
         self._unsolicited: OnMessage = _drop
         self._tasks: set[asyncio.Task[None]] = set()
@@ -372,7 +432,7 @@ class _HttpLink:
     async def _close_session(self) -> None:
         return None
 
-    def _on_response(self, ex: Exchange, response: httpx.Response, message: Message) -> None:
+    def _on_response(self, ex: Exchange, response: aiohttp.ClientResponse, message: Message) -> None:
         return None
 
     async def _resume(self, ex: Exchange, state: StreamState) -> bool:
@@ -421,29 +481,29 @@ class _HttpLink:
         self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
     ) -> None:
         """One POST of `message` and the reading of its answer, for exchange `ex`."""
-        body = dumps(message)
         headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", **extra}
         headers.update(self._request_headers(message))
 
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            if name.endswith("send_request_headers.started"):
-                ex.written = True
-            elif name.endswith("send_request_body.complete") and not sent.done():
+        def on_write() -> None:
+            ex.written = True
+            if not sent.done():
                 sent.set_result(None)
 
         state = StreamState()
         try:
-            async with self._client.stream(
-                "POST", self._url, content=body, headers=headers, extensions={"trace": trace}
+            async with self._client.post(
+                self._url, data=_Body(dumps(message), on_write), headers=headers, allow_redirects=False
             ) as response:
+                ex.written = True  # an answer came: the request reached the peer
                 if not sent.done():
                     sent.set_result(None)
-                if response.status_code == 404 and self._sent_session(headers):
-                    await response.aclose()
+                status = response.status
+                if status == 404 and self._sent_session(headers):
+                    response.release()
                     raise _Expired
-                if not 200 <= response.status_code < 300:
+                if not 200 <= status < 300:
                     raise await status_failure(response, ex.upstream_id)
-                if response.status_code == 202:
+                if status == 202:
                     raise UpstreamFailure(
                         FailureKind.PROTOCOL,
                         Dispatch.UNKNOWN,
@@ -466,7 +526,7 @@ class _HttpLink:
                     )
         except (_Expired, UpstreamFailure):
             raise
-        except (httpx.HTTPError, SseError, OSError) as exc:
+        except (*CLIENT_ERRORS, SseError) as exc:
             if ex.cancelled:
                 return
             if state.last_event_id is not None and await self._resume(ex, state):
@@ -485,7 +545,7 @@ class _HttpLink:
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return False
 
-    def _route_stream_message(self, ex: Exchange, response: httpx.Response, msg: Message) -> bool:
+    def _route_stream_message(self, ex: Exchange, response: aiohttp.ClientResponse, msg: Message) -> bool:
         """Deliver one message read from `ex`'s own response stream. True once `ex` is answered."""
         if is_response(msg) or ("id" in msg and "method" not in msg):
             if msg.get("id") in (ex.upstream_id, None):
@@ -515,24 +575,32 @@ class _HttpLink:
         except Exception:
             log.exception("unsolicited message handler failed")
 
-    async def _post_small(self, message: Message, headers: Mapping[str, str], what: str) -> httpx.Response:
+    async def _post_small(self, message: Message, headers: Mapping[str, str], what: str) -> _SmallAnswer:
         """POST a notification or response; the answer's body is read (it should be empty)."""
         h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
-        written = False
-
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            nonlocal written
-            if name.endswith("send_request_headers.started"):
-                written = True
-
+        flag = _Written()
         try:
-            async with self._client.stream(
-                "POST", self._url, content=dumps(message), headers=h, extensions={"trace": trace}
+            async with self._client.post(
+                self._url, data=_Body(dumps(message), flag.mark), headers=h, allow_redirects=False
             ) as response:
-                await read_bounded(response)
-                return response
-        except httpx.HTTPError as exc:
-            raise translate_exception(exc, written, what) from None
+                return _SmallAnswer(response, await read_bounded(response))
+        except CLIENT_ERRORS as exc:
+            raise translate_exception(exc, flag.written, what) from None
+
+
+@dataclass(slots=True)
+class _SmallAnswer:
+    """The answer to a notification POST, body already read (`status_failure` can use it later)."""
+
+    response: aiohttp.ClientResponse
+    body: bytes
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status
+
+    def failure(self) -> UpstreamFailure:
+        return status_failure_of(self.response, self.body, None)
 
 
 def _drop(message: Message) -> None:
@@ -555,7 +623,7 @@ class HttpModernLink(_HttpLink):
         h = {**(headers or {}), **modern_headers(message)}
         response = await self._post_small(message, h, "notification")
         if not 200 <= response.status_code < 300:
-            raise await status_failure(response, None)
+            raise response.failure()
 
 
 class HttpLegacyLink(_HttpLink):
@@ -591,11 +659,11 @@ class HttpLegacyLink(_HttpLink):
     def _before_request(self, message: Message) -> None:
         self._handshake.observe(message)
 
-    def _on_response(self, ex: Exchange, response: httpx.Response, message: Message) -> None:
+    def _on_response(self, ex: Exchange, response: aiohttp.ClientResponse, message: Message) -> None:
         if ex.method == "initialize":
             self._capture_session(response, message)
 
-    def _capture_session(self, response: httpx.Response, message: Message) -> None:
+    def _capture_session(self, response: aiohttp.ClientResponse, message: Message) -> None:
         sid = response.headers.get(SESSION_HEADER)
         if sid:
             self.session_id = sid
@@ -666,7 +734,7 @@ class HttpLegacyLink(_HttpLink):
                     self._handshake.initialized, self._session_headers(), "handshake replay"
                 )
                 if not 200 <= response.status_code < 300:
-                    f = await status_failure(response, None)
+                    f = response.failure()
                     raise UpstreamFailure(
                         f.kind, Dispatch.NO, "replaying notifications/initialized failed", http_status=f.http_status
                     )
@@ -682,7 +750,7 @@ class HttpLegacyLink(_HttpLink):
                 FailureKind.SESSION_EXPIRED, Dispatch.NO, "the upstream session expired", http_status=404
             )
         if not 200 <= response.status_code < 300:
-            raise await status_failure(response, None)
+            raise response.failure()
         if message.get("method") == "notifications/initialized":
             self._start_get_stream()
 
@@ -708,10 +776,11 @@ class HttpLegacyLink(_HttpLink):
             h[VERSION_HEADER] = self.protocol_version
         try:
             async with asyncio.timeout(self._upstream.connect_timeout_s * 2):
-                response = await self._client.request("DELETE", self._url, headers=h)
-            if response.status_code not in (200, 202, 204, 404, 405):
-                log.debug("upstream answered DELETE with HTTP %s", response.status_code)
-        except (httpx.HTTPError, TimeoutError, OSError) as exc:
+                async with self._client.delete(self._url, headers=h, allow_redirects=False) as response:
+                    status = response.status
+            if status not in (200, 202, 204, 404, 405):
+                log.debug("upstream answered DELETE with HTTP %s", status)
+        except (*CLIENT_ERRORS, TimeoutError) as exc:
             log.debug("DELETE of the upstream session failed: %s", type(exc).__name__)
 
     # -- resumption of a POST stream (2025-11-25 polling / event-store servers) -------------
@@ -723,15 +792,15 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                async with self._client.stream("GET", self._url, headers=headers) as response:
-                    if response.status_code != 200 or content_type(response) != "text/event-stream":
+                async with self._client.get(self._url, headers=headers, allow_redirects=False) as response:
+                    if response.status != 200 or content_type(response) != "text/event-stream":
                         failures += 1
                         continue
                     failures = 0
                     async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                         if self._route_stream_message(ex, response, msg):
                             return True
-            except (httpx.HTTPError, SseError, OSError):
+            except (*CLIENT_ERRORS, SseError):
                 failures += 1
         return False
 
@@ -754,16 +823,16 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                async with self._client.stream("GET", self._url, headers=headers) as response:
-                    if response.status_code in (404, 405):
+                async with self._client.get(self._url, headers=headers, allow_redirects=False) as response:
+                    if response.status in (404, 405):
                         return  # no standalone stream offered, or the session is gone
-                    if response.status_code != 200 or content_type(response) != "text/event-stream":
+                    if response.status != 200 or content_type(response) != "text/event-stream":
                         failures += 1
                     else:
                         failures = 0
                         async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                             self._deliver_unsolicited(msg)
-            except (httpx.HTTPError, SseError, OSError) as exc:
+            except (*CLIENT_ERRORS, SseError) as exc:
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
                 failures += 1
             if failures:
@@ -792,14 +861,24 @@ class HttpUpstream:
         max_event_bytes: int | None = 16 * 1024 * 1024,
     ) -> None:
         self.url = url
-        parsed = httpx.URL(url)
-        self.description = f"http:{parsed.host}:{parsed.port or ''}{parsed.path}"
+        self.yurl = URL(url)  # parsed once: aiohttp takes a yarl URL as is, a str is parsed per request
+        parsed = self.yurl
+        self.description = f"http:{parsed.host}:{parsed.explicit_port or ''}{parsed.path}"
         self.connect_timeout_s = connect_timeout_s
         self.probe_timeout_s = probe_timeout_s
         self.max_event_bytes = max_event_bytes
-        self.client = new_client(headers or {}, connect_timeout_s, max_connections)
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._client: aiohttp.ClientSession | None = None
         self._modern: HttpModernLink | None = None
         self._links: set[_HttpLink] = set()
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        """The HTTP client, created on first use: an aiohttp session belongs to the running loop."""
+        if self._client is None or self._client.closed:
+            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
+        return self._client
 
     async def open(self, era: Era) -> HttpLegacyLink | HttpModernLink:
         if era is Era.MODERN:
@@ -820,7 +899,9 @@ class HttpUpstream:
         if self._modern is not None:
             links.append(self._modern)
         await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
-        await self.client.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def rpc_once(
         self,
@@ -828,21 +909,15 @@ class HttpUpstream:
         headers: Mapping[str, str],
         *,
         on_other: Callable[[Message], None] | None = None,
-    ) -> tuple[httpx.Headers, Message]:
+    ) -> tuple[CIMultiDictProxy[str], Message]:
         """POST one request and read its response (JSON or SSE); other messages go to `on_other`."""
         h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
-        written = False
-
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            nonlocal written
-            if name.endswith("send_request_headers.started"):
-                written = True
-
+        flag = _Written()
         try:
-            async with self.client.stream(
-                "POST", self.url, content=dumps(message), headers=h, extensions={"trace": trace}
+            async with self.client.post(
+                self.yurl, data=_Body(dumps(message), flag.mark), headers=h, allow_redirects=False
             ) as response:
-                if not 200 <= response.status_code < 300:
+                if not 200 <= response.status < 300:
                     raise await status_failure(response, message.get("id"))
                 ctype = content_type(response)
                 if ctype == "application/json":
@@ -860,8 +935,8 @@ class HttpUpstream:
                         return response.headers, msg
                     if on_other is not None:
                         on_other(msg)
-        except httpx.HTTPError as exc:
-            raise translate_exception(exc, written) from None
+        except (*CLIENT_ERRORS, SseError) as exc:
+            raise translate_exception(exc, flag.written) from None
         raise UpstreamFailure(
             FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the stream before the response arrived"
         )
@@ -928,7 +1003,8 @@ class HttpUpstream:
             h = {SESSION_HEADER: sid}
             if isinstance(result.get("protocolVersion"), str):
                 h[VERSION_HEADER] = result["protocolVersion"]
-            with contextlib.suppress(httpx.HTTPError, TimeoutError, OSError):
+            with contextlib.suppress(*CLIENT_ERRORS, TimeoutError):
                 async with asyncio.timeout(self.probe_timeout_s):
-                    await self.client.request("DELETE", self.url, headers=h)
+                    async with self.client.delete(self.yurl, headers=h, allow_redirects=False):
+                        pass
         return True, f"initialize negotiated {result.get('protocolVersion')}"

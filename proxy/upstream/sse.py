@@ -21,18 +21,28 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, RequestId, dumps, is_response, loads
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
-from proxy.upstream.http import bounded_detail, new_client, status_failure, translate_exception
+from proxy.upstream.http import (
+    CLIENT_ERRORS,
+    _Body,
+    _Written,
+    bounded_detail,
+    new_session,
+    status_failure,
+    translate_exception,
+)
 from proxy.upstream.sse_parse import SseError, SseParser
 
 log = logging.getLogger(__name__)
 
 
-def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
+def _same_origin(a: URL, b: URL) -> bool:
+    """Scheme, host and port (a default port counts as written out: `http://h` is `http://h:80`)."""
     return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
 
 
@@ -228,21 +238,23 @@ class SseLegacyLink:
     async def _read(self, conn: _Connection) -> None:
         up = self._upstream
         try:
-            async with self._client.stream("GET", up.url, headers={"accept": "text/event-stream"}) as response:
-                if response.status_code != 200:
+            async with self._client.get(
+                up.yurl, headers={"accept": "text/event-stream"}, allow_redirects=False
+            ) as response:
+                if response.status != 200:
                     failure = await status_failure(response, None)
                     if not conn.endpoint.done():
                         conn.endpoint.set_exception(failure)
                         conn.endpoint.exception()
                     return
                 parser = SseParser(up.max_event_bytes)
-                async for chunk in response.aiter_raw():
+                async for chunk in response.content.iter_any():
                     for ev in parser.feed(chunk):
                         if ev.event == "endpoint":
                             self._on_endpoint(conn, ev.data.decode("utf-8", "replace").strip())
                         elif ev.event == "message" and ev.data.strip():
                             self._on_data(ev.data)
-        except (httpx.HTTPError, SseError, OSError) as exc:
+        except (*CLIENT_ERRORS, SseError) as exc:
             if not conn.endpoint.done():
                 conn.endpoint.set_exception(translate_exception(exc, False, "SSE connect"))
                 conn.endpoint.exception()
@@ -262,10 +274,10 @@ class SseLegacyLink:
     def _on_endpoint(self, conn: _Connection, data: str) -> None:
         if conn.endpoint.done():
             return
-        base = httpx.URL(self._upstream.url)
+        base = self._upstream.yurl
         try:
-            target = base.join(data)
-        except httpx.InvalidURL:
+            target = base.join(URL(data))
+        except (ValueError, TypeError):
             target = None
         if target is None or not _same_origin(base, target):
             conn.endpoint.set_exception(
@@ -299,32 +311,30 @@ class SseLegacyLink:
         self, endpoint: str, message: Message, headers: Mapping[str, str] | None, ex: Exchange | None
     ) -> int:
         """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise."""
-        written = False
+        flag = _Written()
 
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            nonlocal written
-            if name.endswith("send_request_headers.started"):
-                written = True
-                if ex is not None:
-                    ex.written = True
+        def on_write() -> None:
+            flag.written = True
+            if ex is not None:
+                ex.written = True
 
         h = {"content-type": "application/json", **(headers or {})}
         try:
-            async with self._client.stream(
-                "POST", endpoint, content=dumps(message), headers=h, extensions={"trace": trace}
+            async with self._client.post(
+                URL(endpoint, encoded=True), data=_Body(dumps(message), on_write), headers=h, allow_redirects=False
             ) as response:
-                status = response.status_code
+                status = response.status
                 if status == 404:
                     if ex is not None:
                         ex.written = False  # refused: not processed
-                    await response.aclose()
+                    response.release()
                     return status
                 if not 200 <= status < 300:
                     raise await status_failure(response, message.get("id"))
-                await response.aread()
+                await response.read()
                 return status
-        except httpx.HTTPError as exc:
-            raise translate_exception(exc, written) from None
+        except CLIENT_ERRORS as exc:
+            raise translate_exception(exc, flag.written) from None
 
 
 class SseUpstream:
@@ -341,12 +351,23 @@ class SseUpstream:
         max_event_bytes: int | None = 16 * 1024 * 1024,
     ) -> None:
         self.url = url
-        parsed = httpx.URL(url)
-        self.description = f"sse:{parsed.host}:{parsed.port or ''}{parsed.path}"
+        self.yurl = URL(url)
+        parsed = self.yurl
+        self.description = f"sse:{parsed.host}:{parsed.explicit_port or ''}{parsed.path}"
         self.endpoint_timeout_s = endpoint_timeout_s
         self.max_event_bytes = max_event_bytes
-        self.client = new_client(headers or {}, connect_timeout_s, max_connections)
+        self.connect_timeout_s = connect_timeout_s
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._client: aiohttp.ClientSession | None = None
         self._links: set[SseLegacyLink] = set()
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        """The HTTP client, created on first use: an aiohttp session belongs to the running loop."""
+        if self._client is None or self._client.closed:
+            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
+        return self._client
 
     async def probe(self) -> Capabilities:
         """Open the SSE stream and wait for its `endpoint` event: legacy only, never modern."""
@@ -355,7 +376,7 @@ class SseUpstream:
             endpoint = await link._ensure_connected(replay=False)
         finally:
             await link.aclose()
-        path = httpx.URL(endpoint).path
+        path = URL(endpoint, encoded=True).path
         return Capabilities(legacy=True, modern=False, detail=f"legacy HTTP+SSE, endpoint {path}")
 
     async def open(self, era: Era) -> SseLegacyLink:
@@ -372,4 +393,6 @@ class SseUpstream:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(link.aclose() for link in list(self._links)), return_exceptions=True)
-        await self.client.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()

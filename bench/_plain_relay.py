@@ -1,0 +1,54 @@
+"""The proxy without its recovery engine: `tools/call` relayed as plain pass-through.
+
+    .venv/bin/python bench/_plain_relay.py serve --listen ... --admin ... -- UPSTREAM COMMAND
+
+Used only by bench/faults.py as the yardstick of the engine's added CPU per call. It runs the very
+same `proxy.cli.main` (same frontend, sessions, upstream supervision and telemetry wiring) with one
+difference: the service is built with `Service(tool_calls=None)`, which relays every `tools/call`
+as a single attempt exactly like any other request. Nothing under proxy/ is changed; the switch
+lives here, in the bench.
+
+`BENCH_RELAY=engine-quiet` builds the engine with no observers instead (`Engine(telemetry=None)`:
+no call metrics, call log lines or spans), to tell the engine's own cost from its telemetry's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import proxy.server as server
+from proxy.engine import Engine
+from proxy.policy.store import PolicyStore
+from proxy.service import Service, build_upstream
+from proxy.settings import Settings
+from proxy.telemetry.events import Telemetry
+
+
+def build_plain_service(settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None) -> Service:
+    return Service(settings, build_upstream(settings), tool_calls=None, telemetry=telemetry)
+
+
+def build_quiet_engine_service(
+    settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None
+) -> Service:
+    upstream = build_upstream(settings)
+    engine = Engine(policies=lambda: policies.current, telemetry=None, upstream_name=upstream.description)
+    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
+
+
+if os.environ.get("BENCH_RELAY", "plain") == "engine-quiet":
+    server.build_service = build_quiet_engine_service
+else:
+    server.build_service = build_plain_service
+
+if __name__ == "__main__":
+    from proxy.cli import main
+
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)

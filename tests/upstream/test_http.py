@@ -455,3 +455,49 @@ async def test_server_dies_mid_request(era: Era) -> None:
             proc.kill()
             await proc.wait()
         await up.aclose()
+
+
+async def test_send_request_returns_once_sent_not_once_answered() -> None:
+    """`send_request` returns when the request went out (the engine's attempt timer starts then),
+    not when the answer's headers arrive; and bytes on the wire mean dispatch unknown."""
+    got_request = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        got_request.set()
+        await release.wait()  # never answers until the test is done
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.MODERN)
+        ex = await asyncio.wait_for(link.send_request(call(link, "echo", {"text": "x"}, MODERN_META)), WAIT)
+        assert ex.written and not ex.response.done()
+        await asyncio.wait_for(got_request.wait(), WAIT)
+        await link.cancel(ex)
+        f = await failure_of(ex)
+        assert f.kind is FailureKind.CLOSED and f.dispatched is Dispatch.UNKNOWN
+    finally:
+        release.set()
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_refused_notification_is_an_http_status_failure() -> None:
+    async with serve(status_app(503, {"retry-after": "2"})) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.MODERN)
+            with pytest.raises(UpstreamFailure) as info:
+                await link.send_notification(
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "m1"}}
+                )
+        finally:
+            await up.aclose()
+    f = info.value
+    assert f.kind is FailureKind.HTTP_STATUS and f.http_status == 503
+    assert f.dispatched is Dispatch.NO and f.retry_after_s == 2.0

@@ -18,6 +18,7 @@ disconnected has not cancelled: the attempt in flight finishes, no new one start
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import random
@@ -176,6 +177,21 @@ class _Call:
         self.attempts: list[AttemptRecord] = []
         self.backoff_s = 0.0
 
+    @functools.cached_property
+    def op(self) -> str:
+        """The operation digest: (upstream, tool, arguments without the proxy's idempotency key)."""
+        key = self.policy.idempotency_key
+        return operation_digest(
+            self.name,
+            self.arguments,
+            key.name if key is not None and key.location == "argument" else None,
+            upstream=self.e.upstream_name,
+        )
+
+    @functools.cached_property
+    def budget_id(self) -> str:
+        return new_budget_id(os.urandom(9))
+
     def _upstream_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params every attempt sends: our own _meta keys removed, the idempotency key placed."""
         out = dict(params)
@@ -197,21 +213,13 @@ class _Call:
     async def run(self) -> Message:
         e, policy = self.e, self.policy
         now = e.clock()
-        op = operation_digest(
-            self.name,
-            self.arguments,
-            policy.idempotency_key.name
-            if policy.idempotency_key and policy.idempotency_key.location == "argument"
-            else None,
-            upstream=e.upstream_name,
-        )
         approval = self.meta.get(META_APPROVE_BUDGET)
-        entry = e.ledger.check(op, now)
-        approved = entry is not None and isinstance(approval, str) and e.ledger.approve(op, approval, now)
+        # The digest is needed to consult the ledger; with nothing in the ledger it waits until a
+        # report or a ledger entry needs it (most calls succeed and never do).
+        entry = e.ledger.check(self.op, now) if _may_hold_entries(e.ledger) else None
+        approved = entry is not None and isinstance(approval, str) and e.ledger.approve(self.op, approval, now)
         state = CallState.start(policy, now_s=now, caller_deadline_ms=self.meta.get(META_DEADLINE_MS))
         self.state = state
-        self.op = op
-        self.budget_id = new_budget_id(os.urandom(9))
         self.approved_id = approval if approved else None
         e.telemetry.emit(
             CallStarted(
@@ -289,6 +297,9 @@ class _Call:
         sent = asyncio.Event()
         idle_s = self.policy.idle_timeout_s
         idle = idle_s is not None and progress is not None
+        # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
+        # timer: a slow cold start must not turn every first call after a crash into a timeout.
+        deadline_left_s = self.state.deadline_left_s(e.clock())
         attempt = self.relay.attempt(
             self.request,
             self.outbox,
@@ -296,18 +307,16 @@ class _Call:
             progress=progress,
             params=params,
             response_timeout_s=None if idle else timeout_s,
+            send_deadline_s=max(deadline_left_s, timeout_s),
             sent=sent,
         )
-        # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
-        # timer: a slow cold start must not turn every first call after a crash into a timeout.
-        deadline_left_s = self.state.deadline_left_s(e.clock())
         try:
-            async with asyncio.timeout(max(deadline_left_s, timeout_s)):
-                if idle:
-                    assert idle_s is not None and progress is not None
+            if idle:
+                assert idle_s is not None and progress is not None
+                async with asyncio.timeout(max(deadline_left_s, timeout_s)):
                     response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress, sent)
-                else:
-                    response = await attempt
+            else:
+                response = await attempt
         except TimeoutError:
             if not sent.is_set():
                 return TransportError(
@@ -428,6 +437,11 @@ class _Call:
                 unknown,
             )
         )
+
+
+def _may_hold_entries(ledger: Ledger) -> bool:
+    size = getattr(ledger, "__len__", None)
+    return size is None or size() > 0
 
 
 def _rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:

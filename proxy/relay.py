@@ -205,14 +205,15 @@ class Relay:
         progress: ProgressRelay | None = None,
         params: dict[str, Any] | None = None,
         response_timeout_s: float | None = None,
+        send_deadline_s: float | None = None,
         sent: asyncio.Event | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.
 
         Returns the upstream's response message (still under the upstream id). Raises
         UpstreamFailure, or TimeoutError when no response came within `response_timeout_s` of the
-        request being handed to the transport (starting a stdio child or connecting is not part
-        of that timer: the caller bounds the whole attempt by its deadline). `sent` is set once
+        request being handed to the transport; handing it over (starting a stdio child,
+        connecting) is bounded by `send_deadline_s` instead. `sent` is set once
         the request was handed over. If the awaiting task is cancelled (the caller cancelled, or
         a timer fired), the upstream exchange is cancelled as its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
@@ -236,16 +237,30 @@ class Relay:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
             self._related(message, outbox, progress)
 
-        exchange = await link.send_request(up, on_message=on_message, headers=headers)
-        if sent is not None:
-            sent.set()
-        try:
-            if response_timeout_s is None:
+        if response_timeout_s is None:
+            exchange = await link.send_request(up, on_message=on_message, headers=headers)
+            if sent is not None:
+                sent.set()
+            try:
                 return await exchange.response
-            async with asyncio.timeout(response_timeout_s):
+            except asyncio.CancelledError:
+                self._cancel_upstream(exchange, "request cancelled by the proxy")
+                raise
+        # One timer: while sending it runs to `send_deadline_s`, then it is moved to the
+        # response timeout (cheaper than nesting two timeout scopes on every attempt).
+        loop = asyncio.get_running_loop()
+        exchange_box: list[Exchange] = []
+        try:
+            async with asyncio.timeout(None if send_deadline_s is None else loop.time() + send_deadline_s) as timer:
+                exchange = await link.send_request(up, on_message=on_message, headers=headers)
+                exchange_box.append(exchange)
+                if sent is not None:
+                    sent.set()
+                timer.reschedule(loop.time() + response_timeout_s)
                 return await exchange.response
         except (asyncio.CancelledError, TimeoutError):
-            self._cancel_upstream(exchange, "request cancelled by the proxy")
+            if exchange_box:
+                self._cancel_upstream(exchange_box[0], "request cancelled by the proxy")
             raise
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import Dispatch
@@ -81,11 +81,11 @@ class CallState:
 
     def attempted(self) -> CallState:
         """After an attempt finished (a session re-send that was refused before processing is not one)."""
-        return replace(self, attempts_made=self.attempts_made + 1)
+        return CallState(self.attempts_made + 1, self.started_at_s, self.deadline_at_s, self.retry_index)
 
     def retried(self) -> CallState:
         """After the backoff of a `Retry`, before the next attempt."""
-        return replace(self, retry_index=self.retry_index + 1)
+        return CallState(self.attempts_made, self.started_at_s, self.deadline_at_s, self.retry_index + 1)
 
     @property
     def deadline_s(self) -> float:

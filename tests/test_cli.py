@@ -1,0 +1,68 @@
+"""The command line and the process settings: flags, environment variables, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import Settings
+from tests.fixtures.helpers import REPO_ROOT
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_RECOVERY_LISTEN", "stdio")
+    monkeypatch.setenv("MCP_RECOVERY_UPSTREAM_COMMAND", "npx -y 'some server'")
+    monkeypatch.setenv("MCP_RECOVERY_MAX_SESSIONS", "7")
+    monkeypatch.setenv("MCP_RECOVERY_ALLOWED_HOSTS", '["mcp.internal:*"]')
+    settings = Settings()
+    assert settings.listen == "stdio"
+    assert settings.upstream_argv == ["npx", "-y", "some server"]
+    assert settings.max_sessions == 7 and settings.allowed_hosts == ["mcp.internal:*"]
+
+
+def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_RECOVERY_MAX_SESSIONS", "7")
+    assert Settings(max_sessions=3).max_sessions == 3
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:8080", "https://127.0.0.1:8080/mcp", "http://127.0.0.1/mcp"])
+def test_a_bad_listen_address_is_refused_with_an_example(listen: str) -> None:
+    done = run_cli("serve", "--listen", listen, "--", "true")
+    assert done.returncode == 2
+    assert "--listen" in done.stderr and "http://127.0.0.1:8080/mcp" in done.stderr
+
+
+def test_serve_without_an_upstream_says_how_to_give_one() -> None:
+    done = run_cli("serve", "--listen", "http://127.0.0.1:1/mcp")
+    assert done.returncode == 2 and "--upstream" in done.stderr and "-- COMMAND" in done.stderr
+
+
+def test_serve_refuses_an_invalid_policy_folder_naming_every_problem(tmp_path: Path) -> None:
+    (tmp_path / "defaults.yaml").write_text("attempts: 0\nbogus: 1\n")
+    done = run_cli("serve", "--listen", "http://127.0.0.1:1/mcp", "--policies", str(tmp_path), "--", "true")
+    assert done.returncode == 2
+    assert "defaults.yaml" in done.stderr and "attempts" in done.stderr and "bogus" in done.stderr
+
+
+def test_policies_check_and_explain_on_the_shipped_folder() -> None:
+    check = run_cli("policies", "check", "policies")
+    assert check.returncode == 0 and "OK" in check.stdout
+    explain = run_cli("policies", "explain", "policies", "lookup", "--annotations", '{"readOnlyHint": true}')
+    assert explain.returncode == 0
+    assert "read_only" in explain.stdout and "annotations:readOnlyHint" in explain.stdout

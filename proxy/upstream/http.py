@@ -271,6 +271,7 @@ def new_session(headers: Mapping[str, str], connect_timeout_s: float, max_connec
     return aiohttp.ClientSession(
         headers=dict(headers),
         connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        cookie_jar=aiohttp.CookieJar(unsafe=True),  # like httpx: cookies from IP-address hosts too
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
         trust_env=False,
         raise_for_status=False,

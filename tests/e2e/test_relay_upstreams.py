@@ -8,6 +8,7 @@ against that server directly.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -80,3 +81,23 @@ async def test_a_2026_client_falls_back_to_the_handshake_in_front_of_a_legacy_on
     with anyio.fail_after(BOUND_S):
         async with Client(url, mode="auto") as client:
             assert text_of(await client.call_tool("echo", {"text": "auto"})) == "auto"
+
+
+@pytest.mark.parametrize("kind", ["http", "sse"])
+async def test_the_stdio_frontend_in_front_of_network_upstreams(tmp_path: Path, kind: str) -> None:
+    """stdio → HTTP and stdio → SSE: the proxy as the server a local client launches."""
+    from mcp import StdioServerParameters
+
+    from tests.fixtures.helpers import PYTHON, REPO_ROOT
+
+    with ScriptedHTTP(tmp_path / "journal.jsonl", tmp_path / "state.json", transport=kind) as server:
+        url = server.url if kind == "http" else "sse+" + server.url
+        params = StdioServerParameters(
+            command=PYTHON, args=["-m", "proxy", "serve", "--listen", "stdio", "--upstream", url], cwd=str(REPO_ROOT)
+        )
+        for mode in modes(kind):
+            with anyio.fail_after(BOUND_S):
+                async with Client(params, mode=mode) as client:
+                    assert text_of(await client.call_tool("echo", {"text": f"stdio-{kind}"})) == f"stdio-{kind}"
+                    result = await client.call_tool("flaky_read", {"key": f"{kind}-{mode}", "fail_times": 1})
+                    assert not result.is_error and result.meta["io.mcp-recovery-proxy/attempts"] == 2

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import logging
+import os
 import shlex
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -90,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         values["upstream_command"] = shlex.join(command)
     if args.command == "demo":
         values["upstream_command"] = shlex.join([sys.executable, "-m", "proxy.demo.server"])
+        # One refund book for every demo server process of this run (each 2025 session has its own).
+        state = Path(tempfile.gettempdir()) / f"mcp-recovery-proxy-demo-{os.getpid()}.json"
+        if "DEMO_STATE_FILE" not in os.environ:
+            os.environ["DEMO_STATE_FILE"] = str(state)
+            atexit.register(lambda: state.unlink(missing_ok=True))
     try:
         settings = Settings(**values)
         if args.command == "demo" and "policies" not in values:
@@ -118,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _demo_policies() -> Any:
-    from pathlib import Path
-
     return Path(__file__).with_name("demo") / "policies"
 
 

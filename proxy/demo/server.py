@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 from collections import Counter
 from typing import Annotated
@@ -49,7 +50,46 @@ mcp = MCPServer(
 )
 
 _lookups: Counter[str] = Counter()
-_refunds: dict[str, float] = {}
+
+
+class _RefundBook:
+    """The shop's refunds, shared by every process of one demo run.
+
+    The proxy gives each 2025 session its own server process, as a real stdio server would get;
+    a real backend keeps its state in a database, so the demo keeps it in one small JSON file
+    (`DEMO_STATE_FILE`, set by `mcp-recovery-proxy demo`; in memory when unset). Writes are
+    whole-file replaces (atomic rename); a lost race between two demo processes is harmless here.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.memory: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        if not self.path:
+            return self.memory
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            return {str(k): float(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def add(self, order_id: str, amount: float) -> None:
+        book = self._read()
+        book[order_id] = book.get(order_id, 0.0) + amount
+        if not self.path:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(book, f)
+        os.replace(tmp, self.path)
+
+    def get(self, order_id: str) -> float | None:
+        return self._read().get(order_id)
+
+
+_refunds = _RefundBook(os.environ.get("DEMO_STATE_FILE"))
 
 
 class Customer(BaseModel):
@@ -114,7 +154,7 @@ async def refund(order_id: str, amount: float) -> CallToolResult:
     The payment provider is slow to confirm: the refund is recorded at once, but the answer
     takes DEMO_REFUND_HANG_S seconds (default 30).
     """
-    _refunds[order_id] = _refunds.get(order_id, 0.0) + amount
+    _refunds.add(order_id, amount)
     await anyio.sleep(float(os.environ.get("DEMO_REFUND_HANG_S", "30")))
     text = f"refunded {amount:.2f} on order {order_id}"
     return CallToolResult(

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -61,17 +62,42 @@ class ClientGone(Exception):
 
 
 class _Stream:
-    """An Outbox backed by a queue: what the ASGI coroutine writes to one response."""
+    """An Outbox feeding one HTTP response: messages queue up and wake the single writer.
 
-    __slots__ = ("_closed", "queue")
+    Cheaper than an asyncio.Queue plus asyncio.wait per message: one future at a time, resolved
+    by `send` or by the handler finishing (`wake`), awaited with a ping timeout.
+    """
+
+    __slots__ = ("_closed", "_items", "_waiter")
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._items: deque[Message] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._closed = False
 
     def send(self, message: Message) -> None:
         if not self._closed:
-            self.queue.put_nowait(message)
+            self._items.append(message)
+            self.wake()
+
+    def wake(self, *_: object) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pop(self) -> Message | None:
+        return self._items.popleft() if self._items else None
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until a message arrives or `wake` is called, at most `timeout_s`."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._waiter
+        except TimeoutError:
+            pass
+        finally:
+            self._waiter = None
 
     @property
     def closed(self) -> bool:
@@ -79,6 +105,7 @@ class _Stream:
 
     def close(self) -> None:
         self._closed = True
+        self.wake()
 
 
 def _sse(message: Message) -> bytes:
@@ -390,6 +417,7 @@ class McpHttpApp:
         """
         stream = _Stream()
         handler = asyncio.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
+        handler.add_done_callback(stream.wake)
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
         extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
         down_id = request["id"]
@@ -429,18 +457,15 @@ class McpHttpApp:
     async def _next(self, stream: _Stream, handler: asyncio.Task[None], ping: Send | None = None) -> Message | None:
         """The next message for this response; None once the handler ended without one more."""
         while True:
-            if not stream.queue.empty():
-                return stream.queue.get_nowait()
+            message = stream.pop()
+            if message is not None:
+                return message
             if handler.done():
                 return None
-            getter = asyncio.ensure_future(stream.queue.get())
-            done, _ = await asyncio.wait(
-                {getter, handler}, timeout=PING_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-            )
-            if getter in done:
-                return getter.result()
-            getter.cancel()
-            if not done and ping is not None:
+            await stream.wait(PING_INTERVAL_S)
+            if stream._items or handler.done():
+                continue
+            if ping is not None:
                 await ping({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
 
     async def _watch_disconnect(self, receive: Receive, stream: _Stream, cancel: asyncio.Task[None] | None) -> None:
@@ -482,16 +507,13 @@ class McpHttpApp:
                 }
             )
             while not stream.closed and session_id in self.service.sessions:
-                getter = asyncio.ensure_future(stream.queue.get())
-                done, _ = await asyncio.wait(
-                    {getter, gone}, timeout=PING_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-                )
-                if getter in done:
-                    await send({"type": "http.response.body", "body": _sse(getter.result()), "more_body": True})
+                message = stream.pop()
+                if message is not None:
+                    await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
                     continue
-                getter.cancel()
-                if gone in done:
-                    break
+                await stream.wait(PING_INTERVAL_S)
+                if stream.closed or stream._items:
+                    continue
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -213,7 +213,8 @@ class Relay:
         Returns the upstream's response message (still under the upstream id). Raises
         UpstreamFailure, or TimeoutError when no response came within `response_timeout_s` of the
         request being handed to the transport; handing it over (starting a stdio child,
-        connecting) is bounded by `send_deadline_s` instead. `sent` is set once
+        connecting) is bounded by `send_deadline_s` instead, which also caps the response
+        timer (the call's deadline is never passed). `sent` is set once
         the request was handed over. If the awaiting task is cancelled (the caller cancelled, or
         a timer fired), the upstream exchange is cancelled as its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
@@ -249,14 +250,16 @@ class Relay:
         # One timer: while sending it runs to `send_deadline_s`, then it is moved to the
         # response timeout (cheaper than nesting two timeout scopes on every attempt).
         loop = asyncio.get_running_loop()
+        deadline_at = None if send_deadline_s is None else loop.time() + send_deadline_s
         exchange_box: list[Exchange] = []
         try:
-            async with asyncio.timeout(None if send_deadline_s is None else loop.time() + send_deadline_s) as timer:
+            async with asyncio.timeout_at(deadline_at) as timer:
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 exchange_box.append(exchange)
                 if sent is not None:
                     sent.set()
-                timer.reschedule(loop.time() + response_timeout_s)
+                response_at = loop.time() + response_timeout_s
+                timer.reschedule(response_at if deadline_at is None else min(response_at, deadline_at))
                 return await exchange.response
         except (asyncio.CancelledError, TimeoutError):
             if exchange_box:

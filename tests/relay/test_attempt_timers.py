@@ -1,0 +1,99 @@
+"""Relay.attempt's one timer: the send phase is bounded by the deadline, the response wait by the
+attempt timeout, and neither ever passes the deadline. An in-memory link stands in for a
+transport (what is timed here is the relay's own logic, not a peer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from proxy.relay import Relay, ToolCatalog
+from proxy.upstream.base import Era, Exchange, OnMessage, PendingTable
+
+pytestmark = pytest.mark.anyio
+
+
+class SlowLink:
+    """Takes `send_s` to hand a request over, then answers after `answer_s` (never if None)."""
+
+    era = Era.LEGACY
+
+    def __init__(self, send_s: float, answer_s: float | None) -> None:
+        self.send_s, self.answer_s = send_s, answer_s
+        self.pending = PendingTable()
+        self.cancelled: list[Any] = []
+
+    def new_id(self) -> Any:
+        return self.pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        pass
+
+    async def send_request(
+        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        await asyncio.sleep(self.send_s)
+        ex = self.pending.add(message, on_message)
+        ex.written = True
+        if self.answer_s is not None:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.answer_s, self.pending.resolve, {"jsonrpc": "2.0", "id": ex.upstream_id, "result": {}})
+        return ex
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
+        self.cancelled.append(exchange.upstream_id)
+
+    async def send_notification(self, message: dict[str, Any], *, headers: Any = None) -> None:
+        pass
+
+    async def send_response(self, message: dict[str, Any]) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Sink:
+    closed = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        pass
+
+
+REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
+
+
+async def run(link: SlowLink, response_timeout_s: float, send_deadline_s: float) -> tuple[str, float, bool]:
+    relay = Relay(link, catalog=ToolCatalog())  # type: ignore[arg-type]
+    sent = asyncio.Event()
+    started = time.monotonic()
+    try:
+        await relay.attempt(
+            REQUEST, Sink(), response_timeout_s=response_timeout_s, send_deadline_s=send_deadline_s, sent=sent
+        )
+        outcome = "answered"
+    except TimeoutError:
+        outcome = "timeout"
+    await asyncio.sleep(0)  # let the cancellation task run
+    return outcome, time.monotonic() - started, sent.is_set()
+
+
+async def test_a_slow_start_is_not_counted_against_the_attempt_timeout() -> None:
+    outcome, _, sent = await run(SlowLink(send_s=0.15, answer_s=0.05), response_timeout_s=0.1, send_deadline_s=1.0)
+    assert outcome == "answered" and sent
+
+
+async def test_the_send_phase_is_bounded_by_the_deadline() -> None:
+    outcome, elapsed, sent = await run(SlowLink(send_s=5.0, answer_s=0.0), response_timeout_s=0.1, send_deadline_s=0.2)
+    assert outcome == "timeout" and not sent and elapsed < 0.2 + 0.3
+
+
+async def test_the_response_wait_never_passes_the_deadline() -> None:
+    link = SlowLink(send_s=0.15, answer_s=None)
+    outcome, elapsed, sent = await run(link, response_timeout_s=1.0, send_deadline_s=0.25)
+    assert outcome == "timeout" and sent and elapsed < 0.25 + 0.3
+    assert link.cancelled, "the attempt the proxy stopped waiting for was cancelled upstream"

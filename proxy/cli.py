@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "demo":
             _print_demo_banner(settings)
-        return asyncio.run(run(settings))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(run(settings))
     except PolicyError as exc:
         print(f"mcp-recovery-proxy: the policy folder is invalid ({len(exc.problems)} problems):", file=sys.stderr)
         for problem in exc.problems:
@@ -124,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _loop_factory() -> Any:
+    """uvloop when it is installed (uvicorn[standard] brings it): the proxy's own loop, not uvicorn's,
+    since both servers run inside it. Set MCP_RECOVERY_ASYNCIO_LOOP=asyncio to use the stdlib loop."""
+    if os.environ.get("MCP_RECOVERY_ASYNCIO_LOOP", "").lower() == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _demo_policies() -> Any:

@@ -64,15 +64,28 @@ class ToolCatalog:
     def __init__(self) -> None:
         self.tools: dict[str, dict[str, Any]] = {}
         self.listed = asyncio.Event()
+        self._param_headers: dict[str, bool] = {}
 
     def observe(self, result: Any) -> None:
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             return
+        self._param_headers.clear()
         for tool in result["tools"]:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                 if tool["name"] in self.tools or len(self.tools) < self.LIMIT:
                     self.tools[tool["name"]] = tool
         self.listed.set()
+
+    def declares_param_headers(self, name: str) -> bool:
+        """Whether the tool's input schema marks any argument `x-mcp-header` (cached per listing)."""
+        known = self._param_headers.get(name)
+        if known is None:
+            from mcp.shared.inbound import x_mcp_header_map
+
+            tool = self.tools.get(name)
+            known = bool(tool and x_mcp_header_map(tool.get("inputSchema")))
+            self._param_headers[name] = known
+        return known
 
     def annotations(self, name: str) -> dict[str, Any] | None:
         tool = self.tools.get(name)

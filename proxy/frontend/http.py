@@ -338,6 +338,8 @@ class McpHttpApp:
         tool = await relay.lookup_tool(name, message)
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
+        if not relay.catalog.declares_param_headers(name) and not any(h.startswith("mcp-param-") for h in headers):
+            return None  # nothing to mirror and nothing claimed: skip the schema walk
         return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
 
     async def _post_legacy(

@@ -17,6 +17,8 @@ Contract:
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy.telemetry.events import (
@@ -107,6 +109,9 @@ class MetricsObserver:
         def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
             return Histogram(PREFIX + name, doc, labels, registry=registry, buckets=buckets)
 
+        # labels() validates, sorts and locks on every call; the children of these bounded label
+        # sets are looked up once and kept (the label values are already capped).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.calls = counter("calls", "Finished tools/call requests by outcome.", ("tool", "outcome"))
         self.calls_in_flight = gauge("calls_in_flight", "tools/call requests being handled now.", ("tool",))
         self.call_duration = histogram(
@@ -175,21 +180,28 @@ class MetricsObserver:
             self.outcome_unknown.labels(tool=label)
         return label
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def on_event(self, event: Event) -> None:
         match event:
             case AttemptFinished():
                 self._attempt_finished(event)
             case AttemptStarted():
                 if event.number > 1:
-                    self.retries.labels(tool=self._tool_label(event.tool)).inc()
+                    self._child(self.retries, self._tool_label(event.tool)).inc()
             case CallStarted():
-                self.calls_in_flight.labels(tool=self._tool_label(event.tool)).inc()
+                self._child(self.calls_in_flight, self._tool_label(event.tool)).inc()
                 if event.policy_version:
                     self._set_policy_version(event.policy_version)
             case CallFinished():
                 self._call_finished(event)
             case BackoffStarted():
-                self.backoff_delay.labels(tool=self._tool_label(event.tool)).observe(max(event.delay_s, 0.0))
+                self._child(self.backoff_delay, self._tool_label(event.tool)).observe(max(event.delay_s, 0.0))
             case UpstreamStatus():
                 self._upstream_status(event)
             case PolicyReloaded():
@@ -203,25 +215,25 @@ class MetricsObserver:
         tool = self._tool_label(event.tool)
         result = _closed(event.result, RESULTS)
         category = _closed(event.category, CATEGORIES)
-        self.attempts.labels(tool=tool, result=result, category=category).inc()
-        self.attempt_duration.labels(tool=tool, result=result).observe(max(event.duration_s, 0.0))
+        self._child(self.attempts, tool, result, category).inc()
+        self._child(self.attempt_duration, tool, result).observe(max(event.duration_s, 0.0))
         if event.number > 1 and result == "success":
-            self.retry_successes.labels(tool=tool).inc()
+            self._child(self.retry_successes, tool).inc()
 
     def _call_finished(self, event: CallFinished) -> None:
         tool = self._tool_label(event.tool)
         outcome = _closed(event.outcome, OUTCOMES)
-        self.calls_in_flight.labels(tool=tool).dec()
-        self.calls.labels(tool=tool, outcome=outcome).inc()
-        self.call_duration.labels(tool=tool, outcome=outcome).observe(max(event.duration_s, 0.0))
+        self._child(self.calls_in_flight, tool).dec()
+        self._child(self.calls, tool, outcome).inc()
+        self._child(self.call_duration, tool, outcome).observe(max(event.duration_s, 0.0))
         if event.attempts > 0:
-            self.attempts_per_call.labels(tool=tool).observe(event.attempts)
+            self._child(self.attempts_per_call, tool).observe(event.attempts)
         if event.stop_reason is not None:
-            self.stops.labels(tool=tool, stop_reason=_closed(event.stop_reason, STOP_REASONS)).inc()
+            self._child(self.stops, tool, _closed(event.stop_reason, STOP_REASONS)).inc()
         if event.outcome_unknown:
-            self.outcome_unknown.labels(tool=tool).inc()
+            self._child(self.outcome_unknown, tool).inc()
         if event.backoff_s > 0:
-            self.backoff_seconds.labels(tool=tool).inc(event.backoff_s)
+            self._child(self.backoff_seconds, tool).inc(event.backoff_s)
 
     def _upstream_status(self, event: UpstreamStatus) -> None:
         upstream = self._upstream(event.upstream)

@@ -138,6 +138,17 @@ def _status_for(message: Message, modern: bool) -> int:
     return 200
 
 
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _forwarded(headers: dict[str, str]) -> dict[str, str] | None:
+    """What of the caller's headers the upstream may see: `Mcp-Param-*` (intermediaries must
+    forward them) and the W3C trace context (the engine replaces it with the attempt's own when
+    tracing is on). Nothing else: credentials to the upstream are the proxy's own."""
+    out = {k: v for k, v in headers.items() if k.startswith("mcp-param-") or k in _TRACE_HEADERS}
+    return out or None
+
+
 def _allowed(value: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(value.lower(), p.lower()) for p in patterns)
 
@@ -314,8 +325,7 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        forward = {k: v for k, v in headers.items() if k.startswith("mcp-param-")}
-        await self._answer(relay, message, receive, send, forward or None, modern=True)
+        await self._answer(relay, message, receive, send, _forwarded(headers), modern=True)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
@@ -394,7 +404,7 @@ class McpHttpApp:
             await _respond_error(send, 404, message.get("id"), jsonrpc.INVALID_REQUEST, "Session not found")
             return
         if jsonrpc.is_request(message):
-            await self._answer(relay, message, receive, send, None, modern=False, session_id=session_id)
+            await self._answer(relay, message, receive, send, _forwarded(headers), modern=False, session_id=session_id)
         elif jsonrpc.is_notification(message):
             await relay.handle_notification(message)
             await _respond(send, 202)

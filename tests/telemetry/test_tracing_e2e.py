@@ -88,3 +88,46 @@ async def test_each_attempt_carries_the_callers_trace_id_with_its_own_span_as_pa
         assert trace_id == CALLER_TRACE_ID
         assert parent_id == attempt_spans[number].span_id.hex()
         assert attempt_spans[number].parent_span_id == root.span_id
+
+
+async def test_a_traceparent_http_header_is_the_callers_context_too(
+    tmp_path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    journal = Journal(tmp_path / "journal.jsonl")
+    command = scripted_stdio_command(journal.path, tmp_path / "state.json")
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "hi"}, "_meta": envelope},
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "echo",
+        "traceparent": CALLER_TRACEPARENT,
+    }
+    with ProxyProcess(upstream=command, log_path=tmp_path / "proxy.log") as proxy:
+        async with httpx.AsyncClient(timeout=20) as http:
+            response = await http.post(proxy.url, json=body, headers=headers)
+        assert response.status_code == 200 and "result" in response.json()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not [
+            s for _, s in receiver.spans() if s.trace_id.hex() == CALLER_TRACE_ID and s.kind == s.SPAN_KIND_SERVER
+        ]:
+            receiver.arrived.wait(timeout=0.2)
+            receiver.arrived.clear()
+    (root,) = [s for _, s in receiver.spans() if s.trace_id.hex() == CALLER_TRACE_ID and s.kind == s.SPAN_KIND_SERVER]
+    assert root.parent_span_id.hex() == CALLER_SPAN_ID
+    (event,) = journal.events(tool="echo", event="started")
+    assert event["attempt_key"]["meta"]["traceparent"].split("-")[1] == CALLER_TRACE_ID

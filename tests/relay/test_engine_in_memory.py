@@ -1,0 +1,119 @@
+"""The engine scripted over an in-memory link (no sockets): the rules that are awkward to provoke
+through real peers. The link stands in for a transport; what is tested is the engine's loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from proxy.engine import Engine
+from proxy.policy.compiled import PolicySet
+from proxy.relay import Relay, ToolCatalog
+from proxy.upstream.base import Era, Exchange, OnMessage, PendingTable
+
+pytestmark = pytest.mark.anyio
+
+TRANSIENT = {
+    "isError": True,
+    "content": [{"type": "text", "text": "busy"}],
+    "structuredContent": {"errorCategory": "transient", "isRetryable": True},
+}
+
+
+class ScriptedLink:
+    """Answers each request with the next scripted result (the last one repeats)."""
+
+    era = Era.LEGACY
+
+    def __init__(self, results: list[dict[str, Any]], on_send: Any = None) -> None:
+        self.results = results
+        self.pending = PendingTable()
+        self.sent: list[dict[str, Any]] = []
+        self.on_send = on_send
+
+    def new_id(self) -> Any:
+        return self.pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        pass
+
+    async def send_request(
+        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        self.sent.append(message)
+        ex = self.pending.add(message, on_message)
+        ex.written = True
+        result = self.results[min(len(self.sent), len(self.results)) - 1]
+        asyncio.get_running_loop().call_soon(
+            self.pending.resolve, {"jsonrpc": "2.0", "id": ex.upstream_id, "result": result}
+        )
+        if self.on_send is not None:
+            self.on_send(len(self.sent))
+        return ex
+
+    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
+        pass
+
+    async def send_notification(self, message: dict[str, Any], *, headers: Any = None) -> None:
+        pass
+
+    async def send_response(self, message: dict[str, Any]) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.closed = False
+        self.messages: list[dict[str, Any]] = []
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+
+def relay_for(link: ScriptedLink) -> Relay:
+    catalog = ToolCatalog()
+    catalog.observe(
+        {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    )
+    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 0.0)
+    return Relay(link, catalog=catalog, tool_calls=engine)  # type: ignore[arg-type]
+
+
+REQUEST = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "read", "arguments": {"q": 1}}}
+
+
+async def test_a_legacy_client_that_disconnected_gets_no_new_attempt() -> None:
+    outbox = Outbox()
+
+    def disconnect_after_first(count: int) -> None:
+        outbox.closed = True  # the client went away while attempt 1 was in flight
+
+    link = ScriptedLink([TRANSIENT, {"content": []}], on_send=disconnect_after_first)
+    await relay_for(link).handle_request(REQUEST, outbox)
+    assert len(link.sent) == 1, "the attempt in flight finished; no new one started"
+
+
+async def test_every_attempt_has_a_fresh_upstream_id_and_the_answer_keeps_the_callers_id() -> None:
+    outbox = Outbox()
+    link = ScriptedLink([TRANSIENT, TRANSIENT, {"content": [{"type": "text", "text": "ok"}]}])
+    await relay_for(link).handle_request(REQUEST, outbox)
+    ids = [m["id"] for m in link.sent]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    (answer,) = outbox.messages
+    assert answer["id"] == 9 and answer["result"]["_meta"]["io.mcp-recovery-proxy/attempts"] == 3
+
+
+async def test_our_meta_keys_never_reach_the_upstream() -> None:
+    request = {
+        **REQUEST,
+        "params": {**REQUEST["params"], "_meta": {"io.mcp-recovery-proxy/deadlineMs": 5000, "traceparent": "00-x"}},
+    }
+    link = ScriptedLink([{"content": []}])
+    await relay_for(link).handle_request(request, Outbox())
+    assert link.sent[0]["params"]["_meta"] == {"traceparent": "00-x"}, "the caller's trace context passes unchanged"

@@ -252,7 +252,11 @@ class _Call:
                 classified = classify(outcome, policy)
                 self.state = state = state.attempted()
                 now = e.clock()
-                decision = decide(policy, state, classified, now_s=now, rand=e.rand, cancelled=self.outbox.closed)
+                # A 2025 client that disconnected has not cancelled: the attempt in flight is
+                # finished and its success still delivered (the client may resume the stream);
+                # only a new attempt is not started.
+                gone = self.outbox.closed and classified.category is not None
+                decision = decide(policy, state, classified, now_s=now, rand=e.rand, cancelled=gone)
                 backoff = decision.delay_s if isinstance(decision, Retry) else None
                 self.attempts.append(
                     AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -54,7 +55,7 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
-_PRIMING = b"id: 0\nretry: 1000\ndata: \n\n"
+RETRY_MS = 1000
 
 
 class ClientGone(Exception):
@@ -68,15 +69,16 @@ class _Stream:
     by `send` or by the handler finishing (`wake`), awaited with a ping timeout.
     """
 
-    __slots__ = ("_closed", "_items", "_waiter")
+    __slots__ = ("_closed", "_items", "_keep", "_waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_after_close: bool = False) -> None:
         self._items: deque[Message] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._keep = keep_after_close  # 2025: a disconnected client may resume the stream
 
     def send(self, message: Message) -> None:
-        if not self._closed:
+        if not self._closed or self._keep:
             self._items.append(message)
             self.wake()
 
@@ -110,6 +112,51 @@ class _Stream:
 
 def _sse(message: Message) -> bytes:
     return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+
+
+class _Replay:
+    """A 2025 POST response stream kept for resumption (SEP-1699): its events by sequence number.
+
+    The POST writes through `target` while its connection lasts; a client that lost the stream
+    reconnects with GET and `Last-Event-ID: <key>:<seq>`, gets what it missed, and becomes the
+    target for the rest. Bounded: the last `KEEP` events, kept `GRACE_S` after the response.
+    """
+
+    KEEP = 256
+    GRACE_S = 30.0
+
+    def __init__(self, key: str, session_id: str) -> None:
+        self.key = key
+        self.session_id = session_id
+        self.events: deque[tuple[int, bytes]] = deque(maxlen=self.KEEP)
+        self.seq = 0
+        self.target: Send | None = None
+        self.lock = asyncio.Lock()
+        self.finished = asyncio.Event()
+
+    async def emit(self, message: Message) -> None:
+        """Record the message under its id and write it: one step, so a resumption that replays
+        under the same lock neither misses it nor gets it twice."""
+        async with self.lock:
+            self.seq += 1
+            data = f"id: {self.key}:{self.seq}\n".encode() + _sse(message)
+            self.events.append((self.seq, data))
+            await self._write_locked(data)
+
+    async def write_ping(self, message: MutableMapping[str, Any]) -> None:
+        await self.write(message["body"])
+
+    async def write(self, data: bytes) -> None:
+        async with self.lock:
+            await self._write_locked(data)
+
+    async def _write_locked(self, data: bytes) -> None:
+        if self.target is None:
+            return
+        try:
+            await self.target({"type": "http.response.body", "body": data, "more_body": True})
+        except Exception:  # the reader went away: keep recording for the next resumption
+            self.target = None
 
 
 async def _respond(
@@ -171,6 +218,8 @@ class McpHttpApp:
                 for p in ("", ":*")
             ]
         self.allowed_hosts = hosts or None  # None: any Host (a non-loopback bind without an allow-list)
+        self._replays: dict[str, _Replay] = {}
+        self._replay_ids = itertools.count(1)
         self.allowed_origins = origins
         if not loopback and not settings.allowed_hosts:
             log.warning("listening on %s without --allowed-hosts: any Host header is accepted", host)
@@ -427,7 +476,7 @@ class McpHttpApp:
 
         Returns whether a successful result was written (initialize keeps its session only then).
         """
-        stream = _Stream()
+        stream = _Stream(keep_after_close=not modern)
         handler = asyncio.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
         handler.add_done_callback(stream.wake)
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
@@ -450,9 +499,8 @@ class McpHttpApp:
                 await _respond_json(send, _status_for(first, modern), first, extra)
                 return ok
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
-            if not modern:
-                # 2025-11-25 (SEP-1699): a priming event with an id and a reconnection delay.
-                await send({"type": "http.response.body", "body": _PRIMING, "more_body": True})
+            if not modern and session_id is not None:
+                return await self._stream_resumable(stream, handler, first, down_id, send, session_id)
             message: Message | None = first
             while message is not None:
                 await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
@@ -465,6 +513,63 @@ class McpHttpApp:
         finally:
             watcher.cancel()
             stream.close()
+
+    async def _stream_resumable(
+        self, stream: _Stream, handler: asyncio.Task[None], first: Message, down_id: Any, send: Send, session_id: str
+    ) -> bool:
+        """A 2025 SSE response whose events carry ids, so a client that lost it can resume it."""
+        if len(self._replays) >= 1024:  # bounded: forget the oldest
+            self._replays.pop(next(iter(self._replays)))
+        replay = _Replay(f"r{next(self._replay_ids)}", session_id)
+        self._replays[replay.key] = replay
+        replay.target = send
+        ok = False
+        try:
+            # SEP-1699: a priming event (an id, no data) and the reconnection delay.
+            await replay.write(f"id: {replay.key}:0\nretry: {RETRY_MS}\ndata: \n\n".encode())
+            message: Message | None = first
+            while message is not None:
+                await replay.emit(message)
+                if jsonrpc.is_response(message) and message.get("id") == down_id:
+                    ok = "result" in message
+                    break
+                message = await self._next(stream, handler, ping=replay.write_ping)
+        finally:
+            replay.finished.set()
+            asyncio.get_running_loop().call_later(_Replay.GRACE_S, self._replays.pop, replay.key, None)
+        async with replay.lock:
+            target, replay.target = replay.target, None
+        if target is send:
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return ok
+
+    async def _resume(self, send: Send, receive: Receive, replay: _Replay, after: int) -> None:
+        """GET with Last-Event-ID: what the client missed, then the rest of the stream as it comes."""
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        async with replay.lock:
+            for seq, data in list(replay.events):
+                if seq > after:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            if not replay.finished.is_set():
+                replay.target = send
+        if not replay.finished.is_set():
+            gone = asyncio.ensure_future(self._wait_disconnect(receive))
+            done = asyncio.ensure_future(replay.finished.wait())
+            try:
+                await asyncio.wait({gone, done}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                done.cancel()
+            async with replay.lock:
+                if replay.target is send:
+                    replay.target = None
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _wait_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
 
     async def _next(self, stream: _Stream, handler: asyncio.Task[None], ping: Send | None = None) -> Message | None:
         """The next message for this response; None once the handler ended without one more."""
@@ -504,6 +609,12 @@ class McpHttpApp:
             return
         if relay is None:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
+            return
+        last_event = headers.get("last-event-id", "")
+        key, _, seq = last_event.partition(":")
+        replay = self._replays.get(key)
+        if replay is not None and replay.session_id == session_id and seq.isdigit():
+            await self._resume(send, receive, replay, int(seq))
             return
         stream = _Stream()
         if not relay.attach_listen(stream):

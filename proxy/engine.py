@@ -118,6 +118,7 @@ class Engine:
         self.clock = clock
         self.rand = rand
         self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(3).hex() + "-"  # call ids unique across restarts, cheap per call
 
     async def __call__(
         self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None
@@ -168,7 +169,7 @@ class _Call:
         self.headers = headers
         self.name = name
         self.arguments = arguments
-        self.call_id = f"{next(engine._ids):x}-{os.urandom(3).hex()}"
+        self.call_id = f"{engine._id_prefix}{next(engine._ids):x}"
         self.label = engine.tool_label(relay, name)
         self.policy: ToolPolicy = engine.policies().resolve(name, relay.catalog.annotations(name))
         meta = params.get("_meta")
@@ -231,8 +232,8 @@ class _Call:
                 e.policies().version,
                 policy.attempts,
                 state.deadline_s,
-                trace_meta={k: v for k, v in self.meta.items() if k in TRACE_KEYS and isinstance(v, str)},
-                trace_headers={k: v for k, v in (self.headers or {}).items() if k in TRACE_KEYS},
+                trace_meta=_trace_entries(self.meta),
+                trace_headers=_trace_entries(self.headers),
             )
         )
         stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=e.admit_first)
@@ -441,6 +442,15 @@ class _Call:
                 unknown,
             )
         )
+
+
+_NO_TRACE: Mapping[str, str] = {}
+
+
+def _trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not source or ("traceparent" not in source and "tracestate" not in source):
+        return _NO_TRACE
+    return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
 
 
 def _may_hold_entries(ledger: Ledger) -> bool:

@@ -44,7 +44,6 @@ from proxy.recovery import (
     RpcError,
     StopReason,
     Success,
-    ToolError,
     TransportError,
     attempt_timeout_s,
     classify,
@@ -57,7 +56,7 @@ from proxy.recovery import (
     unresolved_result,
     with_attempts_meta,
 )
-from proxy.recovery.outcome import Outcome
+from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.relay import Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -470,14 +469,8 @@ def _rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:
 
 
 def _result_label(outcome: Outcome) -> str:
-    match outcome:
-        case Success():
-            return "success"
-        case ToolError():
-            return "tool_error"
-        case RpcError():
-            return "rpc_error"
-        case TransportError(kind=FailureKind.TIMEOUT):
-            return "timeout"
-        case TransportError():
-            return "transport_error"
+    """The attempt-result label of the metrics: the outcome's shape, with timeouts apart."""
+    if isinstance(outcome, TransportError) and outcome.kind is FailureKind.TIMEOUT:
+        return "timeout"
+    name = outcome_name(outcome)
+    return "rpc_error" if name == "jsonrpc_error" else name

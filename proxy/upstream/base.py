@@ -185,6 +185,23 @@ class PendingTable:
                 ex.response.exception()
 
 
+class LinkBase:
+    """What every link shares: its pending table and its handler for unsolicited messages."""
+
+    _pending: PendingTable
+    _unsolicited: OnMessage
+
+    def new_id(self) -> RequestId:
+        return self._pending.new_id()
+
+    def set_unsolicited_handler(self, handler: OnMessage) -> None:
+        self._unsolicited = handler
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+
 @dataclass(eq=False)
 class Handshake:
     """What a legacy link replays to re-establish an upstream session: the client's own messages."""

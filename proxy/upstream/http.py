@@ -65,7 +65,7 @@ from proxy.jsonrpc import (
     loads,
     meta_of,
 )
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
 from proxy.upstream.sse_parse import SseError, SseParser
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ class _Expired(Exception):
     """A 404 on a request that carried a session id (handled inside the legacy link)."""
 
 
-class _HttpLink:
+class _HttpLink(LinkBase):
     """What both eras share: the exchange task that POSTs and reads the response stream."""
 
     era: Era
@@ -354,15 +354,6 @@ class _HttpLink:
         self._closed = False
 
     # -- UpstreamLink ---------------------------------------------------------------------
-    def new_id(self) -> RequestId:
-        return self._pending.new_id()
-
-    def set_unsolicited_handler(self, handler: OnMessage) -> None:
-        self._unsolicited = handler
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
     async def send_request(
         self,

@@ -25,8 +25,8 @@ import aiohttp
 from yarl import URL
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import Message, RequestId, dumps, is_response, loads
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+from proxy.jsonrpc import Message, dumps, is_response, loads
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
 from proxy.upstream.http import (
     CLIENT_ERRORS,
     _Body,
@@ -55,7 +55,7 @@ class _Connection:
         self.alive = True
 
 
-class SseLegacyLink:
+class SseLegacyLink(LinkBase):
     era = Era.LEGACY
 
     def __init__(self, upstream: SseUpstream) -> None:
@@ -72,15 +72,6 @@ class SseLegacyLink:
         self.reconnects = 0
 
     # -- UpstreamLink ---------------------------------------------------------------------
-    def new_id(self) -> RequestId:
-        return self._pending.new_id()
-
-    def set_unsolicited_handler(self, handler: OnMessage) -> None:
-        self._unsolicited = handler
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
     async def send_request(
         self,

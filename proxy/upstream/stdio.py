@@ -37,7 +37,7 @@ from proxy.jsonrpc import (
     dumps,
     loads,
 )
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, OnMessage, PendingTable
+from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
 
 log = logging.getLogger("proxy.upstream.stdio")
 stderr_log = logging.getLogger("proxy.upstream.stderr")
@@ -92,7 +92,7 @@ class _Child:
             task.cancel()
 
 
-class StdioLink:
+class StdioLink(LinkBase):
     """A message-level link to one upstream child (respawned as needed)."""
 
     def __init__(self, upstream: StdioUpstream, era: Era) -> None:
@@ -110,15 +110,6 @@ class StdioLink:
         self.restarts = 0
 
     # -- UpstreamLink -------------------------------------------------------------------------
-    def new_id(self) -> RequestId:
-        return self._pending.new_id()
-
-    def set_unsolicited_handler(self, handler: OnMessage) -> None:
-        self._unsolicited = handler
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
     async def send_request(
         self,

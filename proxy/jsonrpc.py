@@ -116,6 +116,8 @@ def validate(message: Any) -> str | None:
     if "id" in message and ("result" in message or "error" in message):
         if "error" in message and not isinstance(message["error"], dict):
             return 'the "error" member must be an object'
+        if not valid_id(message["id"]) and not (message["id"] is None and "error" in message):
+            return 'a response "id" must be a string or an integer'
         return None
     return "not a request, notification or response"
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from proxy.errors import UpstreamFailure
-from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error
+from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error, valid_id
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
@@ -325,7 +325,7 @@ class Relay:
         if message.get("method") == "notifications/cancelled":
             params = message.get("params")
             request_id = params.get("requestId") if isinstance(params, dict) else None
-            task = self._inflight.get(request_id) if request_id is not None else None  # type: ignore[arg-type]
+            task = self._inflight.get(request_id) if valid_id(request_id) else None
             if task is not None:
                 task.cancel()
             return
@@ -337,7 +337,8 @@ class Relay:
     async def handle_response(self, message: Message) -> None:
         """The client's answer to a server-to-client request."""
         self.last_activity = time.monotonic()
-        upstream_id = self._server_requests.pop(message.get("id"), None)  # type: ignore[arg-type]
+        down_id = message.get("id")
+        upstream_id = self._server_requests.pop(down_id, None) if isinstance(down_id, str) else None
         if upstream_id is None:
             log.info("dropped a client response for an unknown request id")
             return
@@ -357,7 +358,10 @@ class Relay:
                     outbox.send(rewritten)
             return
         if "id" in message and method is not None:
-            message = self._map_server_request(message)
+            mapped = self._map_server_request(message)
+            if mapped is None:
+                return
+            message = mapped
         outbox.send(message)
 
     def _unsolicited(self, message: Message) -> None:
@@ -365,10 +369,17 @@ class Relay:
         if method is None:
             return  # a response nobody waits for (late, or for a cancelled attempt): dropped
         if "id" in message:
-            message = self._map_server_request(message)
+            mapped = self._map_server_request(message)
+            if mapped is None:
+                return
+            message = mapped
         elif method == "notifications/cancelled":
             params = message.get("params")
-            if isinstance(params, dict) and params.get("requestId") in self._server_requests_rev:
+            if (
+                isinstance(params, dict)
+                and valid_id(params.get("requestId"))
+                and params["requestId"] in self._server_requests_rev
+            ):
                 down = self._server_requests_rev.pop(params["requestId"])
                 self._server_requests.pop(down, None)
                 message = {**message, "params": {**params, "requestId": down}}
@@ -376,7 +387,10 @@ class Relay:
             return  # progress for no request of ours
         self.deliver(message)
 
-    def _map_server_request(self, message: Message) -> Message:
+    def _map_server_request(self, message: Message) -> Message | None:
+        if not valid_id(message["id"]):
+            log.info("dropped a server request with an invalid id")
+            return None
         down = f"proxy-{next(self._server_ids)}"
         if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest
             oldest = next(iter(self._server_requests))

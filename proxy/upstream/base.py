@@ -131,7 +131,10 @@ class PendingTable:
 
     def resolve(self, message: Message) -> bool:
         """Deliver a response to its exchange. False if nobody waits for it (late or unknown id)."""
-        ex = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+        upstream_id = message.get("id")
+        if not isinstance(upstream_id, int | str):
+            return False  # not one of ours (and maybe not hashable): a peer's malformed answer
+        ex = self._pending.pop(upstream_id, None)
         if ex is None or ex.response.done():
             return False
         ex.response.set_result(message)
@@ -142,7 +145,8 @@ class PendingTable:
         params = message.get("params")
         if not isinstance(params, dict):
             return False
-        ex = self._pending.get(params.get("progressToken"))  # type: ignore[arg-type]
+        token = params.get("progressToken")
+        ex = self._pending.get(token) if isinstance(token, int | str) else None
         if ex is None or ex.on_message is None:
             return False
         ex.on_message(message)
@@ -158,7 +162,8 @@ class PendingTable:
         meta = params.get("_meta") if isinstance(params, dict) else None
         if not isinstance(meta, dict):
             return False
-        ex = self._pending.get(meta.get(SUBSCRIPTION_ID))  # type: ignore[arg-type]
+        subscription = meta.get(SUBSCRIPTION_ID)
+        ex = self._pending.get(subscription) if isinstance(subscription, int | str) else None
         if ex is None or ex.on_message is None:
             return False
         ex.on_message(message)

@@ -117,3 +117,18 @@ async def test_our_meta_keys_never_reach_the_upstream() -> None:
     link = ScriptedLink([{"content": []}])
     await relay_for(link).handle_request(request, Outbox())
     assert link.sent[0]["params"]["_meta"] == {"traceparent": "00-x"}, "the caller's trace context passes unchanged"
+
+
+async def test_malformed_ids_from_either_peer_are_dropped_not_raised() -> None:
+    link = ScriptedLink([{"content": []}])
+    relay = relay_for(link)
+    relay._unsolicited({"jsonrpc": "2.0", "id": [1], "method": "sampling/createMessage"})
+    relay._unsolicited({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}})
+    await relay.handle_notification(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [2]}}
+    )
+    await relay.handle_response({"jsonrpc": "2.0", "id": [3], "result": {}})
+    assert link.pending.resolve({"jsonrpc": "2.0", "id": {"x": 1}, "result": {}}) is False
+    outbox = Outbox()
+    await relay.handle_request(REQUEST, outbox)
+    assert outbox.messages and outbox.messages[0]["id"] == 9, "the relay still serves"

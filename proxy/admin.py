@@ -2,8 +2,10 @@
 and the active policy set.
 
 - `/healthz`: the process is alive and its event loop answers (always 200 when it answers at all).
-- `/readyz`: 200 once the upstream answered a probe and a policy set is loaded; 503 with the
-  reason otherwise. Kubernetes readiness probes and the Docker HEALTHCHECK use it.
+- `/readyz`: 200 while the upstream answers (a stdio upstream once it answered: its children are
+  supervised; an HTTP or SSE upstream is re-probed every `--ready-check-interval-s`) and a policy
+  set is loaded; 503 with the reason otherwise. Kubernetes readiness probes and the Docker
+  HEALTHCHECK use it; a change of reachability is also reported as `mcp_recovery_upstream_up`.
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
 """
@@ -33,8 +35,9 @@ def build_admin_app(
 
     async def readyz(_: Request) -> Response:
         reasons = []
-        if not service.ready:
-            reasons.append(service.probe_error or "upstream not ready")
+        ok, why = await service.readiness()
+        if not ok:
+            reasons.append(why or "upstream not ready")
         if policies is not None:
             snapshot = policies()
             if not snapshot.get("version"):

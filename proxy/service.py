@@ -26,6 +26,7 @@ from proxy.upstream.base import Capabilities, Era, Upstream
 log = logging.getLogger("proxy.service")
 
 PROBE_TIMEOUT_S = 15.0
+READY_PROBE_TIMEOUT_S = 3.0
 
 
 def build_upstream(settings: Settings) -> Upstream:
@@ -72,6 +73,9 @@ class Service:
         self.sessions: dict[str, Relay] = {}
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
+        self._reachable = True
+        self._checked_at = time.monotonic()
+        self._supervised = bool(getattr(upstream, "supervised", False))
         self._tasks: list[asyncio.Task[None]] = []
         self.on_session_change: Callable[[int], None] | None = None
         self.started_at = time.monotonic()
@@ -95,7 +99,34 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return self.capabilities is not None
+        return self.capabilities is not None and self._reachable
+
+    async def readiness(self) -> tuple[bool, str | None]:
+        """For /readyz: the upstream answered a probe, and — for a network upstream — still answers.
+
+        A stdio upstream is supervised (a dead child is respawned on the next call), so once it
+        answered it stays ready. An HTTP or SSE upstream is probed again when the last check is
+        older than `ready_check_interval_s`, bounded in time; the result is cached in between.
+        """
+        if self.capabilities is None:
+            return False, self.probe_error or "upstream not probed yet"
+        if self._supervised:
+            return True, None
+        now = time.monotonic()
+        if now - self._checked_at >= self.settings.ready_check_interval_s:
+            async with self._probe_lock:
+                if now - self._checked_at >= self.settings.ready_check_interval_s:
+                    try:
+                        await asyncio.wait_for(self.upstream.probe(), READY_PROBE_TIMEOUT_S)
+                        reachable, self.probe_error = True, None
+                    except (UpstreamFailure, TimeoutError, OSError) as exc:
+                        reachable = False
+                        self.probe_error = f"upstream not answering: {exc or type(exc).__name__}"
+                    if reachable != self._reachable:
+                        self._upstream_status(reachable)
+                    self._reachable = reachable
+                    self._checked_at = time.monotonic()
+        return self._reachable, None if self._reachable else self.probe_error
 
     async def ensure_probed(self, *, raise_on_failure: bool = True) -> Capabilities | None:
         if self.capabilities is not None:

@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
     log_level: str = "info"
     log_json: bool = False
 

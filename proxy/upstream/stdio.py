@@ -272,6 +272,8 @@ class StdioLink(LinkBase):
 class StdioUpstream:
     """A stdio server command; spawns one child per legacy link plus one shared modern child."""
 
+    supervised = True  # a dead child is respawned on demand: readiness need not re-probe it
+
     def __init__(
         self,
         command: Sequence[str],

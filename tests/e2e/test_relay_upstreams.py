@@ -101,3 +101,24 @@ async def test_the_stdio_frontend_in_front_of_network_upstreams(tmp_path: Path, 
                     assert text_of(await client.call_tool("echo", {"text": f"stdio-{kind}"})) == f"stdio-{kind}"
                     result = await client.call_tool("flaky_read", {"key": f"{kind}-{mode}", "fail_times": 1})
                     assert not result.is_error and result.meta["io.mcp-recovery-proxy/attempts"] == 2
+
+
+def test_readyz_follows_a_network_upstream_that_goes_away(tmp_path: Path) -> None:
+    import time
+
+    import httpx
+
+    server = ScriptedHTTP(tmp_path / "journal.jsonl", tmp_path / "state.json").start()
+    try:
+        extra = ["--ready-check-interval-s", "0.2"]
+        with ProxyProcess(upstream_url=server.url, extra=extra, log_path=tmp_path / "proxy.log") as proxy:
+            assert httpx.get(proxy.admin + "/readyz", timeout=5).status_code == 200
+            server.kill()
+            deadline = time.monotonic() + 15
+            while (r := httpx.get(proxy.admin + "/readyz", timeout=5)).status_code == 200:
+                assert time.monotonic() < deadline, "readiness never noticed the upstream was gone"
+                time.sleep(0.1)
+            assert r.status_code == 503 and "upstream" in r.json()["reasons"][0]
+            assert httpx.get(proxy.admin + "/healthz", timeout=5).status_code == 200, "alive all the same"
+    finally:
+        server.stop()

@@ -12,56 +12,27 @@ from typing import Any
 import pytest
 
 from proxy.relay import Relay, ToolCatalog
-from proxy.upstream.base import Era, Exchange, OnMessage, PendingTable
+from proxy.upstream.base import Exchange, OnMessage
+from tests.relay.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 
 
-class SlowLink:
+class SlowLink(MemoryLink):
     """Takes `send_s` to hand a request over, then answers after `answer_s` (never if None)."""
 
-    era = Era.LEGACY
-
     def __init__(self, send_s: float, answer_s: float | None) -> None:
+        super().__init__()
         self.send_s, self.answer_s = send_s, answer_s
-        self.pending = PendingTable()
-        self.cancelled: list[Any] = []
-
-    def new_id(self) -> Any:
-        return self.pending.new_id()
-
-    def set_unsolicited_handler(self, handler: OnMessage) -> None:
-        pass
 
     async def send_request(
         self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
     ) -> Exchange:
         await asyncio.sleep(self.send_s)
-        ex = self.pending.add(message, on_message)
-        ex.written = True
+        ex = await super().send_request(message, on_message=on_message, headers=headers)
         if self.answer_s is not None:
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.answer_s, self.pending.resolve, {"jsonrpc": "2.0", "id": ex.upstream_id, "result": {}})
+            asyncio.get_running_loop().call_later(self.answer_s, self.answer, ex, {})
         return ex
-
-    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
-        self.cancelled.append(exchange.upstream_id)
-
-    async def send_notification(self, message: dict[str, Any], *, headers: Any = None) -> None:
-        pass
-
-    async def send_response(self, message: dict[str, Any]) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
-class Sink:
-    closed = False
-
-    def send(self, message: dict[str, Any]) -> None:
-        pass
 
 
 REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
@@ -73,7 +44,11 @@ async def run(link: SlowLink, response_timeout_s: float, send_deadline_s: float)
     started = time.monotonic()
     try:
         await relay.attempt(
-            REQUEST, Sink(), response_timeout_s=response_timeout_s, send_deadline_s=send_deadline_s, sent=sent
+            REQUEST,
+            RecordingOutbox(),
+            response_timeout_s=response_timeout_s,
+            send_deadline_s=send_deadline_s,
+            sent=sent,
         )
         outcome = "answered"
     except TimeoutError:

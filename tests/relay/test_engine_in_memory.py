@@ -12,7 +12,8 @@ import pytest
 from proxy.engine import Engine
 from proxy.policy.compiled import PolicySet
 from proxy.relay import Relay, ToolCatalog
-from proxy.upstream.base import Era, Exchange, OnMessage, PendingTable
+from proxy.upstream.base import Exchange, OnMessage
+from tests.relay.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 
@@ -23,57 +24,26 @@ TRANSIENT = {
 }
 
 
-class ScriptedLink:
+class ScriptedLink(MemoryLink):
     """Answers each request with the next scripted result (the last one repeats)."""
 
-    era = Era.LEGACY
-
     def __init__(self, results: list[dict[str, Any]], on_send: Any = None) -> None:
+        super().__init__()
         self.results = results
-        self.pending = PendingTable()
-        self.sent: list[dict[str, Any]] = []
         self.on_send = on_send
-
-    def new_id(self) -> Any:
-        return self.pending.new_id()
-
-    def set_unsolicited_handler(self, handler: OnMessage) -> None:
-        pass
 
     async def send_request(
         self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
     ) -> Exchange:
-        self.sent.append(message)
-        ex = self.pending.add(message, on_message)
-        ex.written = True
+        ex = await super().send_request(message, on_message=on_message, headers=headers)
         result = self.results[min(len(self.sent), len(self.results)) - 1]
-        asyncio.get_running_loop().call_soon(
-            self.pending.resolve, {"jsonrpc": "2.0", "id": ex.upstream_id, "result": result}
-        )
+        asyncio.get_running_loop().call_soon(self.answer, ex, result)
         if self.on_send is not None:
             self.on_send(len(self.sent))
         return ex
 
-    async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
-        pass
 
-    async def send_notification(self, message: dict[str, Any], *, headers: Any = None) -> None:
-        pass
-
-    async def send_response(self, message: dict[str, Any]) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.closed = False
-        self.messages: list[dict[str, Any]] = []
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
+Outbox = RecordingOutbox
 
 
 def relay_for(link: ScriptedLink) -> Relay:

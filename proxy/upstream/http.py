@@ -842,7 +842,42 @@ class HttpLegacyLink(_HttpLink):
 # ---------------------------------------------------------------------------------------------
 # the upstream
 # ---------------------------------------------------------------------------------------------
-class HttpUpstream:
+class HttpClientOwner:
+    """An upstream reached over HTTP: its URL, the proxy's own headers, and one aiohttp session
+    created on first use (an aiohttp session belongs to the running loop). Shared with sse.py."""
+
+    def __init__(
+        self,
+        url: str,
+        label: str,
+        *,
+        headers: Mapping[str, str] | None,
+        connect_timeout_s: float,
+        max_connections: int,
+        max_event_bytes: int | None,
+    ) -> None:
+        self.url = url
+        self.yurl = URL(url)  # parsed once: aiohttp takes a yarl URL as is, a str is parsed per request
+        self.description = f"{label}:{self.yurl.host}:{self.yurl.explicit_port or ''}{self.yurl.path}"
+        self.connect_timeout_s = connect_timeout_s
+        self.max_event_bytes = max_event_bytes
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._client: aiohttp.ClientSession | None = None
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None or self._client.closed:
+            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
+        return self._client
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+class HttpUpstream(HttpClientOwner):
     """A Streamable HTTP MCP server (either era, or both)."""
 
     def __init__(
@@ -855,25 +890,17 @@ class HttpUpstream:
         probe_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
     ) -> None:
-        self.url = url
-        self.yurl = URL(url)  # parsed once: aiohttp takes a yarl URL as is, a str is parsed per request
-        parsed = self.yurl
-        self.description = f"http:{parsed.host}:{parsed.explicit_port or ''}{parsed.path}"
-        self.connect_timeout_s = connect_timeout_s
+        super().__init__(
+            url,
+            "http",
+            headers=headers,
+            connect_timeout_s=connect_timeout_s,
+            max_connections=max_connections,
+            max_event_bytes=max_event_bytes,
+        )
         self.probe_timeout_s = probe_timeout_s
-        self.max_event_bytes = max_event_bytes
-        self._headers = dict(headers or {})
-        self._max_connections = max_connections
-        self._client: aiohttp.ClientSession | None = None
         self._modern: HttpModernLink | None = None
         self._links: set[_HttpLink] = set()
-
-    @property
-    def client(self) -> aiohttp.ClientSession:
-        """The HTTP client, created on first use: an aiohttp session belongs to the running loop."""
-        if self._client is None or self._client.closed:
-            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
-        return self._client
 
     async def open(self, era: Era) -> HttpLegacyLink | HttpModernLink:
         if era is Era.MODERN:
@@ -894,9 +921,7 @@ class HttpUpstream:
         if self._modern is not None:
             links.append(self._modern)
         await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        await self._close_client()
 
     async def rpc_once(
         self,

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 from yarl import URL
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -29,10 +28,10 @@ from proxy.jsonrpc import Message, dumps, is_response, loads
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
 from proxy.upstream.http import (
     CLIENT_ERRORS,
+    HttpClientOwner,
     _Body,
     _Written,
     bounded_detail,
-    new_session,
     status_failure,
     translate_exception,
 )
@@ -328,7 +327,7 @@ class SseLegacyLink(LinkBase):
             raise translate_exception(exc, flag.written) from None
 
 
-class SseUpstream:
+class SseUpstream(HttpClientOwner):
     """A legacy HTTP+SSE server: legacy era only, one SSE connection per downstream session."""
 
     def __init__(
@@ -341,24 +340,16 @@ class SseUpstream:
         endpoint_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
     ) -> None:
-        self.url = url
-        self.yurl = URL(url)
-        parsed = self.yurl
-        self.description = f"sse:{parsed.host}:{parsed.explicit_port or ''}{parsed.path}"
+        super().__init__(
+            url,
+            "sse",
+            headers=headers,
+            connect_timeout_s=connect_timeout_s,
+            max_connections=max_connections,
+            max_event_bytes=max_event_bytes,
+        )
         self.endpoint_timeout_s = endpoint_timeout_s
-        self.max_event_bytes = max_event_bytes
-        self.connect_timeout_s = connect_timeout_s
-        self._headers = dict(headers or {})
-        self._max_connections = max_connections
-        self._client: aiohttp.ClientSession | None = None
         self._links: set[SseLegacyLink] = set()
-
-    @property
-    def client(self) -> aiohttp.ClientSession:
-        """The HTTP client, created on first use: an aiohttp session belongs to the running loop."""
-        if self._client is None or self._client.closed:
-            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
-        return self._client
 
     async def probe(self) -> Capabilities:
         """Open the SSE stream and wait for its `endpoint` event: legacy only, never modern."""
@@ -384,6 +375,4 @@ class SseUpstream:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(link.aclose() for link in list(self._links)), return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        await self._close_client()

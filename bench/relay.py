@@ -50,7 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-UPSTREAM = REPO / "bench" / "upstream.py"
+UPSTREAMS = {"sdk": REPO / "bench" / "upstream.py", "lean": REPO / "bench" / "lean_upstream.py"}
+UPSTREAM = UPSTREAMS["lean"]
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
@@ -481,14 +482,15 @@ def profile(args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, wor
         return
     out_dir = Path(args.profile)
     out_dir.mkdir(parents=True, exist_ok=True)
-    up, up_port = start_upstream_http(procs, 0.0, workdir)
-    stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio"]
+    up, up_port = start_upstream_http(procs, args.profile_wait_ms, workdir)
+    stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(args.profile_wait_ms)]
+    conc = args.profile_concurrency
     try:
         for name, target in (("http-stdio", stdio_cmd), ("http-http", f"http://127.0.0.1:{up_port}/mcp")):
             px, port = start_proxy(procs, target, workdir, args.proxy_arg)
             procs.watch(descendants(px.pid))
             url = f"http://127.0.0.1:{port}/mcp"
-            run_wrk(wrk, lua, url, 16, max(args.warmup, 1.0), 0)
+            run_wrk(wrk, lua, url, conc, max(args.warmup, 1.0), 0)
             secs = int(args.duration)
             raw, svg = out_dir / f"profile-{name}.txt", out_dir / f"profile-{name}.svg"
             spies = [
@@ -514,7 +516,7 @@ def profile(args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, wor
                 )
                 for fmt_, path in (("raw", raw), ("flamegraph", svg))
             ]
-            res = run_wrk(wrk, lua, url, 16, secs + 1, 0)
+            res = run_wrk(wrk, lua, url, conc, secs + 1, 0)
             for spy in spies:
                 try:
                     spy.wait(timeout=30)
@@ -523,7 +525,7 @@ def profile(args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, wor
                         os.kill(spy.pid, signal.SIGKILL)
                     spy.wait()
             procs.stop(px)
-            print(f"\nprofile {name} (c=16, {res.ok} calls under py-spy): {raw}, {svg}")
+            print(f"\nprofile {name} (c={conc}, {res.ok} calls under py-spy): {raw}, {svg}")
             if raw.exists():
                 (out_dir / f"profile-{name}.json").write_text(json.dumps(hotspots(raw, args.top), indent=1))
                 print_hotspots(raw, args.top)
@@ -639,7 +641,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="DIR", help="after the legs, profile the proxy with py-spy into DIR")
     parser.add_argument("--profile-only", action="store_true", help="skip the measured legs")
     parser.add_argument("--top", type=int, default=15, help="hotspots to print per profile")
+    parser.add_argument(
+        "--upstream",
+        choices=sorted(UPSTREAMS),
+        default="lean",
+        help="lean: bench/lean_upstream.py, a hand-written echo that only waits (default); "
+        "sdk: bench/upstream.py, the SDK's MCPServer (1-2 ms of CPU per call itself)",
+    )
+    parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
+    parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")
     args = parser.parse_args(argv)
+    global UPSTREAM
+    UPSTREAM = UPSTREAMS[args.upstream]
 
     # Ctrl-C (even when started from a shell that ignores SIGINT in the background) and SIGTERM
     # both take the orderly path: KeyboardInterrupt, then every process stopped by pid.
@@ -655,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}; load average {_loadavg()}")
             print(
                 f"legs: {args.duration:g} s each after {args.warmup:g} s warm-up, wrk -t1, "
-                f"concurrency {args.concurrency}, upstream wait {args.wait_ms} ms\n",
+                f"concurrency {args.concurrency}, upstream wait {args.wait_ms} ms, "
+                f"upstream {args.upstream} ({UPSTREAM.name})\n",
                 flush=True,
             )
             if not args.profile_only:

@@ -50,6 +50,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)
+    p.add_argument(
+        "--call-log",
+        choices=["all", "problems", "off"],
+        default=s,
+        help="tools/call log lines: problems (default: all but first-attempt successes), all, off",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

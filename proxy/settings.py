@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -34,6 +35,9 @@ class Settings(BaseSettings):
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
     log_level: str = "info"
     log_json: bool = False
+    call_log: Literal["all", "problems", "off"] = Field(
+        "problems", description="which tools/call get a log line: all, problems (all but first-attempt successes), off"
+    )
 
     @field_validator("listen")
     @classmethod

@@ -7,16 +7,21 @@ Contract:
 - The message repeats the fields as `key=value` so plain-text logs read the same.
 - Level: INFO for success, recovered, tool_error and cancelled; WARNING for unresolved calls
   (the proxy gave up while the caller wanted an answer).
+- Which calls (`--call-log`): `problems` (the default) logs every call except a first-attempt
+  success — those are counted by the metrics, and a line per healthy call is both noise and the
+  costliest telemetry of the request path; `all` logs every call; `off` none.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Literal
 
 from proxy.telemetry.events import CallFinished, Event
 
 CALL_LOGGER = "proxy.calls"
+CallLogMode = Literal["all", "problems", "off"]
 
 
 class CallLogObserver:
@@ -25,12 +30,17 @@ class CallLogObserver:
         logger: logging.Logger | None = None,
         *,
         trace_id: Callable[[str], str | None] | None = None,
+        mode: CallLogMode = "all",
     ) -> None:
         self.logger = logger or logging.getLogger(CALL_LOGGER)
         self._trace_id = trace_id
+        self._off = mode == "off"
+        self._skip_success = mode != "all"
 
     def on_event(self, event: Event) -> None:
-        if not isinstance(event, CallFinished):
+        if self._off or not isinstance(event, CallFinished):
+            return
+        if self._skip_success and event.outcome == "success":
             return
         level = logging.WARNING if event.outcome == "unresolved" else logging.INFO
         if not self.logger.isEnabledFor(level):

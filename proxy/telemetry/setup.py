@@ -64,7 +64,10 @@ def build_telemetry(
     PlatformCollector(registry=registry)
     metrics = MetricsObserver(registry, max_tools=int(getattr(settings, "metrics_max_tools", 200) or 200))
     tracing = build_tracing(os.environ if environ is None else environ, exporter=span_exporter)
-    observers: list[Observer] = [CallLogObserver(trace_id=tracing.trace_id if tracing else None), metrics]
+    call_log = CallLogObserver(
+        trace_id=tracing.trace_id if tracing else None, mode=getattr(settings, "call_log", "problems")
+    )
+    observers: list[Observer] = [call_log, metrics]
     if tracing is not None:
         observers.append(tracing)
     return TelemetryBundle(Telemetry(observers, tracer=tracing), registry, metrics, tracing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -44,6 +45,29 @@ def test_the_plain_message_names_the_tool_and_the_outcome(caplog: pytest.LogCapt
     assert caplog.records[0].getMessage().startswith("tools/call echo call_id=c9 outcome=success attempts=1")
 
 
+@pytest.mark.parametrize(
+    ("mode", "logged"),
+    [("all", ["success", "recovered", "unresolved"]), ("problems", ["recovered", "unresolved"]), ("off", [])],
+)
+def test_call_log_mode_decides_which_calls_get_a_line(
+    caplog: pytest.LogCaptureFixture, mode: str, logged: list[str]
+) -> None:
+    observer = CallLogObserver(mode=mode)  # type: ignore[arg-type]
+    events = scenarios.success("c1") + scenarios.recovered("c2") + scenarios.unresolved("c3")
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in events:
+            observer.on_event(event)
+    assert [r.outcome for r in caplog.records] == logged  # type: ignore[attr-defined]
+
+
+def test_the_shipped_default_logs_problems_only(caplog: pytest.LogCaptureFixture) -> None:
+    bundle = build_telemetry(None, environ={})
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in scenarios.success("c1") + scenarios.recovered("c2"):
+            bundle.telemetry.emit(event)
+    assert [r.outcome for r in caplog.records] == ["recovered"]  # type: ignore[attr-defined]
+
+
 def test_build_telemetry_without_otel_variables_has_metrics_logs_and_no_tracing() -> None:
     bundle = build_telemetry(None, environ={})
     assert bundle.tracing is None
@@ -62,7 +86,7 @@ def test_build_telemetry_with_an_exporter_traces_and_the_log_line_carries_the_tr
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    bundle = build_telemetry(None, environ={}, span_exporter=exporter)
+    bundle = build_telemetry(SimpleNamespace(call_log="all"), environ={}, span_exporter=exporter)
     assert bundle.tracing is not None
     with caplog.at_level(logging.INFO, logger="proxy.calls"):
         for event in scenarios.success("c1", trace_meta={"traceparent": scenarios.CALLER_TRACEPARENT}):

@@ -57,7 +57,7 @@ from proxy.recovery import (
     with_attempts_meta,
 )
 from proxy.recovery.outcome import Outcome, outcome_name
-from proxy.relay import Outbox, ProgressRelay, Relay, progress_token_of
+from proxy.relay import Outbox, ProgressRelay, Relay, SentFlag, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -298,9 +298,9 @@ class _Call:
             params = {**params, "_meta": {**params.get("_meta", {}), **context}}
             headers = {**(headers or {}), **context}
         e.telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
-        sent = asyncio.Event()
         idle_s = self.policy.idle_timeout_s
         idle = idle_s is not None and progress is not None
+        sent = asyncio.Event() if idle else SentFlag()  # the idle timer waits on it; else a flag
         # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
         # timer: a slow cold start must not turn every first call after a crash into a timeout.
         deadline_left_s = self.state.deadline_left_s(e.clock())
@@ -318,6 +318,7 @@ class _Call:
             if idle:
                 assert idle_s is not None and progress is not None
                 async with asyncio.timeout(max(deadline_left_s, timeout_s)):
+                    assert isinstance(sent, asyncio.Event)
                     response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress, sent)
             else:
                 response = await attempt

@@ -47,6 +47,10 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         access_log=False,
         loop="auto",
         http="auto",
+        # The proxy never uses the client's address or scheme; X-Forwarded-* parsing per request
+        # would be spent for nothing (and trusting it is a deployment decision it does not need).
+        proxy_headers=False,
+        server_header=False,
         timeout_graceful_shutdown=5,
     )
 

@@ -91,14 +91,17 @@ class _Stream:
         return self._items.popleft() if self._items else None
 
     async def wait(self, timeout_s: float) -> None:
-        """Until a message arrives or `wake` is called, at most `timeout_s`."""
-        self._waiter = asyncio.get_running_loop().create_future()
+        """Until a message arrives or `wake` is called, at most `timeout_s`.
+
+        A plain timer that wakes the waiter (cheaper than an `asyncio.timeout` scope per response).
+        """
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, self.wake)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            pass
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     @property
@@ -196,8 +199,26 @@ def _forwarded(headers: dict[str, str]) -> dict[str, str] | None:
     return out or None
 
 
-def _allowed(value: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(value.lower(), p.lower()) for p in patterns)
+class _AllowList:
+    """Host or Origin patterns (fnmatch, case-insensitive), with a bounded cache of verdicts:
+    a proxy sees the same few Host and Origin values on every request."""
+
+    __slots__ = ("_cache", "_patterns")
+    CACHE = 256
+
+    def __init__(self, patterns: list[str]) -> None:
+        self._patterns = [p.lower() for p in patterns]
+        self._cache: dict[str, bool] = {}
+
+    def __call__(self, value: str) -> bool:
+        verdict = self._cache.get(value)
+        if verdict is None:
+            low = value.lower()
+            verdict = any(fnmatch.fnmatchcase(low, p) for p in self._patterns)
+            if len(self._cache) >= self.CACHE:
+                self._cache.clear()
+            self._cache[value] = verdict
+        return verdict
 
 
 class McpHttpApp:
@@ -217,10 +238,10 @@ class McpHttpApp:
                 for h in ("127.0.0.1", "localhost", "[::1]")
                 for p in ("", ":*")
             ]
-        self.allowed_hosts = hosts or None  # None: any Host (a non-loopback bind without an allow-list)
+        self.allowed_hosts = _AllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self._replays: dict[str, _Replay] = {}
         self._replay_ids = itertools.count(1)
-        self.allowed_origins = origins
+        self.allowed_origins = _AllowList(origins)
         if not loopback and not settings.allowed_hosts:
             log.warning("listening on %s without --allowed-hosts: any Host header is accepted", host)
 
@@ -259,14 +280,15 @@ class McpHttpApp:
         if path != self.path:
             await _respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
             return
-        # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks).
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in scope["headers"]}
+        # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks);
+        # ASGI servers give header names in lower case already.
+        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in scope["headers"]}
         host = headers.get("host", "")
-        if self.allowed_hosts is not None and not _allowed(host, self.allowed_hosts):
+        if self.allowed_hosts is not None and not self.allowed_hosts(host):
             await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
             return
         origin = headers.get("origin")
-        if origin is not None and not _allowed(origin, self.allowed_origins):
+        if origin is not None and not self.allowed_origins(origin):
             await _respond(send, 403, b"Invalid Origin header", [(b"content-type", b"text/plain")])
             return
         method = scope["method"]
@@ -377,12 +399,13 @@ class McpHttpApp:
         await self._answer(relay, message, receive, send, _forwarded(headers), modern=True)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
-        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        duplicated = find_duplicated_routing_header(raw)
-        if duplicated is not None:
-            return InboundLadderRejection(
-                code=jsonrpc.HEADER_MISMATCH, message=f"{duplicated} header appears more than once"
-            )
+        if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
+            raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            duplicated = find_duplicated_routing_header(raw)
+            if duplicated is not None:
+                return InboundLadderRejection(
+                    code=jsonrpc.HEADER_MISMATCH, message=f"{duplicated} header appears more than once"
+                )
         verdict = classify_inbound_request(message, headers=headers)
         return verdict if isinstance(verdict, InboundLadderRejection) else None
 

@@ -124,6 +124,7 @@ class GiveUp:
 
 
 Decision = Deliver | Retry | GiveUp
+_DELIVER = Deliver()  # immutable and field-less: one instance serves every success
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,7 @@ def decide(
         return GiveUp(StopReason.CANCELLED)
     category = classified.category
     if category is None:
-        return Deliver()
+        return _DELIVER
     known_wait = classified.retry_after_s
 
     # Eligibility: would we retry this outcome at all?

@@ -112,6 +112,7 @@ class MetricsObserver:
         # labels() validates, sorts and locks on every call; the children of these bounded label
         # sets are looked up once and kept (the label values are already capped).
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._success: dict[str, tuple[Any, ...]] = {}
         self.calls = counter("calls", "Finished tools/call requests by outcome.", ("tool", "outcome"))
         self.calls_in_flight = gauge("calls_in_flight", "tools/call requests being handled now.", ("tool",))
         self.call_duration = histogram(
@@ -211,8 +212,29 @@ class MetricsObserver:
                 if result == "ok" and event.version:
                     self._set_policy_version(event.version)
 
+    def _success_children(self, tool: str) -> tuple[Any, ...]:
+        """The series a first-attempt success touches, per tool label, looked up once."""
+        children = self._success.get(tool)
+        if children is None:
+            children = self._success[tool] = (
+                self._child(self.attempts, tool, "success", NONE),
+                self._child(self.attempt_duration, tool, "success"),
+                self._child(self.calls_in_flight, tool),
+                self._child(self.calls, tool, "success"),
+                self._child(self.call_duration, tool, "success"),
+                self._child(self.attempts_per_call, tool),
+            )
+        return children
+
     def _attempt_finished(self, event: AttemptFinished) -> None:
         tool = self._tool_label(event.tool)
+        if event.result == "success" and event.category is None:  # the common case, straight to its series
+            attempts, attempt_duration = self._success_children(tool)[:2]
+            attempts.inc()
+            attempt_duration.observe(max(event.duration_s, 0.0))
+            if event.number > 1:
+                self._child(self.retry_successes, tool).inc()
+            return
         result = _closed(event.result, RESULTS)
         category = _closed(event.category, CATEGORIES)
         self._child(self.attempts, tool, result, category).inc()
@@ -222,6 +244,15 @@ class MetricsObserver:
 
     def _call_finished(self, event: CallFinished) -> None:
         tool = self._tool_label(event.tool)
+        if event.outcome == "success" and event.stop_reason is None and not event.backoff_s:
+            _, _, in_flight, calls, call_duration, attempts_per_call = self._success_children(tool)
+            in_flight.dec()
+            calls.inc()
+            call_duration.observe(max(event.duration_s, 0.0))
+            attempts_per_call.observe(event.attempts)
+            if event.outcome_unknown:
+                self._child(self.outcome_unknown, tool).inc()
+            return
         outcome = _closed(event.outcome, OUTCOMES)
         self._child(self.calls_in_flight, tool).dec()
         self._child(self.calls, tool, outcome).inc()

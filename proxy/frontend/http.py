@@ -386,9 +386,11 @@ class McpHttpApp:
                     ),
                 )
             return
+        forwarded = _forwarded(headers)
         rejection = self._check_modern_headers(scope, headers, message)
         if rejection is None and message.get("method") == "tools/call":
-            rejection = await self._check_param_headers(relay, headers, message)
+            claimed = forwarded is not None and any(k.startswith("mcp-param-") for k in forwarded)
+            rejection = await self._check_param_headers(relay, headers, message, claimed)
         if rejection is not None:
             await _respond_json(
                 send,
@@ -396,7 +398,7 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        await self._answer(relay, message, receive, send, _forwarded(headers), modern=True)
+        await self._answer(relay, message, receive, send, forwarded, modern=True)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
@@ -409,18 +411,19 @@ class McpHttpApp:
         verdict = classify_inbound_request(message, headers=headers)
         return verdict if isinstance(verdict, InboundLadderRejection) else None
 
-    async def _check_param_headers(self, relay: Relay, headers: dict[str, str], message: Message) -> Any:
+    async def _check_param_headers(self, relay: Relay, headers: dict[str, str], message: Message, claimed: bool) -> Any:
+        """`claimed`: the request carries `Mcp-Param-*` headers."""
         params = message.get("params") or {}
         name = params.get("name")
         arguments = params.get("arguments") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict):
             return None
-        if not arguments and not any(h.startswith("mcp-param-") for h in headers):
+        if not arguments and not claimed:
             return None
         tool = await relay.lookup_tool(name, message)
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
-        if not relay.catalog.declares_param_headers(name) and not any(h.startswith("mcp-param-") for h in headers):
+        if not claimed and not relay.catalog.declares_param_headers(name):
             return None  # nothing to mirror and nothing claimed: skip the schema walk
         return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
 

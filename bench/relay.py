@@ -52,6 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAMS = {"sdk": REPO / "bench" / "upstream.py", "lean": REPO / "bench" / "lean_upstream.py"}
 UPSTREAM = UPSTREAMS["lean"]
+RELAY = "engine"  # engine: the proxy as shipped; plain / engine-quiet: bench/_plain_relay.py
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
@@ -125,11 +126,11 @@ class Processes:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._extra_pids: set[int] = set()
 
-    def start(self, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    def start(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
             # A session of its own: Ctrl-C reaches only this script, which then stops them in order.
             proc = subprocess.Popen(
-                list(argv), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+                list(argv), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, env=env
             )
         self._procs.append(proc)
         return proc
@@ -368,10 +369,11 @@ def start_proxy(
 ) -> tuple[subprocess.Popen[bytes], int]:
     port, admin = free_port(), free_port()
     log = workdir / f"proxy-{port}.log"
-    argv = [PYTHON, "-m", "proxy", "serve", "--listen", f"http://127.0.0.1:{port}/mcp", "--admin", f"127.0.0.1:{admin}"]
+    entry = ["-m", "proxy"] if RELAY == "engine" else [str(REPO / "bench" / "_plain_relay.py")]
+    argv = [PYTHON, *entry, "serve", "--listen", f"http://127.0.0.1:{port}/mcp", "--admin", f"127.0.0.1:{admin}"]
     argv += list(extra)
     argv += ["--upstream", upstream] if isinstance(upstream, str) else ["--", *upstream]
-    proc = procs.start(argv, log)
+    proc = procs.start(argv, log, env={**os.environ, "BENCH_RELAY": RELAY})
     wait_until(lambda: ready(admin), "proxy", proc, log, timeout_s=60)
     return proc, port
 
@@ -648,11 +650,19 @@ def main(argv: list[str] | None = None) -> int:
         help="lean: bench/lean_upstream.py, a hand-written echo that only waits (default); "
         "sdk: bench/upstream.py, the SDK's MCPServer (1-2 ms of CPU per call itself)",
     )
+    parser.add_argument(
+        "--relay",
+        choices=["engine", "plain", "engine-quiet"],
+        default="engine",
+        help="the proxy as shipped (default); plain: tools/call without the recovery engine; "
+        "engine-quiet: the engine without telemetry (both via bench/_plain_relay.py)",
+    )
     parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
     parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")
     args = parser.parse_args(argv)
-    global UPSTREAM
+    global UPSTREAM, RELAY
     UPSTREAM = UPSTREAMS[args.upstream]
+    RELAY = args.relay
 
     # Ctrl-C (even when started from a shell that ignores SIGINT in the background) and SIGTERM
     # both take the orderly path: KeyboardInterrupt, then every process stopped by pid.
@@ -669,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"legs: {args.duration:g} s each after {args.warmup:g} s warm-up, wrk -t1, "
                 f"concurrency {args.concurrency}, upstream wait {args.wait_ms} ms, "
-                f"upstream {args.upstream} ({UPSTREAM.name})\n",
+                f"upstream {args.upstream} ({UPSTREAM.name}), relay {RELAY}\n",
                 flush=True,
             )
             if not args.profile_only:

@@ -56,6 +56,7 @@ from proxy.recovery import (
     unresolved_result,
     with_attempts_meta,
 )
+from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.relay import Outbox, ProgressRelay, Relay, SentFlag, progress_token_of
 from proxy.telemetry.events import (
@@ -72,6 +73,7 @@ TRACE_KEYS = ("traceparent", "tracestate")
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
+_POLICY_CACHE = 4096
 
 
 class _Progress(ProgressRelay):
@@ -118,6 +120,7 @@ class Engine:
         self.rand = rand
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(3).hex() + "-"  # call ids unique across restarts, cheap per call
+        self._policy_cache: dict[str, tuple[PolicySet, dict[str, Any] | None, ToolPolicy]] = {}
 
     async def __call__(
         self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None
@@ -142,6 +145,19 @@ class Engine:
         if self.max_concurrent_calls is not None and self.in_flight > self.max_concurrent_calls:
             return Refused(StopReason.OVERLOADED, OVERLOAD_RETRY_AFTER_S)
         return None
+
+    def policy_for(self, name: str, annotations: dict[str, Any] | None) -> ToolPolicy:
+        """The tool's policy in the current set; remembered per tool until the set or the tool's
+        annotations (a new listing) change. Bounded: forgotten wholesale past `_POLICY_CACHE`."""
+        policies = self.policies()
+        hit = self._policy_cache.get(name)
+        if hit is not None and hit[0] is policies and hit[1] is annotations:
+            return hit[2]
+        policy = policies.resolve(name, annotations)
+        if len(self._policy_cache) >= _POLICY_CACHE:
+            self._policy_cache.clear()
+        self._policy_cache[name] = (policies, annotations, policy)
+        return policy
 
     def tool_label(self, relay: Relay, name: str) -> str:
         return name if name in relay.catalog.tools else "other"
@@ -170,7 +186,7 @@ class _Call:
         self.arguments = arguments
         self.call_id = f"{engine._id_prefix}{next(engine._ids):x}"
         self.label = engine.tool_label(relay, name)
-        self.policy: ToolPolicy = engine.policies().resolve(name, relay.catalog.annotations(name))
+        self.policy: ToolPolicy = engine.policy_for(name, relay.catalog.annotations(name))
         meta = params.get("_meta")
         self.meta: dict[str, Any] = meta if isinstance(meta, dict) else {}
         self.params = self._upstream_params(params)
@@ -194,9 +210,11 @@ class _Call:
 
     def _upstream_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params every attempt sends: our own _meta keys removed, the idempotency key placed."""
+        key = self.policy.idempotency_key
+        if key is None and not any(k.startswith(META_PREFIX) for k in self.meta):
+            return params  # nothing to remove or add: the caller's params as they came (never mutated)
         out = dict(params)
         meta = {k: v for k, v in self.meta.items() if not k.startswith(META_PREFIX)}
-        key = self.policy.idempotency_key
         if key is not None:
             value = uuid.uuid4().hex
             if key.location == "argument":
@@ -261,8 +279,12 @@ class _Call:
                 self.attempts.append(
                     AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
                 )
-                e.telemetry.emit(
-                    AttemptFinished(
+                if classified is _SUCCESS:
+                    finished = AttemptFinished(
+                        self.call_id, self.label, number, duration, "success", None, "yes", "upstream"
+                    )
+                else:
+                    finished = AttemptFinished(
                         self.call_id,
                         self.label,
                         number,
@@ -272,7 +294,7 @@ class _Call:
                         classified.dispatched.value,
                         classified.evidence.source.value,
                     )
-                )
+                e.telemetry.emit(finished)
                 match decision:
                     case Deliver():
                         return self._deliver(outcome)

@@ -90,18 +90,19 @@ class _Stream:
     def pop(self) -> Message | None:
         return self._items.popleft() if self._items else None
 
-    async def wait(self, timeout_s: float) -> None:
-        """Until a message arrives or `wake` is called, at most `timeout_s`.
+    async def wait(self, timeout_s: float | None) -> None:
+        """Until a message arrives or `wake` is called, at most `timeout_s` (None: no limit).
 
         A plain timer that wakes the waiter (cheaper than an `asyncio.timeout` scope per response).
         """
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, self.wake)
+        timer = None if timeout_s is None else loop.call_later(timeout_s, self.wake)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._waiter = None
 
     @property
@@ -605,11 +606,13 @@ class McpHttpApp:
                 return message
             if handler.done():
                 return None
+            if ping is None:  # nothing to keep alive yet (the answer may still be plain JSON)
+                await stream.wait(None)
+                continue
             await stream.wait(PING_INTERVAL_S)
             if stream._items or handler.done():
                 continue
-            if ping is not None:
-                await ping({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+            await ping({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
 
     async def _watch_disconnect(self, receive: Receive, stream: _Stream, cancel: asyncio.Task[None] | None) -> None:
         with contextlib.suppress(Exception):

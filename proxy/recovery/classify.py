@@ -307,14 +307,14 @@ def _tool_error(result: dict[str, Any], policy: ToolPolicy) -> Classified:
     return _defaulted(policy, Dispatch.YES, code, hint=hint, retry_after_s=retry_after_s)
 
 
-_SUCCESS = Classified(None, Dispatch.YES, Evidence(EvidenceSource.UPSTREAM))  # immutable: shared by every success
+SUCCESS = Classified(None, Dispatch.YES, Evidence(EvidenceSource.UPSTREAM))  # immutable: shared by every success
 
 
 def classify(outcome: Outcome, policy: ToolPolicy) -> Classified:
     """The category, dispatch and evidence of one attempt's outcome (see the module docstring)."""
     match outcome:
         case Success():
-            return _SUCCESS
+            return SUCCESS
         case TransportError():
             return _transport(outcome, policy)
         case RpcError():

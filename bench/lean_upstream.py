@@ -137,7 +137,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     echo = Echo(args.wait_ms / 1000.0)
     if args.transport == "stdio":
-        asyncio.run(serve_stdio(echo))
+        # The same event loop as the HTTP mode (uvicorn picks uvloop when it is installed).
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:  # pragma: no cover
+            loop_factory = None
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve_stdio(echo))
         return
     import uvicorn
 

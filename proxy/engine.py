@@ -56,6 +56,7 @@ from proxy.recovery import (
     unresolved_result,
     with_attempts_meta,
 )
+from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.relay import Outbox, ProgressRelay, Relay, SentFlag, progress_token_of
@@ -114,6 +115,7 @@ class Engine:
         self.max_concurrent_calls = max_concurrent_calls
         self.in_flight = 0
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger(clock)
+        self.antistorm = AntiStorm()
         self.telemetry = telemetry or Telemetry()
         self.upstream_name = upstream_name
         self.clock = clock
@@ -253,7 +255,7 @@ class _Call:
                 trace_headers=_trace_entries(self.headers),
             )
         )
-        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=e.admit_first)
+        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=self._admit_first)
         if stop is not None:
             return self._give_up(stop, earlier=entry)
         token = progress_token_of(self.request)
@@ -268,13 +270,16 @@ class _Call:
                 outcome = await self._attempt(number, timeout_s, progress)
                 duration = e.clock() - started
                 classified = classify(outcome, policy)
+                e.antistorm.record(self.label, policy, classified.category, e.clock())
                 self.state = state = state.attempted()
                 now = e.clock()
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
                 # finished and its success still delivered (the client may resume the stream);
                 # only a new attempt is not started.
                 gone = self.outbox.closed and classified.category is not None
-                decision = decide(policy, state, classified, now_s=now, rand=e.rand, cancelled=gone)
+                decision = decide(
+                    policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
+                )
                 backoff = decision.delay_s if isinstance(decision, Retry) else None
                 self.attempts.append(
                     AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
@@ -310,6 +315,14 @@ class _Call:
         except asyncio.CancelledError:
             self._finished("cancelled", StopReason.CANCELLED, None, False)
             raise
+
+    def _admit_first(self, now_s: float) -> Refused | None:
+        """Before attempt 1: the proxy's concurrency limit, then the tool's circuit breaker."""
+        return self.e.admit_first(now_s) or self.e.antistorm.admit_first(self.label, self.policy, now_s)
+
+    def _admit_retry(self, now_s: float) -> Refused | None:
+        """Before a retry: the tool's circuit breaker and retry budget."""
+        return self.e.antistorm.admit_retry(self.label, self.policy, now_s)
 
     async def _attempt(self, number: int, timeout_s: float, progress: _Progress | None) -> Outcome:
         e = self.e

@@ -79,12 +79,14 @@ class IdempotencyKey:
 
 @dataclass(frozen=True, slots=True)
 class AntiStorm:
-    """Room for the anti-storm settings (retry budget ratio, circuit breaker). Not enforced yet."""
+    """The anti-storm limits (enforced by `proxy.recovery.antistorm`). Built-in: Linkerd's retry
+    budget (retries may add 20% to the calls of a 10 s window, and 10 per second always), and no
+    circuit breaker unless `breaker_failures` is set."""
 
-    retry_budget_ratio: float | None = None
-    retry_budget_min_per_s: float | None = None
+    retry_budget_ratio: float | None = 0.2
+    retry_budget_min_per_s: float | None = 10.0
     breaker_failures: int | None = None
-    breaker_cooldown_s: float | None = None
+    breaker_cooldown_s: float | None = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,7 +185,7 @@ class ReportModel(_Strict):
 
 
 class AntiStormModel(_Strict):
-    """`anti_storm:` - accepted and compiled, not enforced yet."""
+    """`anti_storm:` - the retry budget and the circuit breaker (proxy.recovery.antistorm)."""
 
     retry_budget_ratio: float | None = None
     retry_budget_min_per_s: float | None = None

@@ -102,3 +102,65 @@ async def test_malformed_ids_from_either_peer_are_dropped_not_raised() -> None:
     outbox = Outbox()
     await relay.handle_request(REQUEST, outbox)
     assert outbox.messages and outbox.messages[0]["id"] == 9, "the relay still serves"
+
+
+# -- anti-storm admission (RECOVERY.md §2 step 6), through the engine --------------------------
+
+
+def _unresolved_validator() -> Any:
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = Path(__file__).resolve().parents[2] / "proxy" / "schemas" / "unresolved-result.schema.json"
+    return jsonschema.Draft202012Validator(json.loads(schema.read_text(encoding="utf-8")))
+
+
+def _relay_with(link: ScriptedLink, policy_yaml: str) -> Relay:
+    from proxy.policy.compile import compile_files
+
+    policies = compile_files([("read.yaml", "read.yaml", policy_yaml.encode())])
+    catalog = ToolCatalog()
+    catalog.observe(
+        {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    )
+    engine = Engine(policies=lambda: policies, rand=lambda: 0.0)
+    return Relay(link, catalog=catalog, tool_calls=engine)  # type: ignore[arg-type]
+
+
+async def test_an_open_circuit_refuses_the_next_call_before_any_attempt() -> None:
+    link = ScriptedLink([TRANSIENT])
+    relay = _relay_with(
+        link,
+        "tools: [read]\nattempts: 3\nbackoff: {initial: 1ms, max: 1ms}\n"
+        "anti_storm: {breaker_failures: 2, breaker_cooldown: 30s}\n",
+    )
+    first = Outbox()
+    await relay.handle_request(REQUEST, first)
+    assert len(link.sent) == 2, "the second transient failure opened the circuit: no third attempt"
+    stopped = first.messages[0]["result"]["structuredContent"]
+    assert stopped["stopReason"] == "circuit_open"
+    second = Outbox()
+    await relay.handle_request({**REQUEST, "id": 10}, second)
+    assert len(link.sent) == 2, "refused before attempt 1"
+    result = second.messages[0]["result"]
+    structured = result["structuredContent"]
+    assert structured["stopReason"] == "circuit_open" and structured["attemptCount"] == 0
+    assert 0 < structured["retryAfterMs"] <= 30_000
+    assert not list(_unresolved_validator().iter_errors(structured))
+
+
+async def test_a_spent_retry_budget_stops_retrying_with_retry_budget() -> None:
+    link = ScriptedLink([TRANSIENT])
+    relay = _relay_with(
+        link,
+        "tools: [read]\nattempts: 5\nbackoff: {initial: 1ms, max: 1ms}\n"
+        "anti_storm: {retry_budget_ratio: 0, retry_budget_min_per_s: 0.2}\n",
+    )
+    outbox = Outbox()
+    await relay.handle_request(REQUEST, outbox)
+    assert len(link.sent) == 3, "a budget of 0.2/s over 10 s: two retries"
+    structured = outbox.messages[0]["result"]["structuredContent"]
+    assert structured["stopReason"] == "retry_budget" and structured["attemptCount"] == 3
+    assert not list(_unresolved_validator().iter_errors(structured))

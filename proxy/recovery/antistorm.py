@@ -1,0 +1,153 @@
+"""The anti-storm admission of RECOVERY.md §2 (step 6): a retry budget and a circuit breaker.
+
+Retries multiply load exactly when an upstream is least able to take it; these two limits keep
+the proxy's retries from turning a slow upstream into a dead one. Both are kept per tool of the
+engine's upstream (one engine serves one upstream), keyed by the tool's bounded label.
+
+Contract (pure: time is an argument; the engine owns the one instance):
+- `admit_first(tool, policy, now_s)` before attempt 1: `Refused(circuit_open, retry_after_s)`
+  while the tool's circuit is open, else None; an admitted call counts towards the budget.
+- `admit_retry(tool, policy, now_s)` is `decide`'s admission (called only when every other check
+  said yes): `Refused(circuit_open)` while open, `Refused(retry_budget)` when the budget has no
+  room, else None, and the admitted retry is spent from the budget.
+- `record(tool, policy, category, now_s)` after every attempt: the breaker's accounting.
+- **Retry budget** (Linkerd's model): over the last `WINDOW_S` seconds, admitted retries number
+  at most `retry_budget_ratio` * admitted calls + `retry_budget_min_per_s` * `WINDOW_S`. With both
+  unset there is no budget. Counted in one-second buckets.
+- **Circuit breaker** (off unless `breaker_failures` is set): that many consecutive attempts that
+  failed `transient` (timeouts, 5xx, crashes, transient tool errors) open the circuit for
+  `breaker_cooldown_s`. While open, calls and retries are refused with the cooldown left. Then it
+  is half-open: ONE trial call is admitted and the others are refused until it reports (or, if it
+  never does, for one more cooldown); a success or any non-transient answer (the upstream is
+  answering) closes the circuit, a transient failure opens it again. Outside half-open, a
+  success or a non-transient answer resets the count.
+- Bounded: at most `MAX_TOOLS` tools are tracked; past that the oldest is forgotten.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from proxy.policy.compiled import Category, ToolPolicy
+from proxy.recovery.decide import Refused
+from proxy.recovery.reasons import StopReason
+
+WINDOW_S = 10
+MAX_TOOLS = 1024
+_CLOSED, _OPEN, _HALF_OPEN = 0, 1, 2
+
+
+@dataclass(slots=True)
+class _ToolState:
+    # budget: per one-second bucket (its second, calls, retries), WINDOW_S buckets in a ring
+    seconds: list[int] = field(default_factory=lambda: [-1] * WINDOW_S)
+    calls: list[int] = field(default_factory=lambda: [0] * WINDOW_S)
+    retries: list[float] = field(default_factory=lambda: [0] * WINDOW_S)
+    # breaker
+    state: int = _CLOSED
+    failures: int = 0
+    open_until_s: float = 0.0
+    trial_until_s: float = 0.0
+
+    def bucket(self, now_s: float) -> int:
+        second = math.floor(now_s)
+        i = second % WINDOW_S
+        if self.seconds[i] != second:
+            self.seconds[i] = second
+            self.calls[i] = 0
+            self.retries[i] = 0
+        return i
+
+    def window(self, now_s: float) -> tuple[int, float]:
+        oldest = math.floor(now_s) - WINDOW_S + 1
+        calls = retries = 0.0
+        for i in range(WINDOW_S):
+            if self.seconds[i] >= oldest:
+                calls += self.calls[i]
+                retries += self.retries[i]
+        return int(calls), retries
+
+
+class AntiStorm:
+    def __init__(self) -> None:
+        self._tools: dict[str, _ToolState] = {}
+
+    def _state(self, tool: str) -> _ToolState:
+        st = self._tools.get(tool)
+        if st is None:
+            if len(self._tools) >= MAX_TOOLS:
+                del self._tools[next(iter(self._tools))]
+            st = self._tools[tool] = _ToolState()
+        return st
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit_first(self, tool: str, policy: ToolPolicy, now_s: float) -> Refused | None:
+        st = self._state(tool)
+        refused = self._breaker_admits(st, policy, now_s, first=True)
+        if refused is not None:
+            return refused
+        st.calls[st.bucket(now_s)] += 1
+        return None
+
+    def admit_retry(self, tool: str, policy: ToolPolicy, now_s: float) -> Refused | None:
+        st = self._state(tool)
+        refused = self._breaker_admits(st, policy, now_s, first=False)
+        if refused is not None:
+            return refused
+        ratio = policy.anti_storm.retry_budget_ratio
+        floor = policy.anti_storm.retry_budget_min_per_s
+        if ratio is not None or floor is not None:
+            calls, retries = st.window(now_s)
+            allowed = (ratio or 0.0) * calls + (floor or 0.0) * WINDOW_S
+            if retries + 1 > allowed:
+                return Refused(StopReason.RETRY_BUDGET, None)
+        st.retries[st.bucket(now_s)] += 1
+        return None
+
+    def _breaker_admits(self, st: _ToolState, policy: ToolPolicy, now_s: float, *, first: bool) -> Refused | None:
+        if st.state == _CLOSED or policy.anti_storm.breaker_failures is None:
+            return None
+        if st.state == _OPEN:
+            if now_s < st.open_until_s:
+                return Refused(StopReason.CIRCUIT_OPEN, st.open_until_s - now_s)
+            st.state = _HALF_OPEN
+            st.trial_until_s = 0.0
+        # half-open: one trial call at a time; a trial that never reported is superseded
+        if first and now_s >= st.trial_until_s:
+            st.trial_until_s = now_s + self._cooldown_s(policy)
+            return None
+        return Refused(StopReason.CIRCUIT_OPEN, max(st.trial_until_s - now_s, 0.0) or None)
+
+    # -- accounting -----------------------------------------------------------------------------
+    def record(self, tool: str, policy: ToolPolicy, category: Category | None, now_s: float) -> None:
+        """An attempt ended: `category` is None for a success."""
+        threshold = policy.anti_storm.breaker_failures
+        if threshold is None:
+            return
+        st = self._state(tool)
+        if category is not Category.TRANSIENT:
+            st.failures = 0
+            st.state = _CLOSED
+            return
+        st.failures += 1
+        if st.state == _HALF_OPEN or st.failures >= threshold:
+            st.state = _OPEN
+            st.open_until_s = now_s + self._cooldown_s(policy)
+            st.failures = 0
+
+    def circuit_open(self, tool: str, now_s: float) -> bool:
+        """Whether the tool's circuit refuses calls now (open, or half-open with a trial running)."""
+        st = self._tools.get(tool)
+        if st is None or st.state == _CLOSED:
+            return False
+        if st.state == _OPEN:
+            return now_s < st.open_until_s
+        return now_s < st.trial_until_s
+
+    @staticmethod
+    def _cooldown_s(policy: ToolPolicy) -> float:
+        return policy.anti_storm.breaker_cooldown_s or DEFAULT_COOLDOWN_S
+
+
+DEFAULT_COOLDOWN_S = 30.0

@@ -9,7 +9,8 @@ as a single attempt exactly like any other request. Nothing under proxy/ is chan
 lives here, in the bench.
 
 `BENCH_RELAY=engine-quiet` builds the engine with no observers instead (`Engine(telemetry=None)`:
-no call metrics, call log lines or spans), to tell the engine's own cost from its telemetry's.
+no call metrics, call log lines or spans), to tell the engine's own cost from its telemetry's;
+`BENCH_RELAY=engine` is the proxy as shipped. `BENCH_CPROFILE=FILE` writes a cProfile at exit.
 """
 
 from __future__ import annotations
@@ -40,14 +41,25 @@ def build_quiet_engine_service(
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
-if os.environ.get("BENCH_RELAY", "plain") == "engine-quiet":
+_variant = os.environ.get("BENCH_RELAY", "plain")
+if _variant == "engine-quiet":
     server.build_service = build_quiet_engine_service
-else:
+elif _variant != "engine":
     server.build_service = build_plain_service
 
 if __name__ == "__main__":
     from proxy.cli import main
 
+    profile_to = os.environ.get("BENCH_CPROFILE")  # a cProfile of the whole run, written at exit
+    if profile_to:
+        import atexit
+        import cProfile
+        import signal
+
+        profiler = cProfile.Profile()
+        atexit.register(lambda: (profiler.disable(), profiler.dump_stats(profile_to)))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        profiler.enable()
     try:
         sys.exit(main())
     except KeyboardInterrupt:

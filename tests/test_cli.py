@@ -66,3 +66,15 @@ def test_policies_check_and_explain_on_the_shipped_folder() -> None:
     explain = run_cli("policies", "explain", "policies", "lookup", "--annotations", '{"readOnlyHint": true}')
     assert explain.returncode == 0
     assert "read_only" in explain.stdout and "annotations:readOnlyHint" in explain.stdout
+
+
+def test_call_log_takes_a_flag_or_the_environment_and_refuses_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.cli import build_parser
+
+    assert Settings().call_log == "problems"
+    monkeypatch.setenv("MCP_RECOVERY_CALL_LOG", "all")
+    assert Settings().call_log == "all"
+    args = build_parser().parse_args(["serve", "--call-log", "off", "--", "true"])
+    assert args.call_log == "off"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--call-log", "some", "--", "true"])

@@ -45,6 +45,7 @@ class _ToolState:
     calls: list[int] = field(default_factory=lambda: [0] * WINDOW_S)
     retries: list[float] = field(default_factory=lambda: [0] * WINDOW_S)
     # breaker
+    breaker: bool = False  # a policy with a breaker was seen for this tool (for the metrics)
     state: int = _CLOSED
     failures: int = 0
     open_until_s: float = 0.0
@@ -126,6 +127,7 @@ class AntiStorm:
         if threshold is None:
             return
         st = self._state(tool)
+        st.breaker = True
         if category is not Category.TRANSIENT:
             st.failures = 0
             st.state = _CLOSED
@@ -144,6 +146,11 @@ class AntiStorm:
         if st.state == _OPEN:
             return now_s < st.open_until_s
         return now_s < st.trial_until_s
+
+    def circuits(self, now_s: float) -> list[tuple[str, bool]]:
+        """(tool, refusing now) for every tracked tool whose policy has a breaker (for /metrics;
+        safe to call from another thread: it reads a snapshot of the table)."""
+        return [(tool, self.circuit_open(tool, now_s)) for tool, st in list(self._tools.items()) if st.breaker]
 
     @staticmethod
     def _cooldown_s(policy: ToolPolicy) -> float:

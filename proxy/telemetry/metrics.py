@@ -17,9 +17,12 @@ Contract:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -87,6 +90,40 @@ class BoundedLabel:
             self._seen.add(value)
             return value
         return OTHER
+
+
+CircuitSource = Callable[[float], list[tuple[str, bool]]]
+
+
+class _CircuitCollector:
+    """`mcp_recovery_circuit_open{tool}`, read from the engine's anti-storm state at scrape time
+    (nothing to update per call). Only tools whose policy has a circuit breaker appear."""
+
+    def __init__(self, label: Callable[[str], str]) -> None:
+        self.source: CircuitSource | None = None
+        self._label = label
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        if self.source is not None:
+            merged: dict[str, bool] = {}
+            for tool, refusing in self.source(time.monotonic()):
+                label = self._label(tool)
+                merged[label] = merged.get(label, False) or refusing
+            for label, refusing in merged.items():
+                family.add_metric([label], 1.0 if refusing else 0.0)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            PREFIX + "circuit_open",
+            "1 while the tool's circuit breaker refuses calls (open, or half-open with its trial call running).",
+            labels=("tool",),
+        )
 
 
 class MetricsObserver:
@@ -162,6 +199,13 @@ class MetricsObserver:
         for result in RELOAD_RESULTS:
             self.policy_reloads.labels(result=result)
         self.policy_reload_ok.set(1)
+        self._circuits = _CircuitCollector(self._tool)
+        registry.register(self._circuits)
+
+    def watch_circuits(self, source: CircuitSource) -> None:
+        """Export the circuit-breaker state `source(now_s)` gives: the engine's `antistorm.circuits`,
+        on the monotonic clock the engine uses."""
+        self._circuits.source = source
 
     # ------------------------------------------------------------------------------ events
 

@@ -164,3 +164,26 @@ def test_every_exported_metric_carries_the_prefix_and_a_help_text(
     helps = [line for line in text.splitlines() if line.startswith("# HELP ")]
     assert helps and all(line.split()[2].startswith("mcp_recovery_") for line in helps)
     assert all(len(line.split(maxsplit=3)) == 4 for line in helps)
+
+
+def test_circuit_open_reads_the_engines_breakers_at_scrape_time(registry: CollectorRegistry) -> None:
+    from proxy.policy.compiled import AntiStorm as Limits
+    from proxy.policy.compiled import Category, SideEffect, ToolPolicy
+    from proxy.recovery.antistorm import AntiStorm
+
+    observer = MetricsObserver(registry)
+    assert registry.get_sample_value("mcp_recovery_circuit_open", {"tool": "lookup"}) is None
+    antistorm = AntiStorm()
+    observer.watch_circuits(antistorm.circuits)
+    breaker = ToolPolicy(tool="lookup", side_effect=SideEffect.READ_ONLY, anti_storm=Limits(breaker_failures=2))
+    plain = ToolPolicy(tool="echo", side_effect=SideEffect.READ_ONLY)
+    antistorm.record("echo", plain, Category.TRANSIENT, 0.0)  # no breaker: not exported
+    antistorm.record("lookup", breaker, None, 0.0)
+    assert value(registry, "mcp_recovery_circuit_open", tool="lookup") == 0.0
+    import time
+
+    now = time.monotonic()
+    antistorm.record("lookup", breaker, Category.TRANSIENT, now)
+    antistorm.record("lookup", breaker, Category.TRANSIENT, now)
+    assert value(registry, "mcp_recovery_circuit_open", tool="lookup") == 1.0
+    assert registry.get_sample_value("mcp_recovery_circuit_open", {"tool": "echo"}) is None

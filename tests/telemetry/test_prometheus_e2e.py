@@ -58,6 +58,11 @@ ledger_window: 60s
 tools: [charge]
 attempt_timeout: 500ms
 """,
+    "always_fail.yaml": """
+# a circuit breaker, so mcp_recovery_circuit_open has a series (three failures in a row open it)
+tools: [always_fail]
+anti_storm: {breaker_failures: 3, breaker_cooldown: 1s}
+""",
 }
 
 

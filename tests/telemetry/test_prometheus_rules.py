@@ -27,9 +27,22 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def with_a_breaker(observer: MetricsObserver) -> None:
+    """Give the observer an engine's anti-storm state with one tool under a circuit breaker."""
+    from proxy.policy.compiled import AntiStorm as Limits
+    from proxy.policy.compiled import SideEffect, ToolPolicy
+    from proxy.recovery.antistorm import AntiStorm
+
+    antistorm = AntiStorm()
+    policy = ToolPolicy(tool="lookup", side_effect=SideEffect.READ_ONLY, anti_storm=Limits(breaker_failures=3))
+    antistorm.record("lookup", policy, None, 0.0)
+    observer.watch_circuits(antistorm.circuits)
+
+
 def exported_text() -> str:
     """The exposition of a bundle that saw every kind of event."""
     bundle = build_telemetry(None, environ={})
+    with_a_breaker(bundle.metrics)
     events = (
         scenarios.success("c1")
         + scenarios.recovered("c2")
@@ -99,6 +112,7 @@ def test_every_metric_the_dashboard_and_rules_use_is_exported() -> None:
 def test_rule_unit_tests_use_the_exported_series_names_and_labels() -> None:
     registry = CollectorRegistry()
     observer = MetricsObserver(registry)
+    with_a_breaker(observer)
     for event in scenarios.recovered("c1") + scenarios.unresolved("c2") + scenarios.cancelled("c3"):
         observer.on_event(event)
     observer.on_event(UpstreamStatus("stdio:python", True, 1))

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,47 +48,158 @@ _STDERR_LINE_LIMIT = 2000
 _TERMINATE_GRACE_S = 2.0
 
 
-class _Child:
-    """One running upstream process and the tasks that read its output."""
+class _ChildProtocol(asyncio.SubprocessProtocol):
+    """The child's pipes, read in the event loop's own callbacks: each stdout line is routed the
+    moment its bytes arrive (no reader task to wake per message), stderr is logged line by line,
+    and writes to stdin are flow-controlled (`drain` waits while the pipe is full)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
-        self.proc = proc
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.child: _Child | None = None
+        self.exited = asyncio.get_running_loop().create_future()
+        self.stdout_closed = asyncio.Event()
+        self._out = bytearray()
+        self._err = bytearray()
+        self._paused: asyncio.Future[None] | None = None
+        self.overflow = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio subclass
+
+    def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
+        if fd == 1:
+            self._stdout(data)
+        else:
+            self._stderr(data)
+
+    def _stdout(self, data: bytes | bytearray) -> None:
+        buf = self._out
+        if self.overflow:
+            return
+        buf += data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            if len(buf) > self.max_line:  # a message over the limit: the stream cannot be resynchronised
+                self._overflowed()
+            return
+        complete = bytes(buf[:end])
+        del buf[: end + 1]
+        child = self.child
+        for line in complete.split(b"\n"):
+            if len(line) > self.max_line:
+                self._overflowed()
+                return
+            if child is not None and line.strip():
+                try:
+                    child.on_line(child, line)
+                except Exception:  # a bug in routing must not kill the reader
+                    log.exception("routing an upstream message failed")
+        if len(buf) > self.max_line:
+            self._overflowed()
+
+    def _overflowed(self) -> None:
+        name = self.child.name if self.child is not None else "upstream"
+        log.error("%s wrote a message over the size limit; stopping it", name)
+        self.overflow = True
+        self._out.clear()
+        self.stdout_closed.set()
+
+    def _stderr(self, data: bytes | bytearray) -> None:
+        buf = self._err
+        buf += data
+        end = buf.rfind(b"\n")
+        if end < 0 and len(buf) < 65536:
+            return
+        if end < 0:
+            end = len(buf)
+        complete = bytes(buf[:end])
+        del buf[: end + 1]
+        name = self.child.name if self.child is not None else "upstream"
+        for line in complete.splitlines():
+            if line.strip():
+                stderr_log.info("%s: %s", name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace"))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self.stdout_closed.set()
+        elif fd == 0 and self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)  # nothing more will drain: the next write fails instead
+
+    def process_exited(self) -> None:
+        # stdout may still hold the last answers: the link ends on its EOF, not on this.
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._paused is None or self._paused.done():
+            self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    async def drain(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            await self._paused
+
+
+class _Child:
+    """One running upstream process (its guard) and the task that ends it when its output ends."""
+
+    def __init__(self, protocol: _ChildProtocol, name: str, on_line: Callable[[_Child, bytes], None]) -> None:
+        assert protocol.transport is not None
+        self.protocol = protocol
+        self.transport = protocol.transport
+        self.pid = self.transport.get_pid()
         self.name = name
+        self.on_line = on_line
         self.started_at = time.monotonic()
         self.answered = False
         self.exited = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
+        protocol.child = self
 
     @property
     def alive(self) -> bool:
         return not self.exited.is_set()
 
+    @property
+    def returncode(self) -> int | None:
+        return self.transport.get_returncode()
+
+    async def wait(self) -> int | None:
+        await asyncio.shield(self.protocol.exited)
+        return self.returncode
+
     def write(self, data: bytes) -> None:
-        stdin = self.proc.stdin
-        if stdin is None or stdin.is_closing():
+        stdin = self.transport.get_pipe_transport(0)
+        if stdin is None or stdin.is_closing() or self.protocol.overflow:
             raise BrokenPipeError("stdin closed")
-        stdin.write(data)
+        stdin.write(data)  # type: ignore[attr-defined]
 
     async def drain(self) -> None:
-        if self.proc.stdin is not None:
-            await self.proc.stdin.drain()
+        await self.protocol.drain()
+        stdin = self.transport.get_pipe_transport(0)
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("stdin closed")
 
     async def terminate(self) -> None:
         """Close stdin, wait, then SIGTERM the group, then SIGKILL it (the spec's shutdown order)."""
-        proc = self.proc
-        if proc.returncode is None:
+        if self.returncode is None:
             with contextlib.suppress(Exception):
-                if proc.stdin is not None:
-                    proc.stdin.close()
+                stdin = self.transport.get_pipe_transport(0)
+                if stdin is not None:
+                    stdin.close()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), _TERMINATE_GRACE_S)
+                await asyncio.wait_for(self.wait(), _TERMINATE_GRACE_S)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if proc.returncode is not None:
+            if self.returncode is not None:
                 break
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
+                os.killpg(self.pid, sig)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), _TERMINATE_GRACE_S)
+                await asyncio.wait_for(self.wait(), _TERMINATE_GRACE_S)
         for task in self.tasks:
             task.cancel()
 
@@ -363,23 +475,24 @@ class StdioUpstream:
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            _, protocol = await loop.subprocess_exec(
+                lambda: _ChildProtocol(self.max_message_bytes),
                 *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
-                limit=self.max_message_bytes,
             )
         except OSError as exc:
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
         self._spawned += 1
-        child = _Child(proc, f"{self.description}[{proc.pid}]")
-        child.tasks.append(asyncio.create_task(_read_stdout(child, on_line, on_exit)))
-        child.tasks.append(asyncio.create_task(_read_stderr(child)))
+        pid = protocol.transport.get_pid() if protocol.transport is not None else 0
+        child = _Child(protocol, f"{self.description}[{pid}]", on_line)
+        child.tasks.append(asyncio.create_task(_end_with_output(child, on_exit)))
         return child
 
     @property
@@ -390,49 +503,24 @@ class StdioUpstream:
         return n
 
 
-async def _read_stdout(child: _Child, on_line, on_exit) -> None:  # type: ignore[no-untyped-def]
-    stdout = child.proc.stdout
-    assert stdout is not None
+async def _end_with_output(child: _Child, on_exit) -> None:  # type: ignore[no-untyped-def]
+    """When the child's stdout ends (it exited, closed it, or overflowed the size limit), make sure
+    its whole process group is gone, then report the exit once."""
     try:
-        while True:
-            try:
-                line = await stdout.readline()
-            except ValueError:  # a line over max_message_bytes: the stream cannot be resynchronised
-                log.error("%s wrote a message over the size limit; stopping it", child.name)
-                break
-            if not line:
-                break
-            if line.strip():
-                try:
-                    on_line(child, line)
-                except Exception:  # a bug in routing must not kill the reader
-                    log.exception("routing an upstream message failed")
+        await child.protocol.stdout_closed.wait()
     finally:
-        if child.proc.returncode is None:
+        if child.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.proc.pid, signal.SIGTERM)
+                os.killpg(child.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(child.proc.wait(), 5.0)
+            await asyncio.wait_for(child.wait(), 5.0)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.proc.pid, signal.SIGKILL)
+                os.killpg(child.pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(child.proc.wait(), 5.0)
+                await asyncio.wait_for(child.wait(), 5.0)
         child.exited.set()
-        on_exit(child, child.proc.returncode)
-
-
-async def _read_stderr(child: _Child) -> None:
-    stderr = child.proc.stderr
-    assert stderr is not None
-    with contextlib.suppress(Exception):
-        while True:
-            chunk = await stderr.read(65536)
-            if not chunk:
-                return
-            for line in chunk.splitlines():
-                if line.strip():
-                    stderr_log.info("%s: %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace"))
+        on_exit(child, child.returncode)
 
 
 def _discover_message(request_id: RequestId) -> Message:

@@ -1,0 +1,97 @@
+"""The stdio link's reading of a real child's pipes: lines split across writes, several messages in
+one write, non-JSON noise, stderr, and a message over the size limit. The child is a small Python
+script over real pipes (under the proxy's guard process)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import textwrap
+
+import pytest
+
+from proxy.errors import FailureKind, UpstreamFailure
+from proxy.upstream.base import Era
+from proxy.upstream.stdio import StdioUpstream
+
+pytestmark = pytest.mark.anyio
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    out = sys.stdout
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if "id" not in msg:
+            continue
+        reply = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"method": msg["method"]}})
+        method = msg["method"]
+        if method == "split":  # one message in two writes, 50 ms apart
+            out.write(reply[:10]); out.flush(); time.sleep(0.05); out.write(reply[10:] + "\\n")
+        elif method == "noisy":  # noise on stdout and stderr around the answer, all in one write
+            sys.stderr.write("a line on stderr\\n"); sys.stderr.flush()
+            out.write("not json at all\\n\\n" + reply + "\\n")
+        elif method == "huge":  # a line far over the proxy's limit, never ended
+            out.write("x" * 5000)
+        else:
+            out.write(reply + "\\n")
+        out.flush()
+    """
+)
+
+
+@pytest.fixture(params=[pytest.param(False, id="asyncio"), pytest.param(True, id="uvloop")])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]:
+    return "asyncio", {"use_uvloop": request.param}  # the proxy itself runs on uvloop
+
+
+async def _link(max_message_bytes: int = 1_000_000):  # type: ignore[no-untyped-def]
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], max_message_bytes=max_message_bytes)
+    return upstream, await upstream.open(Era.LEGACY)
+
+
+async def _call(link, method: str) -> dict:  # type: ignore[no-untyped-def]
+    uid = link.new_id()
+    ex = await link.send_request({"jsonrpc": "2.0", "id": uid, "method": method})
+    return await asyncio.wait_for(ex.response, 10)
+
+
+async def test_a_message_split_across_writes_and_noise_around_one_are_read_correctly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream, link = await _link()
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.upstream"):
+            assert (await _call(link, "split"))["result"] == {"method": "split"}
+            assert (await _call(link, "noisy"))["result"] == {"method": "noisy"}
+            for _ in range(50):  # stderr arrives on its own pipe, maybe a moment later
+                if any("a line on stderr" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.02)
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("not json at all" in m for m in messages), "non-JSON stdout is logged and skipped"
+        assert any("a line on stderr" in m for m in messages), "stderr is logged line by line"
+    finally:
+        await upstream.aclose()
+
+
+async def test_many_answers_in_flight_each_reach_their_request() -> None:
+    upstream, link = await _link()
+    try:
+        results = await asyncio.gather(*(_call(link, f"m{i}") for i in range(200)))
+        assert [r["result"]["method"] for r in results] == [f"m{i}" for i in range(200)]
+    finally:
+        await upstream.aclose()
+
+
+async def test_a_message_over_the_size_limit_stops_the_child_and_fails_its_call_promptly() -> None:
+    upstream, link = await _link(max_message_bytes=1024)
+    try:
+        with pytest.raises(UpstreamFailure) as failure:
+            await _call(link, "huge")
+        assert failure.value.kind is FailureKind.CLOSED
+        # the next call gets a fresh child
+        assert (await _call(link, "after"))["result"] == {"method": "after"}
+    finally:
+        await upstream.aclose()

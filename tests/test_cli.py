@@ -74,7 +74,7 @@ def test_call_log_takes_a_flag_or_the_environment_and_refuses_other_values(monke
     assert Settings().call_log == "problems"
     monkeypatch.setenv("MCP_RECOVERY_CALL_LOG", "all")
     assert Settings().call_log == "all"
-    args = build_parser().parse_args(["serve", "--call-log", "off", "--", "true"])
+    args = build_parser().parse_args(["serve", "--call-log", "off"])  # main() splits off `-- COMMAND` first
     assert args.call_log == "off"
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--call-log", "some", "--", "true"])
+        build_parser().parse_args(["serve", "--call-log", "some"])

@@ -304,10 +304,54 @@ def run_wrk(wrk: str, lua: Path, url: str, concurrency: int, duration_s: float, 
     )
 
 
-def write_lua(path: Path) -> Path:
-    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in HEADERS.items())
-    path.write_text(WRK_LUA % {"body": BODY, "headers": headers})
+def write_lua(path: Path, session_id: str | None = None) -> Path:
+    """The wrk script: the 2026 request, or (with `session_id`) the 2025 one inside that session."""
+    if session_id is None:
+        body, hdrs = BODY, HEADERS
+    else:
+        body, hdrs = LEGACY_BODY, {**LEGACY_HEADERS, "Mcp-Session-Id": session_id}
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in hdrs.items())
+    path.write_text(WRK_LUA % {"body": body, "headers": headers})
     return path
+
+
+LEGACY_PROTOCOL = "2025-11-25"
+LEGACY_BODY = json.dumps(
+    {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hello"}}},
+    separators=(",", ":"),
+)
+LEGACY_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": LEGACY_PROTOCOL,
+}
+
+
+def open_session(url: str) -> str:
+    """A 2025 session for the legacy legs: initialize, then notifications/initialized."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LEGACY_PROTOCOL,
+            "capabilities": {},
+            "clientInfo": {"name": "bench-relay", "version": "1"},
+        },
+    }
+    hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    request = urllib.request.Request(url, data=json.dumps(init).encode(), headers=hdrs, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        session_id = response.headers.get("Mcp-Session-Id")
+        response.read()
+    if not session_id:
+        raise RuntimeError(f"{url} answered initialize without an Mcp-Session-Id")
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    hdrs = {**hdrs, "Mcp-Session-Id": session_id, "MCP-Protocol-Version": LEGACY_PROTOCOL}
+    request = urllib.request.Request(url, data=json.dumps(note).encode(), headers=hdrs, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+    return session_id
 
 
 # --------------------------------------------------------------------------- legs
@@ -397,11 +441,14 @@ def run_once(
                 ("http→stdio", f"http://127.0.0.1:{stdio_port}/mcp", px_stdio.pid, None),
                 ("http→http", f"http://127.0.0.1:{http_port}/mcp", px_http.pid, [up.pid]),
             ):
-                if up_pids is None:  # the stdio upstream: the proxy's guard and its child
+                leg_lua = lua
+                if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind the proxy)
+                    leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(url))
+                if up_pids is None:  # the stdio upstream: the proxy's guard and its children
                     up_pids = descendants(px_stdio.pid)
                     procs.watch(up_pids)
                 res, p_cpu, u_cpu, busy = measure(
-                    wrk, lua, url=url, concurrency=conc, args=args, proxy_pid=proxy_pid, upstream_pids=up_pids
+                    wrk, leg_lua, url=url, concurrency=conc, args=args, proxy_pid=proxy_pid, upstream_pids=up_pids
                 )
                 calls = res.ok
                 leg = Leg(
@@ -657,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the proxy as shipped (default); plain: tools/call without the recovery engine; "
         "engine-quiet: the engine without telemetry (both via bench/_plain_relay.py)",
     )
+    parser.add_argument(
+        "--era",
+        choices=["modern", "legacy"],
+        default="modern",
+        help="modern: stateless 2026-07-28 POSTs (default); legacy: 2025-11-25 calls inside one session per leg",
+    )
     parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
     parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")
     args = parser.parse_args(argv)
@@ -679,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"legs: {args.duration:g} s each after {args.warmup:g} s warm-up, wrk -t1, "
                 f"concurrency {args.concurrency}, upstream wait {args.wait_ms} ms, "
-                f"upstream {args.upstream} ({UPSTREAM.name}), relay {RELAY}\n",
+                f"upstream {args.upstream} ({UPSTREAM.name}), relay {RELAY}, era {args.era}\n",
                 flush=True,
             )
             if not args.profile_only:

@@ -501,3 +501,95 @@ async def test_refused_notification_is_an_http_status_failure() -> None:
     f = info.value
     assert f.kind is FailureKind.HTTP_STATUS and f.http_status == 503
     assert f.dispatched is Dispatch.NO and f.retry_after_s == 2.0
+
+
+async def test_legacy_broken_response_stream_is_resumed_with_last_event_id() -> None:
+    """A 2025 upstream whose SSE response breaks after one event: the adapter reconnects with GET
+    and `Last-Event-ID`, and the answer that was still missing arrives on the resumed stream."""
+    gets: list[str | None] = []
+
+    async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return lines[0].split(" ")[0], headers, body
+
+    def json_response(payload: dict[str, Any], extra: str = "") -> bytes:
+        data = orjson.dumps(payload)
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n{extra}\r\n"
+        return head.encode() + data
+
+    def sse_head() -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def chunk(text: str) -> bytes:
+        data = text.encode()
+        return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                method, headers, body = await read_request(reader)
+                if method == "GET":
+                    gets.append(headers.get("last-event-id"))
+                    if headers.get("last-event-id") != "ev1":
+                        writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                        await writer.drain()
+                        continue
+                    answer_ = {"jsonrpc": "2.0", "id": pending[0], "result": {"content": [], "isError": False}}
+                    writer.write(sse_head() + chunk(f"id: ev2\ndata: {orjson.dumps(answer_).decode()}\n\n"))
+                    writer.write(b"0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                if method == "DELETE":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                msg = orjson.loads(body)
+                if msg.get("method") == "initialize":
+                    result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x"}}
+                    writer.write(
+                        json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result}, "mcp-session-id: s1\r\n")
+                    )
+                elif "id" not in msg:
+                    writer.write(b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n")
+                else:  # tools/call: one event, then the connection breaks before the response
+                    pending.append(msg["id"])
+                    note = {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/message",
+                        "params": {"level": "info", "data": "working"},
+                    }
+                    writer.write(sse_head() + chunk(f"id: ev1\nretry: 10\ndata: {orjson.dumps(note).decode()}\n\n"))
+                    await writer.drain()
+                    writer.transport.abort()
+                    return
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    pending: list[Any] = []
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.LEGACY)
+        init = {
+            "jsonrpc": "2.0",
+            "id": link.new_id(),
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25"},
+        }
+        await answer(await link.send_request(init))
+        await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        seen: list[Message] = []
+        ex = await link.send_request(call(link, "echo", {"text": "x"}), on_message=seen.append)
+        response = await asyncio.wait_for(ex.response, 10)
+        assert response["result"] == {"content": [], "isError": False}
+        assert [m.get("method") for m in seen] == ["notifications/message"], "the event before the break, once"
+        assert "ev1" in gets, "the adapter resumed from the last event id it had"
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()

@@ -47,6 +47,9 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--max-sessions", type=int, default=s)
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
+    p.add_argument(
+        "--stdio-spares", type=int, default=s, help="stdio children started ahead for new 2025 sessions (1; 0: off)"
+    )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)

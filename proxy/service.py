@@ -36,7 +36,7 @@ def build_upstream(settings: Settings) -> Upstream:
             raise ValueError("give either --upstream URL or a command after --, not both")
         from proxy.upstream.stdio import StdioUpstream
 
-        return StdioUpstream(settings.upstream_argv, max_children=settings.max_sessions)
+        return StdioUpstream(settings.upstream_argv, max_children=settings.max_sessions, spares=settings.stdio_spares)
     url = settings.upstream
     if not url:
         raise ValueError("no upstream: give --upstream http://HOST:PORT/mcp, --upstream sse+http://…, or -- COMMAND")

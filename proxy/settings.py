@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
+    stdio_spares: int = Field(
+        1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
+    )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
     log_level: str = "info"

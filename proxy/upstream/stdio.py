@@ -147,13 +147,20 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
 class _Child:
     """One running upstream process (its guard) and the task that ends it when its output ends."""
 
-    def __init__(self, protocol: _ChildProtocol, name: str, on_line: Callable[[_Child, bytes], None]) -> None:
+    def __init__(
+        self,
+        protocol: _ChildProtocol,
+        name: str,
+        on_line: Callable[[_Child, bytes], None],
+        on_exit: Callable[[_Child, int | None], None],
+    ) -> None:
         assert protocol.transport is not None
         self.protocol = protocol
         self.transport = protocol.transport
         self.pid = self.transport.get_pid()
         self.name = name
-        self.on_line = on_line
+        self.on_line = on_line  # both rebound when a warm spare is handed to a session
+        self.on_exit = on_exit
         self.started_at = time.monotonic()
         self.answered = False
         self.exited = asyncio.Event()
@@ -295,7 +302,10 @@ class StdioLink(LinkBase):
                     f"upstream process is restarting after repeated crashes (next start in {wait_s:.1f}s)",
                     retry_after_s=wait_s,
                 )
-            child = await self._upstream._spawn(self._on_line, self._on_exit)
+            if self.era is Era.LEGACY:
+                child = await self._upstream._child_for(self)
+            else:
+                child = await self._upstream._spawn(self._on_line, self._on_exit)
             self._spawns += 1
             if self._spawns > 1:
                 self.restarts += 1
@@ -356,6 +366,8 @@ class StdioLink(LinkBase):
         if "method" not in message:
             if "id" in message:
                 if self._pending.resolve(message):
+                    if not child.answered and self.era is Era.LEGACY:
+                        self._upstream._replenish()  # this command works: warm the next session's child
                     child.answered = True
                     self._quick_deaths = 0
             return
@@ -396,6 +408,7 @@ class StdioUpstream:
         max_message_bytes: int = 16 * 1024 * 1024,
         handshake_timeout_s: float = 10.0,
         max_restart_backoff_s: float = 30.0,
+        spares: int = 1,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -409,6 +422,11 @@ class StdioUpstream:
         self.max_restart_backoff_s = max_restart_backoff_s
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
+        self.spares = spares  # pre-started children waiting for new 2025 sessions (0 or 1)
+        self._spare: _Child | None = None
+        self._spare_task: asyncio.Task[None] | None = None
+        self._spares_used = 0
+        self._closed = False
         self._spawned = 0
         self.restarts = 0  # respawns after a child died, all links together
         self.on_status: Callable[[bool], None] | None = None  # up/down, for telemetry
@@ -467,6 +485,14 @@ class StdioUpstream:
         self._links.discard(link)
 
     async def aclose(self) -> None:
+        self._closed = True
+        if self._spare_task is not None:
+            self._spare_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._spare_task
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await spare.terminate()
         links = list(self._links)
         if self._modern is not None:
             links.append(self._modern)
@@ -491,9 +517,49 @@ class StdioUpstream:
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
         self._spawned += 1
         pid = protocol.transport.get_pid() if protocol.transport is not None else 0
-        child = _Child(protocol, f"{self.description}[{pid}]", on_line)
-        child.tasks.append(asyncio.create_task(_end_with_output(child, on_exit)))
+        child = _Child(protocol, f"{self.description}[{pid}]", on_line, on_exit)
+        child.tasks.append(asyncio.create_task(_end_with_output(child)))
         return child
+
+    # -- warm spares ----------------------------------------------------------------------------
+    async def _child_for(self, link: StdioLink) -> _Child:
+        """A child for a new legacy session: the warm spare when one is ready, else a fresh one."""
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.alive and not spare.protocol.overflow:
+            spare.on_line = link._on_line
+            spare.on_exit = link._on_exit
+            self._spares_used += 1
+            return spare
+        if spare is not None:
+            await spare.terminate()
+        return await self._spawn(link._on_line, link._on_exit)
+
+    def _replenish(self) -> None:
+        """Start a spare child for the next 2025 session (only once a child of this command has
+        answered, so a broken command never spawns in a loop)."""
+        if self.spares <= 0 or self._closed or self._spare is not None:
+            return
+        if self._spare_task is not None and not self._spare_task.done():
+            return
+        if len(self._links) >= self.max_children:
+            return
+        self._spare_task = asyncio.create_task(self._make_spare())
+
+    async def _make_spare(self) -> None:
+        try:
+            child = await self._spawn(_spare_line, self._spare_exited)
+        except UpstreamFailure as failure:
+            log.info("could not start a spare upstream child: %s", failure.detail)
+            return
+        if self._closed:
+            await child.terminate()
+            return
+        self._spare = child
+
+    def _spare_exited(self, child: _Child, code: int | None) -> None:
+        if self._spare is child:
+            self._spare = None
+            log.info("%s: the spare upstream child exited with code %s before it was used", child.name, code)
 
     @property
     def children(self) -> int:
@@ -503,7 +569,11 @@ class StdioUpstream:
         return n
 
 
-async def _end_with_output(child: _Child, on_exit) -> None:  # type: ignore[no-untyped-def]
+def _spare_line(child: _Child, line: bytes) -> None:
+    stderr_log.info("%s (spare) wrote before any request: %s", child.name, line[:200].decode("utf-8", "replace"))
+
+
+async def _end_with_output(child: _Child) -> None:
     """When the child's stdout ends (it exited, closed it, or overflowed the size limit), make sure
     its whole process group is gone, then report the exit once."""
     try:
@@ -520,7 +590,7 @@ async def _end_with_output(child: _Child, on_exit) -> None:  # type: ignore[no-u
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.wait(), 5.0)
         child.exited.set()
-        on_exit(child, child.returncode)
+        child.on_exit(child, child.returncode)
 
 
 def _discover_message(request_id: RequestId) -> Message:

@@ -95,3 +95,49 @@ async def test_a_message_over_the_size_limit_stops_the_child_and_fails_its_call_
         assert (await _call(link, "after"))["result"] == {"method": "after"}
     finally:
         await upstream.aclose()
+
+
+async def test_a_new_session_gets_the_warm_spare_and_a_new_spare_is_started() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=1)
+    try:
+        first = await upstream.open(Era.LEGACY)
+        await _call(first, "initialize")  # the command works: a spare is started for the next session
+        for _ in range(200):
+            if upstream._spare is not None:
+                break
+            await asyncio.sleep(0.02)
+        spare = upstream._spare
+        assert spare is not None and spare.alive
+        second = await upstream.open(Era.LEGACY)
+        assert (await _call(second, "initialize"))["result"] == {"method": "initialize"}
+        assert second._child is spare, "the second session runs on the spare, already started"
+        assert first._child is not spare
+        for _ in range(200):
+            if upstream._spare is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert upstream._spare is not None and upstream._spare is not spare, "and the next spare is warming"
+        last = upstream._spare
+    finally:
+        await upstream.aclose()
+    assert not last.alive and last.returncode is not None, "closing the upstream stops the spare too"
+
+
+async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=0)
+    try:
+        link = await upstream.open(Era.LEGACY)
+        await _call(link, "initialize")
+        await asyncio.sleep(0.2)
+        assert upstream._spare is None and upstream._spare_task is None
+    finally:
+        await upstream.aclose()
+    broken = StdioUpstream([sys.executable, "-c", "import sys; sys.exit(3)"], spares=1)
+    try:
+        link = await broken.open(Era.LEGACY)
+        with pytest.raises(UpstreamFailure):
+            await _call(link, "initialize")
+        await asyncio.sleep(0.2)
+        assert broken._spare is None and broken._spare_task is None, "a command that never answered gets no spare"
+    finally:
+        await broken.aclose()

@@ -548,7 +548,11 @@ async def test_legacy_broken_response_stream_is_resumed_with_last_event_id() -> 
                     continue
                 msg = orjson.loads(body)
                 if msg.get("method") == "initialize":
-                    result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x"}}
+                    result = {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "serverInfo": {"name": "x", "version": "1"},
+                    }
                     writer.write(
                         json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result}, "mcp-session-id: s1\r\n")
                     )
@@ -574,15 +578,7 @@ async def test_legacy_broken_response_stream_is_resumed_with_last_event_id() -> 
     port = server.sockets[0].getsockname()[1]
     up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
     try:
-        link = await up.open(Era.LEGACY)
-        init = {
-            "jsonrpc": "2.0",
-            "id": link.new_id(),
-            "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25"},
-        }
-        await answer(await link.send_request(init))
-        await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        link = await legacy_session(up)
         seen: list[Message] = []
         ex = await link.send_request(call(link, "echo", {"text": "x"}), on_message=seen.append)
         response = await asyncio.wait_for(ex.response, 10)

@@ -529,6 +529,7 @@ class StdioUpstream:
             spare.on_line = link._on_line
             spare.on_exit = link._on_exit
             self._spares_used += 1
+            self._replenish()  # the command is known to work: the next spare starts booting now
             return spare
         if spare is not None:
             await spare.terminate()

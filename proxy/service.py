@@ -77,6 +77,7 @@ class Service:
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # sessions whose links are still shutting down
         self.on_session_change: Callable[[int], None] | None = None
         self.started_at = time.monotonic()
 
@@ -94,7 +95,8 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         sessions, self.sessions = list(self.sessions.values()), {}
-        await asyncio.gather(*(relay.aclose() for relay in sessions), return_exceptions=True)
+        closing = list(self._closing)
+        await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
 
     @property
@@ -186,12 +188,22 @@ class Service:
         return session_id, relay
 
     async def close_session(self, session_id: str) -> bool:
+        """End a session at once; its upstream link (a stdio child's graceful exit, an HTTP DELETE)
+        is closed in the background, so a client's DELETE is not kept waiting for it."""
         relay = self.sessions.pop(session_id, None)
         if relay is None:
             return False
         self._sessions_changed()
-        await relay.aclose()
+        task = asyncio.create_task(self._close_relay(relay, session_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
         return True
+
+    async def _close_relay(self, relay: Relay, session_id: str) -> None:
+        try:
+            await relay.aclose()
+        except Exception:  # a link that fails to close must not go unnoticed, nor crash anything
+            log.exception("closing session %s… failed", session_id[:8])
 
     def _sessions_changed(self) -> None:
         if self.on_session_change is not None:

@@ -141,3 +141,23 @@ async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> N
         assert broken._spare is None and broken._spare_task is None, "a command that never answered gets no spare"
     finally:
         await broken.aclose()
+
+
+async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
+    """A DELETE ends the session at once; the child's graceful exit (here: one that lingers after
+    its stdin closes) runs in the background and is awaited when the service shuts down."""
+    from proxy.service import Service
+    from proxy.settings import Settings
+
+    lingering = CHILD + "\ntime.sleep(30)\n"  # answers until stdin closes, then lingers
+    upstream = StdioUpstream([sys.executable, "-c", lingering], spares=0)
+    service = Service(Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x"), upstream)
+    session_id, relay = await service.new_session()
+    await _call(relay.link, "initialize")
+    child = relay.link._child  # type: ignore[attr-defined]
+    assert child is not None and child.alive
+    assert await service.close_session(session_id)
+    assert session_id not in service.sessions
+    assert child.alive, "close_session returned without waiting for the child's exit"
+    await service.aclose()
+    assert not child.alive and child.returncode is not None, "shutdown waited for it"

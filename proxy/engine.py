@@ -270,9 +270,9 @@ class _Call:
                 outcome = await self._attempt(number, timeout_s, progress)
                 duration = e.clock() - started
                 classified = classify(outcome, policy)
-                e.antistorm.record(self.label, policy, classified.category, e.clock())
                 self.state = state = state.attempted()
                 now = e.clock()
+                e.antistorm.record(self.label, policy, classified.category, now)
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
                 # finished and its success still delivered (the client may resume the stream);
                 # only a new attempt is not started.

@@ -150,7 +150,7 @@ class _Child:
     def __init__(
         self,
         protocol: _ChildProtocol,
-        name: str,
+        description: str,
         on_line: Callable[[_Child, bytes], None],
         on_exit: Callable[[_Child, int | None], None],
     ) -> None:
@@ -158,7 +158,7 @@ class _Child:
         self.protocol = protocol
         self.transport = protocol.transport
         self.pid = self.transport.get_pid()
-        self.name = name
+        self.name = f"{description}[{self.pid}]"
         self.on_line = on_line  # both rebound when a warm spare is handed to a session
         self.on_exit = on_exit
         self.started_at = time.monotonic()
@@ -425,7 +425,6 @@ class StdioUpstream:
         self.spares = spares  # pre-started children waiting for new 2025 sessions (0 or 1)
         self._spare: _Child | None = None
         self._spare_task: asyncio.Task[None] | None = None
-        self._spares_used = 0
         self._closed = False
         self._spawned = 0
         self.restarts = 0  # respawns after a child died, all links together
@@ -516,8 +515,7 @@ class StdioUpstream:
         except OSError as exc:
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
         self._spawned += 1
-        pid = protocol.transport.get_pid() if protocol.transport is not None else 0
-        child = _Child(protocol, f"{self.description}[{pid}]", on_line, on_exit)
+        child = _Child(protocol, self.description, on_line, on_exit)
         child.tasks.append(asyncio.create_task(_end_with_output(child)))
         return child
 
@@ -528,7 +526,6 @@ class StdioUpstream:
         if spare is not None and spare.alive and not spare.protocol.overflow:
             spare.on_line = link._on_line
             spare.on_exit = link._on_exit
-            self._spares_used += 1
             self._replenish()  # the command is known to work: the next spare starts booting now
             return spare
         if spare is not None:

@@ -24,6 +24,8 @@ import argparse
 import asyncio
 import cProfile
 import logging
+import os
+import re
 import subprocess
 import sys
 import time
@@ -139,6 +141,11 @@ async def one_call(app: McpHttpApp) -> None:
         raise RuntimeError(f"unexpected status {status}")
 
 
+def _callgrind(switch: str) -> None:
+    """Turn callgrind's instrumentation of this process on or off (it starts off: --instr-atstart=no)."""
+    subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True, capture_output=True, timeout=120)
+
+
 async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> float:
     settings = Settings(listen="http://127.0.0.1:8080/mcp", upstream="http://127.0.0.1:1/mcp")
     telemetry = build_telemetry(settings).telemetry if mode == "engine+telemetry" else None
@@ -157,6 +164,9 @@ async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> f
     await asyncio.gather(*(worker(200 // concurrency + 1) for _ in range(concurrency)))  # warm-up
     per_worker = calls // concurrency
     profiler = cProfile.Profile() if profile else None
+    counting = os.environ.get("BENCH_CALLGRIND") == "1"  # under valgrind: count this section only
+    if counting:
+        _callgrind("on")
     start = time.process_time()
     if profiler:
         profiler.enable()
@@ -164,6 +174,8 @@ async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> f
     if profiler:
         profiler.disable()
         profiler.dump_stats(profile)  # type: ignore[arg-type]
+    if counting:
+        _callgrind("off")
     elapsed = time.process_time() - start
     await service.aclose()
     return elapsed / (per_worker * concurrency) * 1e6
@@ -195,17 +207,55 @@ def measure_here(mode: str, calls: int, concurrency: int, repeat: int, profile: 
     return best
 
 
+def _collected(mode: str, calls: int, concurrency: int) -> tuple[int, int]:
+    """(instructions, calls) of one measured section run under callgrind."""
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null"]
+    argv += [sys.executable, __file__, "--only", mode, "--calls", str(calls), "--concurrency", str(concurrency)]
+    argv += ["--repeat", "1"]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1800, check=True, env={**os.environ, "BENCH_CALLGRIND": "1"}
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no callgrind total in: {done.stderr[-500:]}")
+    return int(found.group(1)), calls // concurrency * concurrency
+
+
+def count_instructions(calls: int, concurrency: int) -> None:
+    """Instructions per call of each configuration: the difference between a run of `calls` and one
+    of 3x `calls` (what the two share, such as switching callgrind on, cancels out). Deterministic to
+    within a fraction of a percent, unlike CPU time on a shared VM; a proxy for CPU, not CPU."""
+    per_call: dict[str, float] = {}
+    for mode in MODES:
+        small, n_small = _collected(mode, calls, concurrency)
+        large, n_large = _collected(mode, calls * 3, concurrency)
+        per_call[mode] = (large - small) / (n_large - n_small)
+    base = per_call["plain"]
+    print(f"in-process request path under callgrind: instructions per call, concurrency {concurrency}")
+    print(f"{'configuration':<20}{'instr/call':>14}{'vs plain':>12}")
+    for mode, n in per_call.items():
+        print(f"{mode:<20}{n:>14,.0f}{(n - base) / base * 100:>+11.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best is kept")
     parser.add_argument("--profile", help="write a cProfile of the engine+telemetry configuration here")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per call under valgrind's callgrind instead of timing (slow, deterministic)",
+    )
     parser.add_argument("--only", choices=MODES, help=argparse.SUPPRESS)  # one configuration, for the parent
     args = parser.parse_args()
     if args.only:
-        profile = args.profile if args.only == "engine+telemetry" else None
+        profile = args.profile
         print(measure_here(args.only, args.calls, args.concurrency, args.repeat, profile))
+        return
+    if args.instructions:
+        count_instructions(args.calls, args.concurrency)
         return
     # Each configuration in a process of its own: measured one after the other in one process, the
     # last one paid for the heap and the collector the earlier ones left behind (+30-60 us a call).

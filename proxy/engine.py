@@ -24,7 +24,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -66,6 +66,7 @@ from proxy.telemetry.events import (
     BackoffStarted,
     CallFinished,
     CallStarted,
+    CallSucceeded,
     Telemetry,
 )
 from proxy.upstream.base import Era
@@ -75,6 +76,7 @@ _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_D
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
 _POLICY_CACHE = 4096
+_IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
 
 
 class _Progress(ProgressRelay):
@@ -114,6 +116,8 @@ class Engine:
         self.policies = policies
         self.max_concurrent_calls = max_concurrent_calls
         self.in_flight = 0
+        # Calls in flight per tool label, read by the metrics at scrape time (no event per start).
+        self.calls_in_flight: dict[str, int] = {}
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger(clock)
         self.antistorm = AntiStorm()
         self.telemetry = telemetry or Telemetry()
@@ -123,24 +127,40 @@ class Engine:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(3).hex() + "-"  # call ids unique across restarts, cheap per call
         self._policy_cache: dict[str, tuple[PolicySet, dict[str, Any] | None, ToolPolicy]] = {}
+        size = getattr(self.ledger, "__len__", None)  # a ledger that can say it is empty spares a digest
+        self._ledger_size: Callable[[], int] | None = size
 
-    async def __call__(
+    def __call__(
         self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None
-    ) -> Message:
+    ) -> Awaitable[Message]:
+        """The call's coroutine (the relay awaits it): one coroutine frame per call, not a stack."""
         params = request.get("params")
         name = params.get("name") if isinstance(params, dict) else None
         arguments = params.get("arguments") if isinstance(params, dict) else None
         if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
-            return await relay.forward(request, outbox, headers)  # malformed: the upstream's answer
+            return relay.forward(request, outbox, headers)  # malformed: the upstream's answer
         assert isinstance(params, dict)
         if name not in relay.catalog.tools:
-            await relay.lookup_tool(name, request)  # annotations decide the side-effect class
-        call = _Call(self, relay, request, outbox, headers, params, name, arguments)
-        self.in_flight += 1
-        try:
-            return await call.run()
-        finally:
-            self.in_flight -= 1
+            return self._after_lookup(relay, request, outbox, headers, params, name, arguments)
+        return _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+
+    async def _after_lookup(
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        params: dict[str, Any],
+        name: str,
+        arguments: dict[str, Any] | None,
+    ) -> Message:
+        """A tool the catalog lacks: list tools first (its annotations decide its side-effect class)."""
+        await relay.lookup_tool(name, request)
+        return await _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+
+    def in_flight_by_tool(self) -> list[tuple[str, int]]:
+        """(tool label, calls in flight) for /metrics; a snapshot, safe from another thread."""
+        return list(self.calls_in_flight.items())
 
     def admit_first(self, now_s: float) -> Refused | None:
         """The proxy's own concurrency limit: a call beyond it is refused before its first attempt."""
@@ -231,90 +251,140 @@ class _Call:
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> Message:
-        e, policy = self.e, self.policy
-        now = e.clock()
-        approval = self.meta.get(META_APPROVE_BUDGET)
-        # The digest is needed to consult the ledger; with nothing in the ledger it waits until a
-        # report or a ledger entry needs it (most calls succeed and never do).
-        entry = e.ledger.check(self.op, now) if _may_hold_entries(e.ledger) else None
-        approved = entry is not None and isinstance(approval, str) and e.ledger.approve(self.op, approval, now)
-        state = CallState.start(policy, now_s=now, caller_deadline_ms=self.meta.get(META_DEADLINE_MS))
-        self.state = state
-        self.approved_id = approval if approved else None
-        e.telemetry.emit(
-            CallStarted(
-                self.call_id,
-                self.label,
-                policy.side_effect.value,
-                self.relay.session_id,
-                self.relay.era.value,
-                e.policies().version,
-                policy.attempts,
-                state.deadline_s,
-                trace_meta=_trace_entries(self.meta),
-                trace_headers=_trace_entries(self.headers),
-            )
-        )
-        stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=self._admit_first)
-        if stop is not None:
-            return self._give_up(stop, earlier=entry)
-        token = progress_token_of(self.request)
-        progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
-        timeout_s = attempt_timeout_s(policy, state, now)
+        e, policy, label = self.e, self.policy, self.label
+        flying = e.calls_in_flight
+        flying[label] = flying.get(label, 0) + 1
+        e.in_flight += 1
         try:
-            while True:
-                number = len(self.attempts) + 1
-                if progress is not None:
-                    progress.attempt = number
-                started = e.clock()
-                outcome = await self._attempt(number, timeout_s, progress)
-                duration = e.clock() - started
-                classified = classify(outcome, policy)
-                self.state = state = state.attempted()
-                now = e.clock()
-                e.antistorm.record(self.label, policy, classified.category, now)
-                # A 2025 client that disconnected has not cancelled: the attempt in flight is
-                # finished and its success still delivered (the client may resume the stream);
-                # only a new attempt is not started.
-                gone = self.outbox.closed and classified.category is not None
-                decision = decide(
-                    policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
-                )
-                backoff = decision.delay_s if isinstance(decision, Retry) else None
-                self.attempts.append(
-                    AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
-                )
-                if classified is _SUCCESS:
-                    finished = AttemptFinished(
-                        self.call_id, self.label, number, duration, "success", None, "yes", "upstream"
-                    )
-                else:
-                    finished = AttemptFinished(
+            telemetry = e.telemetry
+            now = e.clock()
+            meta = self.meta
+            approval = meta.get(META_APPROVE_BUDGET) if meta else None
+            # The digest is needed to consult the ledger; with nothing in the ledger it waits until
+            # a report or a ledger entry needs it (most calls succeed and never do).
+            size = e._ledger_size
+            entry = e.ledger.check(self.op, now) if size is None or size() else None
+            approved = entry is not None and isinstance(approval, str) and e.ledger.approve(self.op, approval, now)
+            state = CallState.start(policy, now_s=now, caller_deadline_ms=meta.get(META_DEADLINE_MS) if meta else None)
+            self.state = state
+            self.approved_id = approval if approved else None
+            if telemetry.starts:
+                telemetry.emit(
+                    CallStarted(
                         self.call_id,
-                        self.label,
-                        number,
-                        duration,
-                        _result_label(outcome),
-                        classified.category.value if classified.category else None,
-                        classified.dispatched.value,
-                        classified.evidence.source.value,
+                        label,
+                        policy.side_effect.value,
+                        self.relay.session_id,
+                        self.relay.era.value,
+                        e.policies().version,
+                        policy.attempts,
+                        state.deadline_s,
+                        trace_meta=_trace_entries(meta),
+                        trace_headers=_trace_entries(self.headers),
                     )
-                e.telemetry.emit(finished)
-                match decision:
-                    case Deliver():
-                        return self._deliver(outcome)
-                    case Retry(delay_s=delay):
-                        e.telemetry.emit(BackoffStarted(self.call_id, self.label, number + 1, delay))
-                        await asyncio.sleep(delay)
-                        self.backoff_s += delay
-                        self.state = state = state.retried()
-                        timeout_s = attempt_timeout_s(policy, state, e.clock())
-                    case GiveUp():
-                        partials = progress.notes if progress is not None else []
-                        return self._give_up(decision, partials=partials)
-        except asyncio.CancelledError:
-            self._finished("cancelled", StopReason.CANCELLED, None, False)
-            raise
+                )
+            if entry is None and e.max_concurrent_calls is None and policy.anti_storm.breaker_failures is None:
+                e.antistorm.count_call(label, now)  # nothing can refuse it: only the budget's count
+            else:
+                stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=self._admit_first)
+                if stop is not None:
+                    return self._give_up(stop, earlier=entry)
+            token = progress_token_of(self.request)
+            progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
+            timeout_s = attempt_timeout_s(policy, state, now)
+            try:
+                while True:
+                    number = len(self.attempts) + 1
+                    if progress is not None:
+                        progress.attempt = number
+                    started = e.clock()
+                    waiting, sent = self._attempt(number, timeout_s, progress, started)
+                    try:
+                        response = await waiting
+                    except TimeoutError:
+                        outcome: Outcome = _timed_out(number, timeout_s, sent)
+                    except UpstreamFailure as failure:
+                        outcome = TransportError.from_failure(failure)
+                    else:
+                        result = response.get("result")
+                        if (
+                            number == 1
+                            and result.__class__ is dict
+                            and result.get("isError") is not True
+                            and response.get("error").__class__ is not dict
+                        ):
+                            # Nearly every call: a first answer that is a success (what
+                            # outcome_from_response says) leaves nothing to classify or decide:
+                            # decide() on a success is Deliver whatever else holds.
+                            return self._first_success(result, started, e.clock())
+                        outcome = outcome_from_response(response)
+                    now = e.clock()
+                    duration = now - started
+                    classified = classify(outcome, policy)
+                    self.state = state = state.attempted()
+                    e.antistorm.record(label, policy, classified.category, now)
+                    # A 2025 client that disconnected has not cancelled: the attempt in flight is
+                    # finished and its success still delivered (the client may resume the stream);
+                    # only a new attempt is not started.
+                    gone = self.outbox.closed and classified.category is not None
+                    decision = decide(
+                        policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
+                    )
+                    backoff = decision.delay_s if isinstance(decision, Retry) else None
+                    self.attempts.append(
+                        AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
+                    )
+                    if telemetry.active:
+                        telemetry.emit(self._attempt_finished(number, duration, outcome, classified))
+                    match decision:
+                        case Deliver():
+                            return self._deliver(outcome)
+                        case Retry(delay_s=delay):
+                            if telemetry.active:
+                                telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
+                            await asyncio.sleep(delay)
+                            self.backoff_s += delay
+                            self.state = state = state.retried()
+                            timeout_s = attempt_timeout_s(policy, state, e.clock())
+                        case GiveUp():
+                            partials = progress.notes if progress is not None else []
+                            return self._give_up(decision, partials=partials)
+            except asyncio.CancelledError:
+                self._finished("cancelled", StopReason.CANCELLED, None, False)
+                raise
+        finally:
+            e.in_flight -= 1
+            left = flying[label] - 1
+            if left or len(flying) <= _IN_FLIGHT_KEEP:
+                flying[label] = left
+            else:
+                del flying[label]  # bounded: past the cap, idle labels are dropped
+
+    def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
+        if classified is _SUCCESS:
+            return AttemptFinished(self.call_id, self.label, number, duration, "success", None, "yes", "upstream")
+        return AttemptFinished(
+            self.call_id,
+            self.label,
+            number,
+            duration,
+            _result_label(outcome),
+            classified.category.value if classified.category else None,
+            classified.dispatched.value,
+            classified.evidence.source.value,
+        )
+
+    def _first_success(self, result: dict[str, Any], started: float, ended: float) -> Message:
+        """Deliver a first attempt's success: what `_deliver` does for a call of one attempt."""
+        e, policy = self.e, self.policy
+        if policy.anti_storm.breaker_failures is not None:
+            e.antistorm.record(self.label, policy, None, ended)
+        if self.approved_id is not None:
+            e.ledger.clear(self.op)
+        telemetry = e.telemetry
+        if telemetry.active:
+            telemetry.emit(CallSucceeded(self.call_id, self.label, ended - started, ended - self.state.started_at_s))
+        return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
     def _admit_first(self, now_s: float) -> Refused | None:
         """Before attempt 1: the proxy's concurrency limit, then the tool's circuit breaker."""
@@ -324,21 +394,28 @@ class _Call:
         """Before a retry: the tool's circuit breaker and retry budget."""
         return self.e.antistorm.admit_retry(self.label, self.policy, now_s)
 
-    async def _attempt(self, number: int, timeout_s: float, progress: _Progress | None) -> Outcome:
+    def _attempt(
+        self, number: int, timeout_s: float, progress: _Progress | None, now: float
+    ) -> tuple[Awaitable[Message], SentFlag | asyncio.Event]:
+        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and
+        the flag set once its request was handed to the transport."""
         e = self.e
         params = self.params
         headers = self.headers
-        context = e.telemetry.attempt_context(self.call_id, number)
-        if context:
-            params = {**params, "_meta": {**params.get("_meta", {}), **context}}
-            headers = {**(headers or {}), **context}
-        e.telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
+        telemetry = e.telemetry
+        if telemetry.tracer is not None:
+            context = telemetry.attempt_context(self.call_id, number)
+            if context:
+                params = {**params, "_meta": {**params.get("_meta", {}), **context}}
+                headers = {**(headers or {}), **context}
+        if telemetry.starts or (number > 1 and telemetry.active):
+            telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
         idle_s = self.policy.idle_timeout_s
         idle = idle_s is not None and progress is not None
         sent = asyncio.Event() if idle else SentFlag()  # the idle timer waits on it; else a flag
         # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
         # timer: a slow cold start must not turn every first call after a crash into a timeout.
-        deadline_left_s = self.state.deadline_left_s(e.clock())
+        deadline_left_s = self.state.deadline_left_s(now)
         attempt = self.relay.attempt(
             self.request,
             self.outbox,
@@ -349,52 +426,37 @@ class _Call:
             send_deadline_s=max(deadline_left_s, timeout_s),
             sent=sent,
         )
-        try:
-            if idle:
-                assert idle_s is not None and progress is not None
-                async with asyncio.timeout(max(deadline_left_s, timeout_s)):
-                    assert isinstance(sent, asyncio.Event)
-                    response = await self._with_idle_timer(attempt, timeout_s, idle_s, progress, sent)
-            else:
-                response = await attempt
-        except TimeoutError:
-            if not sent.is_set():
-                return TransportError(
-                    FailureKind.NOT_RUNNING,
-                    Dispatch.NO,
-                    f"attempt {number}: the upstream was not ready to take the request before the deadline",
-                )
-            return TransportError(
-                FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"
-            )
-        except UpstreamFailure as failure:
-            return TransportError.from_failure(failure)
-        return outcome_from_response(response)
+        if not idle:
+            return attempt, sent
+        assert idle_s is not None and progress is not None and isinstance(sent, asyncio.Event)
+        return self._with_idle_timer(attempt, max(deadline_left_s, timeout_s), timeout_s, idle_s, progress, sent), sent
 
     async def _with_idle_timer(
-        self, attempt: Any, timeout_s: float, idle_s: float, progress: _Progress, sent: asyncio.Event
+        self, attempt: Any, cap_s: float, timeout_s: float, idle_s: float, progress: _Progress, sent: asyncio.Event
     ) -> Message:
-        """Wait for the attempt under a hard cap, also stopping when no progress came for `idle_s`."""
-        task = asyncio.ensure_future(attempt)
-        try:
-            waiter = asyncio.ensure_future(sent.wait())
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            hard_at = self.e.clock() + timeout_s
-            progress.last_at = time.monotonic()
-            while True:
-                now = self.e.clock()
-                idle_left = idle_s - (time.monotonic() - progress.last_at)
-                wait = min(hard_at - now, idle_left)
-                if wait <= 0:
-                    raise TimeoutError
-                done, _ = await asyncio.wait({task}, timeout=wait)
-                if done:
-                    return task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        """Wait for the attempt, stopping when no progress came for `idle_s` or `timeout_s` passed
+        since it was sent; sending itself is bounded by `cap_s` (the deadline), as is the whole."""
+        async with asyncio.timeout(cap_s):
+            task = asyncio.ensure_future(attempt)
+            try:
+                waiter = asyncio.ensure_future(sent.wait())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                hard_at = self.e.clock() + timeout_s
+                progress.last_at = time.monotonic()
+                while True:
+                    now = self.e.clock()
+                    idle_left = idle_s - (time.monotonic() - progress.last_at)
+                    wait = min(hard_at - now, idle_left)
+                    if wait <= 0:
+                        raise TimeoutError
+                    done, _ = await asyncio.wait({task}, timeout=wait)
+                    if done:
+                        return task.result()
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
 
     # -- endings --------------------------------------------------------------------------------
     def _deliver(self, outcome: Outcome) -> Message:
@@ -464,6 +526,8 @@ class _Call:
 
     def _finished(self, outcome: str, reason: StopReason | None, category: Any, unknown: bool) -> None:
         e = self.e
+        if not e.telemetry.active:
+            return
         e.telemetry.emit(
             CallFinished(
                 self.call_id,
@@ -488,9 +552,16 @@ def _trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
     return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
 
 
-def _may_hold_entries(ledger: Ledger) -> bool:
-    size = getattr(ledger, "__len__", None)
-    return size is None or size() > 0
+def _timed_out(number: int, timeout_s: float, sent: SentFlag | asyncio.Event) -> TransportError:
+    if not sent.is_set():
+        return TransportError(
+            FailureKind.NOT_RUNNING,
+            Dispatch.NO,
+            f"attempt {number}: the upstream was not ready to take the request before the deadline",
+        )
+    return TransportError(
+        FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"
+    )
 
 
 def _rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:

@@ -60,8 +60,10 @@ async def run(settings: Settings) -> int:
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
     service = build_service(settings, policies, bundle.telemetry)
+    bundle.metrics.set_policy_version(policies.current.version)
     if isinstance(service.tool_calls, Engine):
         bundle.metrics.watch_circuits(service.tool_calls.antistorm.circuits)
+        bundle.metrics.watch_in_flight(service.tool_calls.in_flight_by_tool)
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())

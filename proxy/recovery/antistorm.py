@@ -7,6 +7,7 @@ engine's upstream (one engine serves one upstream), keyed by the tool's bounded 
 Contract (pure: time is an argument; the engine owns the one instance):
 - `admit_first(tool, policy, now_s)` before attempt 1: `Refused(circuit_open, retry_after_s)`
   while the tool's circuit is open, else None; an admitted call counts towards the budget.
+  `count_call(tool, now_s)` is the same for a policy without a breaker (nothing can refuse).
 - `admit_retry(tool, policy, now_s)` is `decide`'s admission (called only when every other check
   said yes): `Refused(circuit_open)` while open, `Refused(retry_budget)` when the budget has no
   room, else None, and the admitted retry is spent from the budget.
@@ -90,6 +91,11 @@ class AntiStorm:
             return refused
         st.calls[st.bucket(now_s)] += 1
         return None
+
+    def count_call(self, tool: str, now_s: float) -> None:
+        """`admit_first` for a call nothing can refuse (its policy has no breaker): only the count."""
+        st = self._tools.get(tool) or self._state(tool)
+        st.calls[st.bucket(now_s)] += 1
 
     def admit_retry(self, tool: str, policy: ToolPolicy, now_s: float) -> Refused | None:
         st = self._state(tool)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.errors import Dispatch
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
@@ -56,6 +56,8 @@ def effective_deadline_s(policy: ToolPolicy, caller_deadline_ms: Any = None) -> 
     A caller value that is not a finite positive number (bool, string, 0, negative, NaN) is ignored.
     """
     deadline = policy.deadline_s
+    if caller_deadline_ms is None:
+        return deadline
     if (
         isinstance(caller_deadline_ms, int | float)
         and not isinstance(caller_deadline_ms, bool)
@@ -66,9 +68,9 @@ def effective_deadline_s(policy: ToolPolicy, caller_deadline_ms: Any = None) -> 
     return deadline
 
 
-@dataclass(frozen=True, slots=True)
-class CallState:
-    """Per-call retry state: what has been spent so far (instants are on the engine's monotonic clock)."""
+class CallState(NamedTuple):
+    """Per-call retry state: what has been spent so far (instants are on the engine's monotonic clock).
+    Immutable; a named tuple because every call builds one (a third of a frozen dataclass's cost)."""
 
     attempts_made: int
     started_at_s: float

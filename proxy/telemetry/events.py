@@ -4,6 +4,15 @@ Contract:
 - Events are frozen records (named tuples: several are built per call, and a tuple is four times
   cheaper to build than a frozen dataclass); match them by class, never by tuple equality, and
   observers must not keep references to mutable state.
+- A call's events, in order: `CallStarted`, then per attempt `AttemptStarted`, `AttemptFinished`
+  and, before a retry, `BackoffStarted`; then `CallFinished`. A call whose first attempt
+  succeeded ends with the single `CallSucceeded` instead of that attempt's `AttemptFinished` and
+  the `CallFinished` (`as_finished()` gives the pair): it is nearly every call, and one event
+  costs a quarter of four.
+- `CallStarted` and the first `AttemptStarted` are only emitted when some observer needs them
+  (`Telemetry.starts`): an observer declares `needs_starts = False` when it does not (metrics
+  and the call log read nothing from them; tracing opens its spans on them). Observers without
+  the attribute get every event.
 - `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises
   is logged (once per observer and event type) and never breaks traffic. Observers must be
   cheap: no I/O on the request path (an exporter's own worker thread is fine).
@@ -76,6 +85,22 @@ class CallFinished(NamedTuple):
     outcome_unknown: bool
 
 
+class CallSucceeded(NamedTuple):
+    """A call answered by its first attempt: that attempt's `AttemptFinished` and the call's
+    `CallFinished` in one event."""
+
+    call_id: str
+    tool: str
+    attempt_s: float  # the attempt's duration
+    duration_s: float  # the call's, from its arrival
+
+    def as_finished(self) -> tuple[AttemptFinished, CallFinished]:
+        return (
+            AttemptFinished(self.call_id, self.tool, 1, self.attempt_s, "success", None, "yes", "upstream"),
+            CallFinished(self.call_id, self.tool, "success", None, None, 1, self.duration_s, 0.0, False),
+        )
+
+
 class UpstreamStatus(NamedTuple):
     upstream: str
     up: bool
@@ -87,11 +112,25 @@ class PolicyReloaded(NamedTuple):
     version: str
 
 
-Event = CallStarted | AttemptStarted | AttemptFinished | BackoffStarted | CallFinished | UpstreamStatus | PolicyReloaded
+Event = (
+    CallStarted
+    | AttemptStarted
+    | AttemptFinished
+    | BackoffStarted
+    | CallFinished
+    | CallSucceeded
+    | UpstreamStatus
+    | PolicyReloaded
+)
 
 
 class Observer(Protocol):
     def on_event(self, event: Event) -> None: ...
+
+
+def needs_starts(observer: Observer) -> bool:
+    """Whether `observer` wants `CallStarted` and first-attempt `AttemptStarted` events."""
+    return bool(getattr(observer, "needs_starts", True))
 
 
 class Tracer(Protocol):
@@ -102,8 +141,11 @@ class Telemetry:
     """Fan-out of events to observers; failures are contained and logged."""
 
     def __init__(self, observers: list[Observer] | None = None, tracer: Tracer | None = None) -> None:
-        self.observers: list[Observer] = list(observers or [])
+        self.observers: tuple[Observer, ...] = tuple(observers or ())
         self.tracer = tracer
+        # What the engine needs to build: nothing without observers; start events only when wanted.
+        self.active = bool(self.observers)
+        self.starts = any(needs_starts(o) for o in self.observers)
         self._reported: set[tuple[int, type]] = set()
 
     def emit(self, event: Event) -> None:

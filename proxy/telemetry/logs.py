@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-from proxy.telemetry.events import CallFinished, Event
+from proxy.telemetry.events import CallFinished, CallSucceeded, Event
 
 CALL_LOGGER = "proxy.calls"
 CallLogMode = Literal["all", "problems", "off"]
@@ -37,8 +37,16 @@ class CallLogObserver:
         self._off = mode == "off"
         self._skip_success = mode != "all"
 
+    needs_starts = False  # it logs finished calls only
+
     def on_event(self, event: Event) -> None:
-        if self._off or not isinstance(event, CallFinished):
+        if self._off:
+            return
+        if isinstance(event, CallSucceeded):
+            if self._skip_success:
+                return
+            event = event.as_finished()[1]
+        elif not isinstance(event, CallFinished):
             return
         if self._skip_success and event.outcome == "success":
             return

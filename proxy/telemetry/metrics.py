@@ -8,6 +8,10 @@ Contract:
   this observer caps the distinct values again (`max_tools`, default 200, then "other") as defence
   in depth; `upstream` is capped the same way. `outcome`, `result`, `category`, `stop_reason`,
   `dispatched` and reload `result` are closed vocabularies; an unexpected value becomes "other".
+- Calls in flight and circuit states are read from the engine at scrape time (`watch_in_flight`,
+  `watch_circuits`): nothing is updated per call for them, and they need no start event
+  (`needs_starts = False`). The policy version is set at start-up (`set_policy_version`) and by
+  successful reloads.
 - Known label values of the small closed sets (reload results; per tool, the call outcomes,
   retries and outcome-unknown calls, the first time the tool is seen) are created at 0, so a
   dashboard or alert that watches for them reads a real zero instead of a missing series, and
@@ -18,18 +22,19 @@ Contract:
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
     BackoffStarted,
     CallFinished,
-    CallStarted,
+    CallSucceeded,
     Event,
     PolicyReloaded,
     UpstreamStatus,
@@ -93,6 +98,33 @@ class BoundedLabel:
 
 
 CircuitSource = Callable[[float], list[tuple[str, bool]]]
+InFlightSource = Callable[[], list[tuple[str, int]]]
+
+
+class _InFlightCollector:
+    """`mcp_recovery_calls_in_flight{tool}`, read from the engine's per-tool counts at scrape time."""
+
+    def __init__(self, label: Callable[[str], str]) -> None:
+        self.source: InFlightSource | None = None
+        self._label = label
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        if self.source is not None:
+            merged: dict[str, int] = {}
+            for tool, count in self.source():
+                label = self._label(tool)
+                merged[label] = merged.get(label, 0) + count
+            for label, count in merged.items():
+                family.add_metric([label], float(count))
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + "calls_in_flight", "tools/call requests being handled now.", labels=("tool",))
 
 
 class _CircuitCollector:
@@ -126,8 +158,84 @@ class _CircuitCollector:
         )
 
 
+class _Series:
+    """One per-call metric family kept as plain numbers on the event loop, exported at scrape time.
+
+    prometheus_client's children take a lock and validate on every update (about 9 us for the five
+    updates of a successful call); the per-call series are only ever updated and scraped on the
+    event loop's thread, so they are plain dict cells here and prometheus_client does the
+    exposition. A counter's cell is `[value]`; a histogram's is `[bucket counts..., +Inf, sum]`.
+    """
+
+    __slots__ = ("bounds", "cells", "doc", "labels", "les", "name")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], bounds: tuple[float, ...] | None = None) -> None:
+        self.name = PREFIX + name
+        self.doc = doc
+        self.labels = labels
+        self.bounds = bounds
+        self.les = [floatToGoString(b) for b in bounds] + ["+Inf"] if bounds is not None else []
+        self.cells: dict[tuple[str, ...], list[float]] = {}
+
+    def cell(self, key: tuple[str, ...]) -> list[float]:
+        """The series of `key`, created at zero if new."""
+        found = self.cells.get(key)
+        if found is None:
+            size = 1 if self.bounds is None else len(self.bounds) + 2
+            found = self.cells[key] = [0.0] * size
+        return found
+
+    def inc(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        self.cell(key)[0] += amount
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        _observe(self.cell(key), self.bounds, value)  # type: ignore[arg-type]
+
+    def family(self) -> Metric:
+        if self.bounds is None:
+            counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+            for key, (value,) in list(self.cells.items()):
+                counter.add_metric(key, value)
+            return counter
+        histogram = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, cell in list(self.cells.items()):
+            total, buckets = 0.0, []
+            for le, count in zip(self.les, cell, strict=False):
+                total += count
+                buckets.append((le, total))
+            histogram.add_metric(key, buckets, cell[-1])
+        return histogram
+
+
+def _observe(cell: list[float], bounds: tuple[float, ...], value: float) -> None:
+    value = max(value, 0.0)
+    cell[bisect_left(bounds, value)] += 1  # the first bucket whose bound is >= value ("le")
+    cell[-1] += value
+
+
+class _SeriesCollector:
+    def __init__(self, series: list[_Series]) -> None:
+        self.series = series
+
+    def describe(self) -> Iterator[Metric]:
+        for one in self.series:
+            yield (CounterMetricFamily if one.bounds is None else HistogramMetricFamily)(
+                one.name, one.doc, labels=one.labels
+            )
+
+    def collect(self) -> Iterator[Metric]:
+        for one in self.series:
+            yield one.family()
+
+
 class MetricsObserver:
-    """Turns telemetry events into Prometheus metrics on `registry`."""
+    """Turns telemetry events into Prometheus metrics on `registry`.
+
+    The per-call series are updated and read on the event loop's thread only (the admin server
+    serves /metrics on the same loop); see `_Series`.
+    """
+
+    needs_starts = False  # nothing here is read from CallStarted or a first AttemptStarted
 
     def __init__(self, registry: CollectorRegistry, *, max_tools: int = 200, max_upstreams: int = 16) -> None:
         self.registry = registry
@@ -137,61 +245,71 @@ class MetricsObserver:
         self._policy_version: str | None = None
         self._touched: set[str] = set()
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=registry)
-
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(PREFIX + name, doc, labels, registry=registry)
 
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, registry=registry, buckets=buckets)
-
-        # labels() validates, sorts and locks on every call; the children of these bounded label
-        # sets are looked up once and kept (the label values are already capped).
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._success: dict[str, tuple[Any, ...]] = {}
-        self.calls = counter("calls", "Finished tools/call requests by outcome.", ("tool", "outcome"))
-        self.calls_in_flight = gauge("calls_in_flight", "tools/call requests being handled now.", ("tool",))
-        self.call_duration = histogram(
+        self.calls = _Series("calls", "Finished tools/call requests by outcome.", ("tool", "outcome"))
+        self.call_duration = _Series(
             "call_duration_seconds",
             "Time from a tools/call's arrival to its answer, all attempts and backoff included.",
             ("tool", "outcome"),
             DURATION_BUCKETS_S,
         )
-        self.attempts_per_call = histogram(
+        self.attempts_per_call = _Series(
             "call_attempts", "Upstream attempts used by one tools/call.", ("tool",), ATTEMPT_BUCKETS
         )
-        self.attempts = counter(
+        self.attempts = _Series(
             "attempts", "Finished upstream attempts by result and failure category.", ("tool", "result", "category")
         )
-        self.attempt_duration = histogram(
+        self.attempt_duration = _Series(
             "attempt_duration_seconds", "Duration of one upstream attempt.", ("tool", "result"), DURATION_BUCKETS_S
         )
-        self.retries = counter("retries", "Retry attempts started (attempts after the first).", ("tool",))
-        self.retry_successes = counter(
+        self.retries = _Series("retries", "Retry attempts started (attempts after the first).", ("tool",))
+        self.retry_successes = _Series(
             "retry_successes", "Retry attempts (attempts after the first) that succeeded.", ("tool",)
         )
-        self.stops = counter(
+        self.stops = _Series(
             "stops",
             "Calls that ended without success, by the reason the proxy stopped trying.",
             ("tool", "stop_reason"),
         )
-        self.outcome_unknown = counter(
+        self.outcome_unknown = _Series(
             "outcome_unknown_calls",
             "Calls answered while the upstream may or may not have executed the last attempt.",
             ("tool",),
         )
-        self.backoff_seconds = counter(
+        self.backoff_seconds = _Series(
             "backoff_seconds", "Time calls spent waiting between attempts (measured at call end).", ("tool",)
         )
-        self.backoff_delay = histogram(
+        self.backoff_delay = _Series(
             "backoff_delay_seconds", "Backoff delays scheduled before a retry.", ("tool",), BACKOFF_BUCKETS_S
         )
-        self.upstream_up = gauge("upstream_up", "1 while the upstream answers, 0 while it does not.", ("upstream",))
-        self.upstream_restarts = counter(
-            "upstream_restarts", "Restarts of supervised upstream children.", ("upstream",)
+        registry.register(
+            _SeriesCollector(
+                [
+                    self.calls,
+                    self.call_duration,
+                    self.attempts_per_call,
+                    self.attempts,
+                    self.attempt_duration,
+                    self.retries,
+                    self.retry_successes,
+                    self.stops,
+                    self.outcome_unknown,
+                    self.backoff_seconds,
+                    self.backoff_delay,
+                ]
+            )
         )
-        self.policy_reloads = counter("policy_reloads", "Policy reloads by result.", ("result",))
+        # The cells a first-attempt success touches, per tool label, looked up once.
+        self._success: dict[str, tuple[list[float], list[float], list[float], list[float], list[float]]] = {}
+        self.upstream_up = gauge("upstream_up", "1 while the upstream answers, 0 while it does not.", ("upstream",))
+        self.upstream_restarts = Counter(
+            PREFIX + "upstream_restarts", "Restarts of supervised upstream children.", ("upstream",), registry=registry
+        )
+        self.policy_reloads = Counter(
+            PREFIX + "policy_reloads", "Policy reloads by result.", ("result",), registry=registry
+        )
         self.policy_reload_ok = gauge(
             "policy_reload_ok", "1 when the last policy reload succeeded (or nothing changed), 0 when it failed."
         )
@@ -201,6 +319,12 @@ class MetricsObserver:
         self.policy_reload_ok.set(1)
         self._circuits = _CircuitCollector(self._tool)
         registry.register(self._circuits)
+        self._in_flight = _InFlightCollector(self._tool)
+        registry.register(self._in_flight)
+
+    def watch_in_flight(self, source: InFlightSource) -> None:
+        """Export the calls in flight per tool `source()` gives: the engine's `in_flight_by_tool`."""
+        self._in_flight.source = source
 
     def watch_circuits(self, source: CircuitSource) -> None:
         """Export the circuit-breaker state `source(now_s)` gives: the engine's `antistorm.circuits`,
@@ -219,34 +343,25 @@ class MetricsObserver:
         if label not in self._touched:
             self._touched.add(label)
             for outcome in OUTCOMES:
-                self.calls.labels(tool=label, outcome=outcome)
-            self.retries.labels(tool=label)
-            self.retry_successes.labels(tool=label)
-            self.outcome_unknown.labels(tool=label)
+                self.calls.cell((label, outcome))
+            self.retries.cell((label,))
+            self.retry_successes.cell((label,))
+            self.outcome_unknown.cell((label,))
         return label
-
-    def _child(self, metric: Any, *values: str) -> Any:
-        key = (id(metric), values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def on_event(self, event: Event) -> None:
         match event:
+            case CallSucceeded():
+                self._call_succeeded(event)
             case AttemptFinished():
                 self._attempt_finished(event)
             case AttemptStarted():
                 if event.number > 1:
-                    self._child(self.retries, self._tool_label(event.tool)).inc()
-            case CallStarted():
-                self._child(self.calls_in_flight, self._tool_label(event.tool)).inc()
-                if event.policy_version:
-                    self._set_policy_version(event.policy_version)
+                    self.retries.inc((self._tool_label(event.tool),))
             case CallFinished():
                 self._call_finished(event)
             case BackoffStarted():
-                self._child(self.backoff_delay, self._tool_label(event.tool)).observe(max(event.delay_s, 0.0))
+                self.backoff_delay.observe((self._tool_label(event.tool),), event.delay_s)
             case UpstreamStatus():
                 self._upstream_status(event)
             case PolicyReloaded():
@@ -254,61 +369,51 @@ class MetricsObserver:
                 self.policy_reloads.labels(result=result).inc()
                 self.policy_reload_ok.set(0 if result == "error" else 1)
                 if result == "ok" and event.version:
-                    self._set_policy_version(event.version)
+                    self.set_policy_version(event.version)
 
-    def _success_children(self, tool: str) -> tuple[Any, ...]:
-        """The series a first-attempt success touches, per tool label, looked up once."""
-        children = self._success.get(tool)
-        if children is None:
-            children = self._success[tool] = (
-                self._child(self.attempts, tool, "success", NONE),
-                self._child(self.attempt_duration, tool, "success"),
-                self._child(self.calls_in_flight, tool),
-                self._child(self.calls, tool, "success"),
-                self._child(self.call_duration, tool, "success"),
-                self._child(self.attempts_per_call, tool),
+    def _success_cells(self, tool: str) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+        cells = self._success.get(tool)
+        if cells is None:
+            cells = self._success[tool] = (
+                self.attempts.cell((tool, "success", NONE)),
+                self.attempt_duration.cell((tool, "success")),
+                self.calls.cell((tool, "success")),
+                self.call_duration.cell((tool, "success")),
+                self.attempts_per_call.cell((tool,)),
             )
-        return children
+        return cells
+
+    def _call_succeeded(self, event: CallSucceeded) -> None:
+        attempts, attempt_duration, calls, call_duration, attempts_per_call = self._success_cells(
+            self._tool_label(event.tool)
+        )
+        attempts[0] += 1
+        _observe(attempt_duration, DURATION_BUCKETS_S, event.attempt_s)
+        calls[0] += 1
+        _observe(call_duration, DURATION_BUCKETS_S, event.duration_s)
+        _observe(attempts_per_call, ATTEMPT_BUCKETS, 1)
 
     def _attempt_finished(self, event: AttemptFinished) -> None:
         tool = self._tool_label(event.tool)
-        if event.result == "success" and event.category is None:  # the common case, straight to its series
-            attempts, attempt_duration = self._success_children(tool)[:2]
-            attempts.inc()
-            attempt_duration.observe(max(event.duration_s, 0.0))
-            if event.number > 1:
-                self._child(self.retry_successes, tool).inc()
-            return
         result = _closed(event.result, RESULTS)
-        category = _closed(event.category, CATEGORIES)
-        self._child(self.attempts, tool, result, category).inc()
-        self._child(self.attempt_duration, tool, result).observe(max(event.duration_s, 0.0))
+        self.attempts.inc((tool, result, _closed(event.category, CATEGORIES)))
+        self.attempt_duration.observe((tool, result), event.duration_s)
         if event.number > 1 and result == "success":
-            self._child(self.retry_successes, tool).inc()
+            self.retry_successes.inc((tool,))
 
     def _call_finished(self, event: CallFinished) -> None:
         tool = self._tool_label(event.tool)
-        if event.outcome == "success" and event.stop_reason is None and not event.backoff_s:
-            _, _, in_flight, calls, call_duration, attempts_per_call = self._success_children(tool)
-            in_flight.dec()
-            calls.inc()
-            call_duration.observe(max(event.duration_s, 0.0))
-            attempts_per_call.observe(event.attempts)
-            if event.outcome_unknown:
-                self._child(self.outcome_unknown, tool).inc()
-            return
         outcome = _closed(event.outcome, OUTCOMES)
-        self._child(self.calls_in_flight, tool).dec()
-        self._child(self.calls, tool, outcome).inc()
-        self._child(self.call_duration, tool, outcome).observe(max(event.duration_s, 0.0))
+        self.calls.inc((tool, outcome))
+        self.call_duration.observe((tool, outcome), event.duration_s)
         if event.attempts > 0:
-            self._child(self.attempts_per_call, tool).observe(event.attempts)
+            self.attempts_per_call.observe((tool,), event.attempts)
         if event.stop_reason is not None:
-            self._child(self.stops, tool, _closed(event.stop_reason, STOP_REASONS)).inc()
+            self.stops.inc((tool, _closed(event.stop_reason, STOP_REASONS)))
         if event.outcome_unknown:
-            self._child(self.outcome_unknown, tool).inc()
+            self.outcome_unknown.inc((tool,))
         if event.backoff_s > 0:
-            self._child(self.backoff_seconds, tool).inc(event.backoff_s)
+            self.backoff_seconds.inc((tool,), event.backoff_s)
 
     def _upstream_status(self, event: UpstreamStatus) -> None:
         upstream = self._upstream(event.upstream)
@@ -322,7 +427,8 @@ class MetricsObserver:
         if len(self._restarts_seen) > 64:  # bounded: forget the oldest upstream
             self._restarts_seen.pop(next(iter(self._restarts_seen)))
 
-    def _set_policy_version(self, version: str) -> None:
+    def set_policy_version(self, version: str) -> None:
+        """The `policy_info` series: the version loaded at start-up, then each successful reload."""
         version = version[:64]
         if version == self._policy_version:
             return

@@ -42,6 +42,7 @@ from proxy.telemetry.events import (
     BackoffStarted,
     CallFinished,
     CallStarted,
+    CallSucceeded,
     Event,
 )
 
@@ -99,6 +100,10 @@ class TracingObserver:
                     )
             case CallFinished():
                 self._call_finished(event)
+            case CallSucceeded():
+                attempt, finished = event.as_finished()
+                self._attempt_finished(attempt)
+                self._call_finished(finished)
             case _:
                 pass
 

@@ -164,3 +164,112 @@ async def test_a_spent_retry_budget_stops_retrying_with_retry_budget() -> None:
     structured = outbox.messages[0]["result"]["structuredContent"]
     assert structured["stopReason"] == "retry_budget" and structured["attemptCount"] == 3
     assert not list(_unresolved_validator().iter_errors(structured))
+
+
+# -- what the engine tells its observers -------------------------------------------------------
+
+
+class _Recorder:
+    """An observer that declares nothing, so it gets every event (as tracing does)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_event(self, event: Any) -> None:
+        self.events.append(event)
+
+
+class _FinishedOnly(_Recorder):
+    needs_starts = False  # as the metrics and the call log declare
+
+
+def _relay_observed(link: MemoryLink, *observers: Any) -> tuple[Relay, Engine]:
+    from proxy.telemetry.events import Telemetry
+
+    catalog = ToolCatalog()
+    catalog.observe(
+        {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    )
+    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 0.0, telemetry=Telemetry(list(observers)))
+    return Relay(link, catalog=catalog, tool_calls=engine), engine  # type: ignore[arg-type]
+
+
+async def test_a_first_attempt_success_is_one_event_and_start_events_are_built_only_when_needed() -> None:
+    everything = _Recorder()
+    relay, _ = _relay_observed(ScriptedLink([{"content": []}]), everything)
+    await relay.handle_request(REQUEST, Outbox())
+    assert [type(e).__name__ for e in everything.events] == ["CallStarted", "AttemptStarted", "CallSucceeded"]
+    finished_only = _FinishedOnly()
+    relay, _ = _relay_observed(ScriptedLink([{"content": []}]), finished_only)
+    await relay.handle_request(REQUEST, Outbox())
+    (succeeded,) = finished_only.events
+    assert type(succeeded).__name__ == "CallSucceeded" and succeeded.tool == "read"
+    assert 0 <= succeeded.attempt_s <= succeeded.duration_s
+
+
+async def test_without_start_listeners_a_recovered_call_still_reports_its_retries_and_attempts() -> None:
+    finished_only = _FinishedOnly()
+    relay, _ = _relay_observed(ScriptedLink([TRANSIENT, {"content": []}]), finished_only)
+    await relay.handle_request(REQUEST, Outbox())
+    names = [(type(e).__name__, getattr(e, "number", None)) for e in finished_only.events]
+    assert names == [
+        ("AttemptFinished", 1),
+        ("BackoffStarted", None),
+        ("AttemptStarted", 2),  # a retry's start is always told (the retries counter)
+        ("AttemptFinished", 2),
+        ("CallFinished", None),
+    ]
+    assert finished_only.events[-1].outcome == "recovered"
+
+
+class _RawLink(MemoryLink):
+    """Answers every request with `answer` (a whole JSON-RPC message, its id filled in)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__()
+        self.answer_with = answer
+
+    async def send_request(
+        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        reply = {**self.answer_with, "id": message["id"]}
+        asyncio.get_running_loop().call_soon(self.pending.resolve, reply)
+        return ex
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"jsonrpc": "2.0", "result": {"isError": True, "content": []}},
+        {"jsonrpc": "2.0", "error": {"code": -32603, "message": "boom"}, "result": {"content": []}},
+        {"jsonrpc": "2.0", "result": ["not", "an", "object"]},
+    ],
+)
+async def test_only_a_real_success_takes_the_short_way(answer: dict[str, Any]) -> None:
+    finished_only = _FinishedOnly()
+    relay, _ = _relay_observed(_RawLink(answer), finished_only)
+    await relay.handle_request(REQUEST, Outbox())
+    kinds = [type(e).__name__ for e in finished_only.events]
+    assert kinds[0] == "AttemptFinished" and kinds[-1] == "CallFinished" and "CallSucceeded" not in kinds
+    assert finished_only.events[0].result != "success" and finished_only.events[-1].outcome != "success"
+
+
+async def test_calls_in_flight_per_tool_count_a_hanging_call_until_it_is_cancelled() -> None:
+    sent = asyncio.Event()
+
+    class Silent(MemoryLink):
+        async def send_request(self, message: dict[str, Any], **kw: Any) -> Exchange:
+            ex = await super().send_request(message, **kw)
+            sent.set()
+            return ex  # and never answers
+
+    link = Silent()
+    relay, engine = _relay_observed(link)
+    task = asyncio.get_running_loop().create_task(relay.handle_request(REQUEST, Outbox()))
+    await sent.wait()
+    assert engine.in_flight_by_tool() == [("read", 1)] and engine.in_flight == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert engine.in_flight_by_tool() == [("read", 0)] and engine.in_flight == 0
+    assert link.cancelled, "the attempt the proxy stopped waiting for was cancelled upstream"

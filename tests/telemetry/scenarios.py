@@ -2,7 +2,10 @@
 
 Each function returns the events of one tools/call in the order the engine emits them:
 CallStarted, then per attempt (attempt_context), AttemptStarted, AttemptFinished, and
-BackoffStarted before a retry, then CallFinished.
+BackoffStarted before a retry, then CallFinished; a first-attempt success ends in the single
+CallSucceeded instead. (The engine emits CallStarted and the first AttemptStarted only when an
+observer needs them; these sequences always carry them, and observers that do not need them
+must ignore them.)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from proxy.telemetry.events import (
     BackoffStarted,
     CallFinished,
     CallStarted,
+    CallSucceeded,
     Event,
 )
 
@@ -63,10 +67,11 @@ def ok_attempt(call_id: str, tool: str, number: int) -> list[Event]:
 
 
 def success(call_id: str, tool: str = "echo", **kw: object) -> list[Event]:
+    """A first-attempt success: its attempt and the call end in one `CallSucceeded`."""
     return [
         started(call_id, tool, **kw),  # type: ignore[arg-type]
-        *ok_attempt(call_id, tool, 1),
-        CallFinished(call_id, tool, "success", None, None, 1, 0.012, 0.0, False),
+        AttemptStarted(call_id, tool, 1, 1.0),
+        CallSucceeded(call_id, tool, 0.01, 0.012),
     ]
 
 

@@ -49,7 +49,6 @@ def test_a_call_recovered_after_two_failures_counts_three_attempts_two_retries_a
     assert value(registry, "mcp_recovery_backoff_seconds_total", tool="flaky_read") == pytest.approx(0.15)
     assert value(registry, "mcp_recovery_call_duration_seconds_count", tool="flaky_read", outcome="recovered") == 1
     assert value(registry, "mcp_recovery_attempt_duration_seconds_count", tool="flaky_read", result="tool_error") == 2
-    assert value(registry, "mcp_recovery_calls_in_flight", tool="flaky_read") == 0
     assert registry.get_sample_value("mcp_recovery_stops_total", {"tool": "flaky_read", "stop_reason": "none"}) is None
 
 
@@ -71,14 +70,34 @@ def test_an_unresolved_call_counts_its_stop_reason_and_outcome_unknown(
     assert value(registry, "mcp_recovery_retries_total", tool="always_fail") == 2
 
 
-def test_a_cancelled_call_leaves_nothing_in_flight_and_counts_as_cancelled(
+def test_a_first_attempt_success_is_one_event_that_counts_its_attempt_and_its_call(
     registry: CollectorRegistry, observer: MetricsObserver
 ) -> None:
-    events = scenarios.cancelled("c1", "hang")
-    feed(observer, events[:2])
+    feed(observer, scenarios.success("c1", "echo"))
+    assert value(registry, "mcp_recovery_calls_total", tool="echo", outcome="success") == 1
+    assert value(registry, "mcp_recovery_attempts_total", tool="echo", result="success", category="none") == 1
+    assert value(registry, "mcp_recovery_attempt_duration_seconds_sum", tool="echo", result="success") == 0.01
+    assert value(registry, "mcp_recovery_call_duration_seconds_sum", tool="echo", outcome="success") == 0.012
+    assert value(registry, "mcp_recovery_call_attempts_sum", tool="echo") == 1
+    assert value(registry, "mcp_recovery_retries_total", tool="echo") == 0
+    assert registry.get_sample_value("mcp_recovery_stops_total", {"tool": "echo", "stop_reason": "none"}) is None
+
+
+def test_calls_in_flight_are_read_from_the_engine_at_scrape_time(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    assert next(m for m in registry.collect() if m.name == "mcp_recovery_calls_in_flight").samples == []
+    flying = {"hang": 1, "echo": 0}
+    observer.watch_in_flight(lambda: list(flying.items()))
+    feed(observer, scenarios.cancelled("c1", "hang")[:2])  # start events change nothing by themselves
     assert value(registry, "mcp_recovery_calls_in_flight", tool="hang") == 1
-    feed(observer, events[2:])
+    assert registry.get_sample_value("mcp_recovery_calls_in_flight", {"tool": "echo"}) == 0
+    flying["hang"] = 0
     assert value(registry, "mcp_recovery_calls_in_flight", tool="hang") == 0
+
+
+def test_a_cancelled_call_counts_as_cancelled(registry: CollectorRegistry, observer: MetricsObserver) -> None:
+    feed(observer, scenarios.cancelled("c1", "hang"))
     assert value(registry, "mcp_recovery_calls_total", tool="hang", outcome="cancelled") == 1
     assert value(registry, "mcp_recovery_stops_total", tool="hang", stop_reason="cancelled") == 1
     # No attempt finished and none was counted: attempts per call only records calls that made one.
@@ -118,11 +137,10 @@ def test_policy_reloads_count_by_result_and_keep_exactly_one_version_series(
     assert value(registry, "mcp_recovery_policy_reload_ok") == 1
 
 
-def test_the_policy_version_a_call_ran_under_becomes_the_info_series(
-    registry: CollectorRegistry, observer: MetricsObserver
-) -> None:
-    feed(observer, scenarios.success("c1", policy_version="sha-1"))
-    feed(observer, scenarios.success("c2", policy_version="sha-2"))
+def test_the_loaded_policy_version_is_the_info_series(registry: CollectorRegistry, observer: MetricsObserver) -> None:
+    observer.set_policy_version("sha-1")  # at start-up
+    feed(observer, scenarios.success("c1", policy_version="sha-0"))  # a call's own version sets nothing
+    observer.on_event(PolicyReloaded("ok", "sha-2"))
     info = [s for m in registry.collect() if m.name == "mcp_recovery_policy_info" for s in m.samples]
     assert [(s.labels, s.value) for s in info] == [({"version": "sha-2"}, 1.0)]
 
@@ -134,8 +152,10 @@ def test_distinct_tool_labels_are_capped_and_the_rest_become_other(registry: Col
     tools = {s.labels["tool"] for m in registry.collect() if m.name == "mcp_recovery_calls" for s in m.samples}
     assert tools == {"tool0", "tool1", "tool2", "other"}
     assert value(registry, "mcp_recovery_calls_total", tool="other", outcome="success") == 3
-    # A capped tool's in-flight gauge still returns to zero: start and finish map to the same label.
-    assert value(registry, "mcp_recovery_calls_in_flight", tool="other") == 0
+    # In-flight counts of capped tools are summed under "other".
+    observer.watch_in_flight(lambda: [(f"tool{i}", 1) for i in range(6)])
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="tool2") == 1
+    assert value(registry, "mcp_recovery_calls_in_flight", tool="other") == 3
 
 
 def test_unexpected_label_values_collapse_to_other() -> None:

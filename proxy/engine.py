@@ -18,7 +18,6 @@ disconnected has not cancelled: the attempt in flight finishes, no new one start
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import os
 import random
@@ -188,6 +187,27 @@ class Engine:
 class _Call:
     """One tools/call in progress (the per-request retry state of the Envoy model)."""
 
+    __slots__ = (
+        "_budget_id",
+        "_op",
+        "approved_id",
+        "arguments",
+        "attempts",
+        "backoff_s",
+        "call_id",
+        "e",
+        "headers",
+        "label",
+        "meta",
+        "name",
+        "outbox",
+        "params",
+        "policy",
+        "relay",
+        "request",
+        "state",
+    )
+
     def __init__(
         self,
         engine: Engine,
@@ -207,34 +227,49 @@ class _Call:
         self.name = name
         self.arguments = arguments
         self.call_id = f"{engine._id_prefix}{next(engine._ids):x}"
-        self.label = engine.tool_label(relay, name)
-        self.policy: ToolPolicy = engine.policy_for(name, relay.catalog.annotations(name))
+        tool = relay.catalog.tools.get(name)
+        self.label = name if tool is not None else "other"  # Engine.tool_label
+        annotations = tool.get("annotations") if tool is not None else None
+        self.policy: ToolPolicy = engine.policy_for(name, annotations if isinstance(annotations, dict) else None)
         meta = params.get("_meta")
         self.meta: dict[str, Any] = meta if isinstance(meta, dict) else {}
         self.params = self._upstream_params(params)
         self.attempts: list[AttemptRecord] = []
         self.backoff_s = 0.0
+        self._op: str | None = None
+        self._budget_id: str | None = None
+        self.state: CallState
+        self.approved_id: str | None = None
 
-    @functools.cached_property
+    @property
     def op(self) -> str:
-        """The operation digest: (upstream, tool, arguments without the proxy's idempotency key)."""
-        key = self.policy.idempotency_key
-        return operation_digest(
-            self.name,
-            self.arguments,
-            key.name if key is not None and key.location == "argument" else None,
-            upstream=self.e.upstream_name,
-        )
+        """The operation digest: (upstream, tool, arguments without the proxy's idempotency key);
+        computed when first needed (a report or the ledger), which most calls never are."""
+        if self._op is None:
+            key = self.policy.idempotency_key
+            self._op = operation_digest(
+                self.name,
+                self.arguments,
+                key.name if key is not None and key.location == "argument" else None,
+                upstream=self.e.upstream_name,
+            )
+        return self._op
 
-    @functools.cached_property
+    @property
     def budget_id(self) -> str:
-        return new_budget_id(os.urandom(9))
+        if self._budget_id is None:
+            self._budget_id = new_budget_id(os.urandom(9))
+        return self._budget_id
 
     def _upstream_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params every attempt sends: our own _meta keys removed, the idempotency key placed."""
         key = self.policy.idempotency_key
-        if key is None and not any(k.startswith(META_PREFIX) for k in self.meta):
-            return params  # nothing to remove or add: the caller's params as they came (never mutated)
+        if key is None:
+            for k in self.meta:
+                if k.startswith(META_PREFIX):
+                    break
+            else:
+                return params  # nothing to remove or add: the caller's params as they came (never mutated)
         out = dict(params)
         meta = {k: v for k, v in self.meta.items() if not k.startswith(META_PREFIX)}
         if key is not None:

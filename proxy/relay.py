@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -159,18 +160,53 @@ class SentFlag:
 
 
 class _AttemptTimer:
-    """Cancels the attempt's task when its time is up, and remembers that it did."""
+    """The one timer of an attempt: until the request is handed over it stands for the send
+    deadline, afterwards for the response timeout (capped by the send deadline). It is armed once
+    at the earliest moment either could end and re-arms itself when it fires early, so an attempt
+    answered in time costs one timer handle, not two. When it is really due it cancels the task."""
 
-    __slots__ = ("fired", "task")
+    __slots__ = ("_loop", "deadline_at", "fired", "handle", "response_s", "sent_at", "task", "when")
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float
+    ) -> None:
+        self._loop = loop
         self.task = task
         self.fired = False
+        self.response_s = response_s
+        self.deadline_at = deadline_at
+        self.sent_at: float | None = None
+        self.when = min(loop.time() + response_s, deadline_at)
+        self.handle: asyncio.TimerHandle | None = loop.call_at(self.when, self.fire)
+
+    def sent(self) -> None:
+        self.sent_at = self._loop.time()
+        if self.handle is None and not self.fired:  # it came early with no send deadline to wait for
+            self.when = self.due()
+            self.handle = self._loop.call_at(self.when, self.fire)
+
+    def due(self) -> float:
+        if self.sent_at is None:
+            return self.deadline_at
+        return min(self.sent_at + self.response_s, self.deadline_at)
 
     def fire(self) -> None:
+        due = self.due()
+        if due > self.when:  # armed for an earlier moment than it now stands for
+            self.handle = None
+            if due != math.inf:  # else `sent()` arms it
+                self.when = due
+                self.handle = self._loop.call_at(due, self.fire)
+            return
+        self.handle = None
         if self.task is not None and not self.task.done():
             self.fired = True
             self.task.cancel()
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 class Relay:
@@ -291,22 +327,17 @@ class Relay:
             except asyncio.CancelledError:
                 self._cancel_upstream(exchange, "request cancelled by the proxy")
                 raise
-        # One timer: while sending it runs to `send_deadline_s`, then it is moved to the
-        # response timeout. A bare timer handle that cancels this task, turned into TimeoutError
+        # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
         loop = asyncio.get_running_loop()
-        timer = _AttemptTimer(asyncio.current_task())
-        handle = None if send_deadline_s is None else loop.call_at(loop.time() + send_deadline_s, timer.fire)
-        deadline_at = None if handle is None else handle.when()
+        deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
+        timer = _AttemptTimer(loop, asyncio.current_task(), response_timeout_s, deadline_at)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
+            timer.sent()
             if sent is not None:
                 sent.set()
-            response_at = loop.time() + response_timeout_s
-            if handle is not None:
-                handle.cancel()
-            handle = loop.call_at(response_at if deadline_at is None else min(response_at, deadline_at), timer.fire)
             return await sent_ex.response
         except asyncio.CancelledError:
             if sent_ex is not None:
@@ -315,8 +346,7 @@ class Relay:
                 raise TimeoutError from None  # our timer, and nobody else cancelled the task
             raise
         finally:
-            if handle is not None:
-                handle.cancel()
+            timer.cancel()
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
         # The awaiting task's cancellation also cancels the future it awaited; only an actual

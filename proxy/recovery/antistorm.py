@@ -95,7 +95,14 @@ class AntiStorm:
     def count_call(self, tool: str, now_s: float) -> None:
         """`admit_first` for a call nothing can refuse (its policy has no breaker): only the count."""
         st = self._tools.get(tool) or self._state(tool)
-        st.calls[st.bucket(now_s)] += 1
+        second = int(now_s // 1)  # _ToolState.bucket, inline
+        i = second % WINDOW_S
+        if st.seconds[i] == second:
+            st.calls[i] += 1
+        else:
+            st.seconds[i] = second
+            st.calls[i] = 1
+            st.retries[i] = 0
 
     def admit_retry(self, tool: str, policy: ToolPolicy, now_s: float) -> Refused | None:
         st = self._state(tool)

@@ -38,7 +38,7 @@ class SlowLink(MemoryLink):
 REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
 
 
-async def run(link: SlowLink, response_timeout_s: float, send_deadline_s: float) -> tuple[str, float, bool]:
+async def run(link: SlowLink, response_timeout_s: float, send_deadline_s: float | None) -> tuple[str, float, bool]:
     relay = Relay(link, catalog=ToolCatalog())  # type: ignore[arg-type]
     sent = asyncio.Event()
     started = time.monotonic()
@@ -72,3 +72,18 @@ async def test_the_response_wait_never_passes_the_deadline() -> None:
     outcome, elapsed, sent = await run(link, response_timeout_s=1.0, send_deadline_s=0.25)
     assert outcome == "timeout" and sent and elapsed < 0.25 + 0.3
     assert link.cancelled, "the attempt the proxy stopped waiting for was cancelled upstream"
+
+
+async def test_the_response_timeout_counts_from_the_hand_over_without_a_send_deadline() -> None:
+    outcome, _, sent = await run(SlowLink(send_s=0.15, answer_s=0.05), response_timeout_s=0.1, send_deadline_s=None)
+    assert outcome == "answered" and sent
+    silent = SlowLink(send_s=0.15, answer_s=None)
+    outcome, elapsed, sent = await run(silent, response_timeout_s=0.1, send_deadline_s=None)
+    assert outcome == "timeout" and sent and 0.15 + 0.1 <= elapsed + 0.01 < 0.15 + 0.1 + 0.3
+
+
+async def test_an_unanswered_attempt_times_out_at_its_response_timeout_not_at_the_deadline() -> None:
+    link = SlowLink(send_s=0.0, answer_s=None)
+    outcome, elapsed, sent = await run(link, response_timeout_s=0.1, send_deadline_s=5.0)
+    assert outcome == "timeout" and sent and 0.09 <= elapsed < 0.1 + 0.3
+    assert link.cancelled

@@ -226,15 +226,42 @@ class BenchProxy(ProxyProcess):
     """The real proxy in a session of its own (Ctrl-C reaches only this script, which stops it by
     pid); `variant` plain / engine-quiet runs bench/_plain_relay.py instead of `-m proxy`."""
 
-    def __init__(self, *args: Any, variant: str = "engine", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, variant: str = "engine", callgrind: Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.variant = variant  # engine (`-m proxy`) | plain | engine-quiet (bench/_plain_relay.py)
+        self.callgrind = callgrind  # a folder: run under callgrind and meter instructions, not CPU time
 
     def argv(self) -> list[str]:
         argv = super().argv()
         if self.variant != "engine":
             argv[1:3] = [str(PLAIN_RELAY)]  # [PYTHON, "-m", "proxy", "serve", ...]
+        if self.callgrind is not None:
+            out = self.callgrind / f"cg-{self.variant}.%p"
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *argv]
         return argv
+
+    def meter_start(self) -> float:
+        """Start metering the proxy: its CPU seconds so far, or (callgrind) counting from zero."""
+        assert self.proc is not None
+        if self.callgrind is None:
+            return proc_cpu_s(self.proc.pid)
+        for switch in (["-z"], ["-i", "on"]):
+            subprocess.run(["callgrind_control", *switch, str(self.proc.pid)], check=True, capture_output=True)
+        return 0.0
+
+    def meter_stop(self, start: float) -> float:
+        """CPU seconds since `meter_start`, or (callgrind) instructions executed since then."""
+        assert self.proc is not None
+        if self.callgrind is None:
+            return proc_cpu_s(self.proc.pid) - start
+        pid = str(self.proc.pid)
+        for switch in (["-i", "off"], ["-d"]):
+            subprocess.run(["callgrind_control", *switch, pid], check=True, capture_output=True)
+        dumps = sorted(self.callgrind.glob(f"cg-{self.variant}.{pid}.*"), key=lambda f: f.stat().st_mtime)
+        for line in dumps[-1].read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):  # the dump's own total ("summary:" can read 0 after -z)
+                return float(line.split()[1])
+        raise RuntimeError(f"no total in {dumps[-1]}")
 
     def start(self, timeout_s: float = 30.0) -> BenchProxy:
         assert self.log_path is not None
@@ -276,10 +303,6 @@ class BenchProxy(ProxyProcess):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return code
-
-    def cpu_s(self) -> float:
-        assert self.proc is not None
-        return proc_cpu_s(self.proc.pid)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -442,12 +465,12 @@ async def run_calls(
         for s in range(sessions):
             tg.start_soon(session, s)
         await all_ready.wait()
-        cpu0 = cpu_of.cpu_s() if cpu_of else 0.0
+        cpu0 = cpu_of.meter_start() if cpu_of else 0.0
         t0 = time.monotonic()
         go.set()
         await all_done.wait()
         wall = time.monotonic() - t0
-        cpu = (cpu_of.cpu_s() - cpu0) if cpu_of else 0.0
+        cpu = cpu_of.meter_stop(cpu0) if cpu_of else 0.0
     outcomes.sort(key=lambda o: o.index)
     return outcomes, wall, cpu
 
@@ -887,10 +910,16 @@ def cpu_leg(args: argparse.Namespace, work: Path, rep: Report, procs: list[Bench
             stale.unlink()
         command = scripted_stdio_command(journal, work / f"cpu-{name}-state.json")
         proxy = BenchProxy(
-            upstream=command, extra=["--policies", str(policies)], log_path=work / f"cpu-{name}-proxy.log", variant=name
+            upstream=command,
+            extra=["--policies", str(policies)],
+            log_path=work / f"cpu-{name}-proxy.log",
+            variant=name,
+            callgrind=work if args.callgrind else None,
         )
         procs.append(proxy)
-        legs[name] = proxy.start()
+        legs[name] = proxy.start(timeout_s=300.0 if args.callgrind else 30.0)
+    # Units: CPU milliseconds per call, or (--callgrind) thousands of instructions per call.
+    unit, scale = ("k instr", 1e-3) if args.callgrind else ("ms", 1000.0)
     rep.say()
     rep.say(
         f"CPU leg: success-only mix (echo), {args.cpu_calls} calls a round, {args.cpu_rounds} rounds per proxy "
@@ -913,10 +942,11 @@ def cpu_leg(args: argparse.Namespace, work: Path, rep: Report, procs: list[Bench
             )
             m1 = machine_jiffies()
             ok = sum(1 for o in outcomes if o.answer == "result" and not o.is_error)
-            per_call[name].append(cpu / max(ok, 1) * 1000)
+            per_call[name].append(cpu / max(ok, 1) * scale)
             rep.say(
                 f"  round {r + 1} {name:<13} {ok}/{len(plan)} ok, wall {wall:.1f}s ({ok / wall:.0f} calls/s), "
-                f"proxy CPU {cpu:.2f}s = {cpu / max(ok, 1) * 1000:.3f} ms/call, "
+                f"proxy {cpu * scale / 1000 if args.callgrind else cpu:.2f}{'M instr' if args.callgrind else 's'}"
+                f" = {cpu / max(ok, 1) * scale:.3f} {unit}/call, "
                 f"machine busy {busy_fraction(m0, m1):.0%}"
             )
             if ok != len(plan):
@@ -932,19 +962,24 @@ def cpu_leg(args: argparse.Namespace, work: Path, rep: Report, procs: list[Bench
         f"(median {statistics.median(ratios):+.1%})"
     )
     rep.say(
-        f"  median proxy CPU per call: engine {engine:.3f} ms, plain relay {plain:.3f} ms, "
-        f"engine adds {engine - plain:+.3f} ms ({added:+.1%})"
+        f"  median proxy {'instructions' if args.callgrind else 'CPU'} per call: engine {engine:.3f} {unit}, "
+        f"plain relay {plain:.3f} {unit}, engine adds {engine - plain:+.3f} {unit} ({added:+.1%})"
     )
     if "engine-quiet" in med:
         quiet = med["engine-quiet"]
         rep.say(
-            f"  attribution: engine without observers (no call metrics/logs/spans) {quiet:.3f} ms "
-            f"({quiet / plain - 1:+.1%} over plain); the engine's telemetry accounts for {engine - quiet:+.3f} ms"
+            f"  attribution: engine without observers (no call metrics/logs/spans) {quiet:.3f} {unit} "
+            f"({quiet / plain - 1:+.1%} over plain); the engine's telemetry accounts for {engine - quiet:+.3f} {unit}"
         )
+    what = "instructions (callgrind)" if args.callgrind else "CPU"
     rep.check(
-        "engine's added CPU per call vs plain relaying", f"{added:+.1%}", f"<= +{CPU_TARGET:.0%}", added <= CPU_TARGET
+        f"engine's added {what} per call vs plain relaying",
+        f"{added:+.1%}",
+        f"<= +{CPU_TARGET:.0%}",
+        added <= CPU_TARGET,
     )
-    rep.data["cpu_ms_per_call"] = {"rounds": per_call, "median": med, "added": added, "paired": ratios}
+    key = "kinstr_per_call" if args.callgrind else "cpu_ms_per_call"
+    rep.data[key] = {"rounds": per_call, "median": med, "added": added, "paired": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -964,6 +999,12 @@ def main(argv: list[str] | None = None) -> int:
         dest="cpu_attribution",
         action="store_false",
         help="skip the third CPU proxy (the engine without observers)",
+    )
+    p.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="CPU leg under valgrind's callgrind: instructions per call instead of CPU time (deterministic, "
+        "~50x slower; use small rounds, e.g. --cpu-calls 300 --cpu-rounds 2 --cpu-warmup 100)",
     )
     p.add_argument("--skip-cpu", action="store_true")
     p.add_argument("--skip-faults", action="store_true")

@@ -139,9 +139,96 @@ class Engine:
         if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
             return relay.forward(request, outbox, headers)  # malformed: the upstream's answer
         assert isinstance(params, dict)
-        if name not in relay.catalog.tools:
+        tool = relay.catalog.tools.get(name)
+        if tool is None:
             return self._after_lookup(relay, request, outbox, headers, params, name, arguments)
+        annotations = tool.get("annotations")
+        policy = self.policy_for(name, annotations if isinstance(annotations, dict) else None)
+        if policy.direct and not self.telemetry.starts and self.max_concurrent_calls is None:
+            size = self._ledger_size
+            meta = params.get("_meta")
+            if (
+                size is not None
+                and not size()
+                and (meta is None or (meta.__class__ is dict and not _has_own_keys(meta)))
+                and progress_token_of(request) is None
+            ):
+                return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
         return _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+
+    async def _direct(
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        params: dict[str, Any],
+        name: str,
+        arguments: dict[str, Any] | None,
+        policy: ToolPolicy,
+    ) -> Message:
+        """Attempt 1 of a call whose first attempt only its own answer can affect: nothing in the
+        ledger, no approval or caller deadline, no progress token, no idempotency key, breaker,
+        idle timer, concurrency limit or start-event observer. It is what `_Call.run` does in that
+        case, without building the call's state unless the answer is not a success; then the
+        call goes on in `_Call.attempts_loop` with this attempt as its first."""
+        label = name  # a catalog tool (Engine.tool_label)
+        call_id = f"{self._id_prefix}{next(self._ids):x}"
+        flying = self.calls_in_flight
+        flying[label] = flying.get(label, 0) + 1
+        self.in_flight += 1
+        started = self.clock()
+        try:
+            self.antistorm.count_call(label, started)
+            deadline_s = policy.deadline_s
+            timeout_s = policy.attempt_timeout_s if policy.attempt_timeout_s < deadline_s else deadline_s
+            sent = SentFlag()
+            try:
+                response = await relay.attempt(
+                    request,
+                    outbox,
+                    headers,
+                    response_timeout_s=timeout_s,
+                    send_deadline_s=deadline_s if deadline_s > timeout_s else timeout_s,
+                    sent=sent,
+                )
+            except TimeoutError:
+                first: Outcome = _timed_out(1, timeout_s, sent)
+            except UpstreamFailure as failure:
+                first = TransportError.from_failure(failure)
+            except asyncio.CancelledError:
+                if self.telemetry.active:
+                    self.telemetry.emit(
+                        CallFinished(
+                            call_id,
+                            label,
+                            "cancelled",
+                            StopReason.CANCELLED.value,
+                            None,
+                            0,
+                            self.clock() - started,
+                            0.0,
+                            False,
+                        )
+                    )
+                raise
+            else:
+                if _is_success(response):
+                    ended = self.clock()
+                    if self.telemetry.active:
+                        self.telemetry.emit(CallSucceeded(call_id, label, ended - started, ended - started))
+                    return {"jsonrpc": "2.0", "id": request["id"], "result": response["result"]}
+                first = outcome_from_response(response)
+            call = _Call(self, relay, request, outbox, headers, params, name, arguments, call_id=call_id, policy=policy)
+            call.start_after_first(started)
+            return await call.attempts_loop(None, (first, started, self.clock()))
+        finally:
+            self.in_flight -= 1
+            left = flying[label] - 1
+            if left or len(flying) <= _IN_FLIGHT_KEEP:
+                flying[label] = left
+            else:
+                del flying[label]  # bounded: past the cap, idle labels are dropped
 
     async def _after_lookup(
         self,
@@ -218,6 +305,9 @@ class _Call:
         params: dict[str, Any],
         name: str,
         arguments: dict[str, Any] | None,
+        *,
+        call_id: str | None = None,
+        policy: ToolPolicy | None = None,
     ) -> None:
         self.e = engine
         self.relay = relay
@@ -226,11 +316,13 @@ class _Call:
         self.headers = headers
         self.name = name
         self.arguments = arguments
-        self.call_id = f"{engine._id_prefix}{next(engine._ids):x}"
+        self.call_id = call_id or f"{engine._id_prefix}{next(engine._ids):x}"
         tool = relay.catalog.tools.get(name)
         self.label = name if tool is not None else "other"  # Engine.tool_label
-        annotations = tool.get("annotations") if tool is not None else None
-        self.policy: ToolPolicy = engine.policy_for(name, annotations if isinstance(annotations, dict) else None)
+        if policy is None:
+            annotations = tool.get("annotations") if tool is not None else None
+            policy = engine.policy_for(name, annotations if isinstance(annotations, dict) else None)
+        self.policy: ToolPolicy = policy
         meta = params.get("_meta")
         self.meta: dict[str, Any] = meta if isinstance(meta, dict) else {}
         self.params = self._upstream_params(params)
@@ -326,67 +418,7 @@ class _Call:
                     return self._give_up(stop, earlier=entry)
             token = progress_token_of(self.request)
             progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
-            timeout_s = attempt_timeout_s(policy, state, now)
-            try:
-                while True:
-                    number = len(self.attempts) + 1
-                    if progress is not None:
-                        progress.attempt = number
-                    started = e.clock()
-                    waiting, sent = self._attempt(number, timeout_s, progress, started)
-                    try:
-                        response = await waiting
-                    except TimeoutError:
-                        outcome: Outcome = _timed_out(number, timeout_s, sent)
-                    except UpstreamFailure as failure:
-                        outcome = TransportError.from_failure(failure)
-                    else:
-                        result = response.get("result")
-                        if (
-                            number == 1
-                            and result.__class__ is dict
-                            and result.get("isError") is not True
-                            and response.get("error").__class__ is not dict
-                        ):
-                            # Nearly every call: a first answer that is a success (what
-                            # outcome_from_response says) leaves nothing to classify or decide:
-                            # decide() on a success is Deliver whatever else holds.
-                            return self._first_success(result, started, e.clock())
-                        outcome = outcome_from_response(response)
-                    now = e.clock()
-                    duration = now - started
-                    classified = classify(outcome, policy)
-                    self.state = state = state.attempted()
-                    e.antistorm.record(label, policy, classified.category, now)
-                    # A 2025 client that disconnected has not cancelled: the attempt in flight is
-                    # finished and its success still delivered (the client may resume the stream);
-                    # only a new attempt is not started.
-                    gone = self.outbox.closed and classified.category is not None
-                    decision = decide(
-                        policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
-                    )
-                    backoff = decision.delay_s if isinstance(decision, Retry) else None
-                    self.attempts.append(
-                        AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
-                    )
-                    if telemetry.active:
-                        telemetry.emit(self._attempt_finished(number, duration, outcome, classified))
-                    match decision:
-                        case Deliver():
-                            return self._deliver(outcome)
-                        case Retry(delay_s=delay):
-                            if telemetry.active:
-                                telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
-                            await asyncio.sleep(delay)
-                            self.backoff_s += delay
-                            self.state = state = state.retried()
-                            timeout_s = attempt_timeout_s(policy, state, e.clock())
-                        case GiveUp():
-                            partials = progress.notes if progress is not None else []
-                            return self._give_up(decision, partials=partials)
-            except asyncio.CancelledError:
-                self._finished("cancelled", StopReason.CANCELLED, None, False)
-                raise
+            return await self.attempts_loop(progress)
         finally:
             e.in_flight -= 1
             left = flying[label] - 1
@@ -394,6 +426,79 @@ class _Call:
                 flying[label] = left
             else:
                 del flying[label]  # bounded: past the cap, idle labels are dropped
+
+    def start_after_first(self, started: float) -> None:
+        """The state `run` sets up, for a call the engine's direct path admitted at `started`
+        (nothing in the ledger, no approval, no caller deadline, no breaker, no limit)."""
+        self.state = CallState.start(self.policy, now_s=started)
+        self.approved_id = None
+
+    async def attempts_loop(
+        self, progress: _Progress | None, first: tuple[Outcome, float, float] | None = None
+    ) -> Message:
+        """Attempt, decide, back off, until delivered or given up. `first` is attempt 1's
+        (outcome, started, ended) when the direct path already made it."""
+        e, policy, label, state = self.e, self.policy, self.label, self.state
+        telemetry = e.telemetry
+        timeout_s = attempt_timeout_s(policy, state, state.started_at_s)
+        try:
+            while True:
+                number = len(self.attempts) + 1
+                if first is not None:
+                    outcome, started, now = first
+                    first = None
+                else:
+                    if progress is not None:
+                        progress.attempt = number
+                    started = e.clock()
+                    waiting, sent = self._attempt(number, timeout_s, progress, started)
+                    try:
+                        response = await waiting
+                    except TimeoutError:
+                        outcome = _timed_out(number, timeout_s, sent)
+                    except UpstreamFailure as failure:
+                        outcome = TransportError.from_failure(failure)
+                    else:
+                        if number == 1 and _is_success(response):
+                            # Nearly every call: a first answer that is a success leaves
+                            # nothing to classify or decide (decide() on a success is
+                            # Deliver whatever else holds).
+                            return self._first_success(response["result"], started, e.clock())
+                        outcome = outcome_from_response(response)
+                    now = e.clock()
+                duration = now - started
+                classified = classify(outcome, policy)
+                self.state = state = state.attempted()
+                e.antistorm.record(label, policy, classified.category, now)
+                # A 2025 client that disconnected has not cancelled: the attempt in flight is
+                # finished and its success still delivered (the client may resume the stream);
+                # only a new attempt is not started.
+                gone = self.outbox.closed and classified.category is not None
+                decision = decide(
+                    policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
+                )
+                backoff = decision.delay_s if isinstance(decision, Retry) else None
+                self.attempts.append(
+                    AttemptRecord(number, started - state.started_at_s, duration, outcome, classified, backoff)
+                )
+                if telemetry.active:
+                    telemetry.emit(self._attempt_finished(number, duration, outcome, classified))
+                match decision:
+                    case Deliver():
+                        return self._deliver(outcome)
+                    case Retry(delay_s=delay):
+                        if telemetry.active:
+                            telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
+                        await asyncio.sleep(delay)
+                        self.backoff_s += delay
+                        self.state = state = state.retried()
+                        timeout_s = attempt_timeout_s(policy, state, e.clock())
+                    case GiveUp():
+                        partials = progress.notes if progress is not None else []
+                        return self._give_up(decision, partials=partials)
+        except asyncio.CancelledError:
+            self._finished("cancelled", StopReason.CANCELLED, None, False)
+            raise
 
     def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
         if classified is _SUCCESS:
@@ -585,6 +690,25 @@ def _trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
     if not source or ("traceparent" not in source and "tracestate" not in source):
         return _NO_TRACE
     return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
+
+
+def _has_own_keys(meta: dict[str, Any]) -> bool:
+    """Whether `_meta` carries any of the proxy's own keys (approveBudget, deadlineMs, ...)."""
+    for key in meta:
+        if key.startswith(META_PREFIX):
+            return True
+    return False
+
+
+def _is_success(response: Message) -> bool:
+    """What `outcome_from_response` calls a `Success`: an object result that is not isError, and
+    no error object."""
+    result = response.get("result")
+    return (
+        result.__class__ is dict
+        and result.get("isError") is not True  # type: ignore[union-attr]
+        and response.get("error").__class__ is not dict
+    )
 
 
 def _timed_out(number: int, timeout_s: float, sent: SentFlag | asyncio.Event) -> TransportError:

@@ -114,6 +114,13 @@ class ToolPolicy:
     status_check_tool: str | None = None
     anti_storm: AntiStorm = field(default_factory=AntiStorm)
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Derived: nothing in the policy acts before or during a first attempt (no idempotency key,
+    # idle timer or circuit breaker), so the engine may make that attempt on its direct path.
+    direct: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        direct = self.idempotency_key is None and self.idle_timeout_s is None
+        object.__setattr__(self, "direct", direct and self.anti_storm.breaker_failures is None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ NONE = "none"
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 BACKOFF_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10)
+_ONE_ATTEMPT = bisect_left(ATTEMPT_BUCKETS, 1)
 
 OUTCOMES = frozenset({"success", "recovered", "unresolved", "tool_error", "cancelled"})
 RESULTS = frozenset({"success", "tool_error", "rpc_error", "transport_error", "timeout", "cancelled"})
@@ -372,26 +373,36 @@ class MetricsObserver:
                     self.set_policy_version(event.version)
 
     def _success_cells(self, tool: str) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
-        cells = self._success.get(tool)
-        if cells is None:
-            cells = self._success[tool] = (
-                self.attempts.cell((tool, "success", NONE)),
-                self.attempt_duration.cell((tool, "success")),
-                self.calls.cell((tool, "success")),
-                self.call_duration.cell((tool, "success")),
-                self.attempts_per_call.cell((tool,)),
-            )
+        """The cells a first-attempt success of `tool` (as the event names it) touches, looked up once."""
+        label = self._tool_label(tool)
+        cells = self._success[tool] = (
+            self.attempts.cell((label, "success", NONE)),
+            self.attempt_duration.cell((label, "success")),
+            self.calls.cell((label, "success")),
+            self.call_duration.cell((label, "success")),
+            self.attempts_per_call.cell((label,)),
+        )
+        if len(self._success) > 4 * len(self._touched) + 64:  # bounded: names beyond the label cap
+            self._success.clear()
         return cells
 
     def _call_succeeded(self, event: CallSucceeded) -> None:
-        attempts, attempt_duration, calls, call_duration, attempts_per_call = self._success_cells(
-            self._tool_label(event.tool)
-        )
+        # Nearly every call comes here: the cells straight from the event's tool name, and
+        # `_observe` inline (a histogram observation is a bucket count and a sum).
+        cells = self._success.get(event.tool)
+        if cells is None:
+            cells = self._success_cells(event.tool)
+        attempts, attempt_duration, calls, call_duration, attempts_per_call = cells
         attempts[0] += 1
-        _observe(attempt_duration, DURATION_BUCKETS_S, event.attempt_s)
         calls[0] += 1
-        _observe(call_duration, DURATION_BUCKETS_S, event.duration_s)
-        _observe(attempts_per_call, ATTEMPT_BUCKETS, 1)
+        value = event.attempt_s if event.attempt_s > 0.0 else 0.0
+        attempt_duration[bisect_left(DURATION_BUCKETS_S, value)] += 1
+        attempt_duration[-1] += value
+        value = event.duration_s if event.duration_s > 0.0 else 0.0
+        call_duration[bisect_left(DURATION_BUCKETS_S, value)] += 1
+        call_duration[-1] += value
+        attempts_per_call[_ONE_ATTEMPT] += 1
+        attempts_per_call[-1] += 1
 
     def _attempt_finished(self, event: AttemptFinished) -> None:
         tool = self._tool_label(event.tool)

@@ -265,7 +265,8 @@ async def test_calls_in_flight_per_tool_count_a_hanging_call_until_it_is_cancell
             return ex  # and never answers
 
     link = Silent()
-    relay, engine = _relay_observed(link)
+    finished_only = _FinishedOnly()
+    relay, engine = _relay_observed(link, finished_only)
     task = asyncio.get_running_loop().create_task(relay.handle_request(REQUEST, Outbox()))
     await sent.wait()
     assert engine.in_flight_by_tool() == [("read", 1)] and engine.in_flight == 1
@@ -273,3 +274,21 @@ async def test_calls_in_flight_per_tool_count_a_hanging_call_until_it_is_cancell
     await asyncio.gather(task, return_exceptions=True)
     assert engine.in_flight_by_tool() == [("read", 0)] and engine.in_flight == 0
     assert link.cancelled, "the attempt the proxy stopped waiting for was cancelled upstream"
+    (finished,) = finished_only.events
+    assert (finished.outcome, finished.stop_reason, finished.attempts) == ("cancelled", "cancelled", 0)
+
+
+async def test_calls_that_need_the_whole_engine_get_the_same_answers_and_events() -> None:
+    """The direct path (no ledger entry, no own _meta keys, ...) and the full one agree."""
+    answers = [TRANSIENT, {"content": [{"type": "text", "text": "ok"}]}]
+    direct_seen, full_seen = _FinishedOnly(), _FinishedOnly()
+    relay, _ = _relay_observed(ScriptedLink(answers), direct_seen)
+    direct_out = Outbox()
+    await relay.handle_request(REQUEST, direct_out)
+    relay, _ = _relay_observed(ScriptedLink(answers), full_seen)
+    full_out = Outbox()
+    with_deadline = {**REQUEST, "params": {**REQUEST["params"], "_meta": {"io.mcp-recovery-proxy/deadlineMs": 9000}}}
+    await relay.handle_request(with_deadline, full_out)  # an own _meta key: the full path
+    assert direct_out.messages == full_out.messages
+    kinds = [(type(e).__name__, getattr(e, "number", None)) for e in direct_seen.events]
+    assert kinds == [(type(e).__name__, getattr(e, "number", None)) for e in full_seen.events]

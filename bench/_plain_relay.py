@@ -37,7 +37,12 @@ def build_quiet_engine_service(
     settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None
 ) -> Service:
     upstream = build_upstream(settings)
-    engine = Engine(policies=lambda: policies.current, telemetry=None, upstream_name=upstream.description)
+    engine = Engine(
+        policies=lambda: policies.current,
+        telemetry=None,
+        upstream_name=upstream.description,
+        max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
+    )
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 

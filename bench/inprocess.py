@@ -152,7 +152,12 @@ async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> f
     policies = PolicyStore(None)
     engine = None
     if mode != "plain":
-        engine = Engine(policies=lambda: policies.current, telemetry=telemetry, upstream_name="echo")
+        engine = Engine(
+            policies=lambda: policies.current,
+            telemetry=telemetry,
+            upstream_name="echo",
+            max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
+        )
     service = Service(settings, EchoUpstream(), tool_calls=engine, telemetry=telemetry)  # type: ignore[arg-type]
     await service.start()
     app = McpHttpApp(service, settings)

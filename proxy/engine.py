@@ -144,7 +144,8 @@ class Engine:
             return self._after_lookup(relay, request, outbox, headers, params, name, arguments)
         annotations = tool.get("annotations")
         policy = self.policy_for(name, annotations if isinstance(annotations, dict) else None)
-        if policy.direct and not self.telemetry.starts and self.max_concurrent_calls is None:
+        limit = self.max_concurrent_calls
+        if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self._ledger_size
             meta = params.get("_meta")
             if (
@@ -169,7 +170,7 @@ class Engine:
     ) -> Message:
         """Attempt 1 of a call whose first attempt only its own answer can affect: nothing in the
         ledger, no approval or caller deadline, no progress token, no idempotency key, breaker,
-        idle timer, concurrency limit or start-event observer. It is what `_Call.run` does in that
+        idle timer or start-event observer, and room under the concurrency limit. It is what `_Call.run` does in that
         case, without building the call's state unless the answer is not a success; then the
         call goes on in `_Call.attempts_loop` with this attempt as its first."""
         label = name  # a catalog tool (Engine.tool_label)

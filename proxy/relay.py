@@ -18,6 +18,7 @@ It never blocks: downstream delivery goes through `Outbox.send`, which only enqu
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import math
@@ -159,31 +160,89 @@ class SentFlag:
         return self._set
 
 
+class _Deadlines:
+    """The attempt timers of one relay on ONE event-loop timer: a heap of (due, seq, timer), the
+    loop timer armed for the earliest. An attempt adds its due time (a heap push, a third of an
+    event-loop timer's set-up and cancel on uvloop); an attempt that ends in time only marks its
+    entry dead, which is dropped when its time comes (or when dead entries are the majority of a
+    large heap, so the heap stays bounded by the attempts really waiting)."""
+
+    __slots__ = ("_armed_at", "_dead", "_handle", "_heap", "_loop", "_seq")
+
+    _COMPACT_AT = 1024
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, _AttemptTimer]] = []
+        self._seq = itertools.count()
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+        self._dead = 0
+
+    def add(self, due: float, timer: _AttemptTimer) -> None:
+        heapq.heappush(self._heap, (due, next(self._seq), timer))
+        if due < self._armed_at:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._armed_at = due
+            self._handle = self._loop.call_at(due, self._sweep)
+
+    def dead(self) -> None:
+        """An entry's attempt ended; compact when dead entries are most of a large heap."""
+        self._dead += 1
+        heap = self._heap
+        if self._dead > len(heap) // 2 and len(heap) >= self._COMPACT_AT:
+            self._heap = [entry for entry in heap if entry[2].active]
+            heapq.heapify(self._heap)
+            self._dead = 0
+
+    def _sweep(self) -> None:
+        self._handle, self._armed_at = None, math.inf
+        horizon = self._loop.time() + 0.001  # loop timers are millisecond-grained: fire what is due
+        heap = self._heap
+        while heap and heap[0][0] <= horizon:
+            timer = heapq.heappop(heap)[2]
+            if timer.active:
+                timer.fire()
+            else:
+                self._dead = max(self._dead - 1, 0)
+        if heap:
+            self._armed_at = heap[0][0]
+            self._handle = self._loop.call_at(self._armed_at, self._sweep)
+
+
 class _AttemptTimer:
     """The one timer of an attempt: until the request is handed over it stands for the send
-    deadline, afterwards for the response timeout (capped by the send deadline). It is armed once
-    at the earliest moment either could end and re-arms itself when it fires early, so an attempt
-    answered in time costs one timer handle, not two. When it is really due it cancels the task."""
+    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
+    once, at the earliest moment either could end, and re-enters itself when it comes early.
+    When it is really due it cancels the task."""
 
-    __slots__ = ("_loop", "deadline_at", "fired", "handle", "response_s", "sent_at", "task", "when")
+    __slots__ = ("_deadlines", "_loop", "active", "deadline_at", "fired", "response_s", "sent_at", "task", "when")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float
+        self,
+        deadlines: _Deadlines,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any] | None,
+        response_s: float,
+        deadline_at: float,
     ) -> None:
+        self._deadlines = deadlines
         self._loop = loop
         self.task = task
+        self.active = True
         self.fired = False
         self.response_s = response_s
         self.deadline_at = deadline_at
         self.sent_at: float | None = None
-        self.when = min(loop.time() + response_s, deadline_at)
-        self.handle: asyncio.TimerHandle | None = loop.call_at(self.when, self.fire)
+        self.when: float | None = min(loop.time() + response_s, deadline_at)
+        deadlines.add(self.when, self)
 
     def sent(self) -> None:
         self.sent_at = self._loop.time()
-        if self.handle is None and not self.fired:  # it came early with no send deadline to wait for
+        if self.when is None and self.active:  # it came early with no send deadline to wait for
             self.when = self.due()
-            self.handle = self._loop.call_at(self.when, self.fire)
+            self._deadlines.add(self.when, self)
 
     def due(self) -> float:
         if self.sent_at is None:
@@ -192,21 +251,22 @@ class _AttemptTimer:
 
     def fire(self) -> None:
         due = self.due()
-        if due > self.when:  # armed for an earlier moment than it now stands for
-            self.handle = None
-            if due != math.inf:  # else `sent()` arms it
+        if self.when is None or due > self.when:  # entered for an earlier moment than it stands for
+            self.when = None
+            if due != math.inf:  # else `sent()` enters it
                 self.when = due
-                self.handle = self._loop.call_at(due, self.fire)
+                self._deadlines.add(due, self)
             return
-        self.handle = None
+        self.active = False
         if self.task is not None and not self.task.done():
             self.fired = True
             self.task.cancel()
 
     def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        if self.active:
+            self.active = False
+            if self.when is not None:
+                self._deadlines.dead()
 
 
 class Relay:
@@ -231,6 +291,7 @@ class Relay:
         self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
         self._server_requests_rev: dict[RequestId, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self.last_activity = time.monotonic()
         link.set_unsolicited_handler(self._unsolicited)
 
@@ -331,7 +392,10 @@ class Relay:
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
         loop = asyncio.get_running_loop()
         deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = _AttemptTimer(loop, asyncio.current_task(), response_timeout_s, deadline_at)
+        deadlines = self._deadlines
+        if deadlines is None:
+            deadlines = self._deadlines = _Deadlines(loop)
+        timer = _AttemptTimer(deadlines, loop, asyncio.current_task(), response_timeout_s, deadline_at)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)

@@ -167,12 +167,12 @@ class _Deadlines:
     entry dead, which is dropped when its time comes (or when dead entries are the majority of a
     large heap, so the heap stays bounded by the attempts really waiting)."""
 
-    __slots__ = ("_armed_at", "_dead", "_handle", "_heap", "_loop", "_seq")
+    __slots__ = ("_armed_at", "_dead", "_handle", "_heap", "_seq", "loop")
 
     _COMPACT_AT = 1024
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._heap: list[tuple[float, int, _AttemptTimer]] = []
         self._seq = itertools.count()
         self._handle: asyncio.TimerHandle | None = None
@@ -185,7 +185,7 @@ class _Deadlines:
             if self._handle is not None:
                 self._handle.cancel()
             self._armed_at = due
-            self._handle = self._loop.call_at(due, self._sweep)
+            self._handle = self.loop.call_at(due, self._sweep)
 
     def dead(self) -> None:
         """An entry's attempt ended; compact when dead entries are most of a large heap."""
@@ -198,7 +198,7 @@ class _Deadlines:
 
     def _sweep(self) -> None:
         self._handle, self._armed_at = None, math.inf
-        horizon = self._loop.time() + 0.001  # loop timers are millisecond-grained: fire what is due
+        horizon = self.loop.time() + 0.001  # loop timers are millisecond-grained: fire what is due
         heap = self._heap
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
@@ -206,9 +206,12 @@ class _Deadlines:
                 timer.fire()
             else:
                 self._dead = max(self._dead - 1, 0)
+        while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
+            heapq.heappop(heap)
+            self._dead = max(self._dead - 1, 0)
         if heap:
             self._armed_at = heap[0][0]
-            self._handle = self._loop.call_at(self._armed_at, self._sweep)
+            self._handle = self.loop.call_at(self._armed_at, self._sweep)
 
 
 class _AttemptTimer:
@@ -390,12 +393,14 @@ class Relay:
                 raise
         # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
-        loop = asyncio.get_running_loop()
-        deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
+        # The loop is the relay's, remembered: on Python 3.11 every asyncio.get_running_loop() (and
+        # current_task() without a loop) is a getpid() system call.
         deadlines = self._deadlines
         if deadlines is None:
-            deadlines = self._deadlines = _Deadlines(loop)
-        timer = _AttemptTimer(deadlines, loop, asyncio.current_task(), response_timeout_s, deadline_at)
+            deadlines = self._deadlines = _Deadlines(asyncio.get_running_loop())
+        loop = deadlines.loop
+        deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
+        timer = _AttemptTimer(deadlines, loop, asyncio.current_task(loop), response_timeout_s, deadline_at)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)

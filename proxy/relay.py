@@ -295,8 +295,17 @@ class Relay:
         self._server_requests_rev: dict[RequestId, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
+        self._running_loop: asyncio.AbstractEventLoop | None = None
         self.last_activity = time.monotonic()
         link.set_unsolicited_handler(self._unsolicited)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this relay runs on, asked once: on Python 3.11 every asyncio.get_running_loop()
+        (and current_task() without a loop) is a getpid() system call."""
+        loop = self._running_loop
+        if loop is None:
+            loop = self._running_loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def busy(self) -> bool:
@@ -314,8 +323,8 @@ class Relay:
         down_id = request["id"]
         self.last_activity = time.monotonic()
         self._streams.append(outbox)
-        task = asyncio.current_task()
-        if by_id and task is not None:
+        task = asyncio.current_task(self._loop()) if by_id else None
+        if task is not None:
             self._inflight[down_id] = task
         try:
             if request.get("method") == "tools/call" and self._tool_calls is not None:
@@ -393,11 +402,9 @@ class Relay:
                 raise
         # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
-        # The loop is the relay's, remembered: on Python 3.11 every asyncio.get_running_loop() (and
-        # current_task() without a loop) is a getpid() system call.
         deadlines = self._deadlines
         if deadlines is None:
-            deadlines = self._deadlines = _Deadlines(asyncio.get_running_loop())
+            deadlines = self._deadlines = _Deadlines(self._loop())
         loop = deadlines.loop
         deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
         timer = _AttemptTimer(deadlines, loop, asyncio.current_task(loop), response_timeout_s, deadline_at)

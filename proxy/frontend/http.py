@@ -69,9 +69,10 @@ class _Stream:
     by `send` or by the handler finishing (`wake`), awaited with a ping timeout.
     """
 
-    __slots__ = ("_closed", "_items", "_keep", "_waiter")
+    __slots__ = ("_closed", "_items", "_keep", "_loop", "_waiter")
 
-    def __init__(self, *, keep_after_close: bool = False) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, keep_after_close: bool = False) -> None:
+        self._loop = loop  # passed in: on Python 3.11 each get_running_loop() is a getpid() syscall
         self._items: deque[Message] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -95,7 +96,7 @@ class _Stream:
 
         A plain timer that wakes the waiter (cheaper than an `asyncio.timeout` scope per response).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._waiter = waiter = loop.create_future()
         timer = None if timeout_s is None else loop.call_later(timeout_s, self.wake)
         try:
@@ -503,10 +504,11 @@ class McpHttpApp:
 
         Returns whether a successful result was written (initialize keeps its session only then).
         """
-        stream = _Stream(keep_after_close=not modern)
-        handler = asyncio.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
+        loop = asyncio.get_running_loop()  # once per request (a getpid() syscall on Python 3.11)
+        stream = _Stream(loop, keep_after_close=not modern)
+        handler = loop.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
         handler.add_done_callback(stream.wake)
-        watcher = asyncio.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
+        watcher = loop.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
         extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
         down_id = request["id"]
         ok = False
@@ -645,7 +647,7 @@ class McpHttpApp:
         if replay is not None and replay.session_id == session_id and seq.isdigit():
             await self._resume(send, receive, replay, int(seq))
             return
-        stream = _Stream()
+        stream = _Stream(asyncio.get_running_loop())
         if not relay.attach_listen(stream):
             await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return

@@ -105,13 +105,16 @@ class PendingTable:
     prefix: str = ""
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     _pending: dict[RequestId, Exchange] = field(default_factory=dict)
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def new_id(self) -> RequestId:
         n = next(self._ids)
         return f"{self.prefix}{n}" if self.prefix else n
 
     def add(self, message: Message, on_message: OnMessage | None) -> Exchange:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # asked once: on Python 3.11 each get_running_loop() is a getpid() syscall
+            loop = self._loop = asyncio.get_running_loop()
         ex = Exchange(message["id"], message.get("method", ""), on_message, loop.create_future())
         self._pending[ex.upstream_id] = ex
         return ex

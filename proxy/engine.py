@@ -147,14 +147,16 @@ class Engine:
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self._ledger_size
-            meta = params.get("_meta")
-            if (
-                size is not None
-                and not size()
-                and (meta is None or (meta.__class__ is dict and not _has_own_keys(meta)))
-                and progress_token_of(request) is None
-            ):
-                return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
+            if size is not None and not size():
+                meta = params.get("_meta")
+                if meta is None:
+                    return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
+                if meta.__class__ is dict and "progressToken" not in meta:
+                    for key in meta:
+                        if key.startswith(META_PREFIX):
+                            break  # an own key (approveBudget, deadlineMs, ...): the whole engine
+                    else:
+                        return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
         return _Call(self, relay, request, outbox, headers, params, name, arguments).run()
 
     async def _direct(
@@ -174,15 +176,14 @@ class Engine:
         case, without building the call's state unless the answer is not a success; then the
         call goes on in `_Call.attempts_loop` with this attempt as its first."""
         label = name  # a catalog tool (Engine.tool_label)
-        call_id = f"{self._id_prefix}{next(self._ids):x}"
         flying = self.calls_in_flight
         flying[label] = flying.get(label, 0) + 1
         self.in_flight += 1
         started = self.clock()
         try:
             self.antistorm.count_call(label, started)
-            deadline_s = policy.deadline_s
-            timeout_s = policy.attempt_timeout_s if policy.attempt_timeout_s < deadline_s else deadline_s
+            # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
+            timeout_s = policy.first_timeout_s
             sent = SentFlag()
             try:
                 response = await relay.attempt(
@@ -190,7 +191,7 @@ class Engine:
                     outbox,
                     headers,
                     response_timeout_s=timeout_s,
-                    send_deadline_s=deadline_s if deadline_s > timeout_s else timeout_s,
+                    send_deadline_s=policy.first_send_s,
                     sent=sent,
                 )
             except TimeoutError:
@@ -201,7 +202,7 @@ class Engine:
                 if self.telemetry.active:
                     self.telemetry.emit(
                         CallFinished(
-                            call_id,
+                            self.new_call_id(),
                             label,
                             "cancelled",
                             StopReason.CANCELLED.value,
@@ -214,13 +215,19 @@ class Engine:
                     )
                 raise
             else:
-                if _is_success(response):
+                result = response.get("result")
+                if (  # _is_success, inline
+                    result.__class__ is dict
+                    and result.get("isError") is not True  # type: ignore[union-attr]
+                    and response.get("error").__class__ is not dict
+                ):
                     ended = self.clock()
                     if self.telemetry.active:
+                        call_id = f"{self._id_prefix}{next(self._ids):x}"  # new_call_id(), inline
                         self.telemetry.emit(CallSucceeded(call_id, label, ended - started, ended - started))
-                    return {"jsonrpc": "2.0", "id": request["id"], "result": response["result"]}
+                    return {"jsonrpc": "2.0", "id": request["id"], "result": result}
                 first = outcome_from_response(response)
-            call = _Call(self, relay, request, outbox, headers, params, name, arguments, call_id=call_id, policy=policy)
+            call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
             call.start_after_first(started)
             return await call.attempts_loop(None, (first, started, self.clock()))
         finally:
@@ -244,6 +251,10 @@ class Engine:
         """A tool the catalog lacks: list tools first (its annotations decide its side-effect class)."""
         await relay.lookup_tool(name, request)
         return await _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+
+    def new_call_id(self) -> str:
+        """Unique across restarts (a random prefix per engine), cheap per call."""
+        return f"{self._id_prefix}{next(self._ids):x}"
 
     def in_flight_by_tool(self) -> list[tuple[str, int]]:
         """(tool label, calls in flight) for /metrics; a snapshot, safe from another thread."""
@@ -307,7 +318,6 @@ class _Call:
         name: str,
         arguments: dict[str, Any] | None,
         *,
-        call_id: str | None = None,
         policy: ToolPolicy | None = None,
     ) -> None:
         self.e = engine
@@ -317,7 +327,7 @@ class _Call:
         self.headers = headers
         self.name = name
         self.arguments = arguments
-        self.call_id = call_id or f"{engine._id_prefix}{next(engine._ids):x}"
+        self.call_id = engine.new_call_id()
         tool = relay.catalog.tools.get(name)
         self.label = name if tool is not None else "other"  # Engine.tool_label
         if policy is None:
@@ -691,14 +701,6 @@ def _trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
     if not source or ("traceparent" not in source and "tracestate" not in source):
         return _NO_TRACE
     return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
-
-
-def _has_own_keys(meta: dict[str, Any]) -> bool:
-    """Whether `_meta` carries any of the proxy's own keys (approveBudget, deadlineMs, ...)."""
-    for key in meta:
-        if key.startswith(META_PREFIX):
-            return True
-    return False
 
 
 def _is_success(response: Message) -> bool:

@@ -162,90 +162,89 @@ class SentFlag:
 
 class _Deadlines:
     """The attempt timers of one relay on ONE event-loop timer: a heap of (due, seq, timer), the
-    loop timer armed for the earliest. An attempt adds its due time (a heap push, a third of an
-    event-loop timer's set-up and cancel on uvloop); an attempt that ends in time only marks its
-    entry dead, which is dropped when its time comes (or when dead entries are the majority of a
-    large heap, so the heap stays bounded by the attempts really waiting)."""
+    loop timer armed for the earliest live one. An attempt pushes its due time (a third of the
+    cost of setting up and cancelling an event-loop timer on uvloop); an attempt that ends in time
+    only marks its entry dead, dropped when its time comes or when the loop timer is re-armed (no
+    wake-up for it), or when dead entries are most of a large heap (so it stays bounded)."""
 
-    __slots__ = ("_armed_at", "_dead", "_handle", "_heap", "_seq", "loop")
+    __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
 
-    _COMPACT_AT = 1024
+    COMPACT_AT = 1024
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._heap: list[tuple[float, int, _AttemptTimer]] = []
-        self._seq = itertools.count()
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf
-        self._dead = 0
+        self.heap: list[tuple[float, int, _AttemptTimer]] = []
+        self.seq = itertools.count()
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed_at = math.inf
+        self.dead = 0
 
     def add(self, due: float, timer: _AttemptTimer) -> None:
-        heapq.heappush(self._heap, (due, next(self._seq), timer))
-        if due < self._armed_at:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._armed_at = due
-            self._handle = self.loop.call_at(due, self._sweep)
+        heapq.heappush(self.heap, (due, next(self.seq), timer))
+        if due < self.armed_at:
+            self.arm(due)
 
-    def dead(self) -> None:
-        """An entry's attempt ended; compact when dead entries are most of a large heap."""
-        self._dead += 1
-        heap = self._heap
-        if self._dead > len(heap) // 2 and len(heap) >= self._COMPACT_AT:
-            self._heap = [entry for entry in heap if entry[2].active]
-            heapq.heapify(self._heap)
-            self._dead = 0
+    def arm(self, due: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed_at = due
+        self.handle = self.loop.call_at(due, self._sweep)
+
+    def compact(self) -> None:
+        self.heap = [entry for entry in self.heap if entry[2].active]
+        heapq.heapify(self.heap)
+        self.dead = 0
 
     def _sweep(self) -> None:
-        self._handle, self._armed_at = None, math.inf
+        self.handle, self.armed_at = None, math.inf
         horizon = self.loop.time() + 0.001  # loop timers are millisecond-grained: fire what is due
-        heap = self._heap
+        heap = self.heap
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
             if timer.active:
                 timer.fire()
-            else:
-                self._dead = max(self._dead - 1, 0)
+            elif self.dead:
+                self.dead -= 1
         while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
             heapq.heappop(heap)
-            self._dead = max(self._dead - 1, 0)
+            if self.dead:
+                self.dead -= 1
         if heap:
-            self._armed_at = heap[0][0]
-            self._handle = self.loop.call_at(self._armed_at, self._sweep)
+            self.arm(heap[0][0])
 
 
 class _AttemptTimer:
     """The one timer of an attempt: until the request is handed over it stands for the send
     deadline, afterwards for the response timeout (capped by the send deadline). It is entered
     once, at the earliest moment either could end, and re-enters itself when it comes early.
-    When it is really due it cancels the task."""
+    When it is really due it cancels the task. The relay sets `sent_at` once the request is
+    handed over (and calls `enter()` if `when` is None) and `end()` when the attempt is over."""
 
-    __slots__ = ("_deadlines", "_loop", "active", "deadline_at", "fired", "response_s", "sent_at", "task", "when")
+    __slots__ = ("active", "deadline_at", "deadlines", "fired", "response_s", "sent_at", "task", "when")
 
     def __init__(
-        self,
-        deadlines: _Deadlines,
-        loop: asyncio.AbstractEventLoop,
-        task: asyncio.Task[Any] | None,
-        response_s: float,
-        deadline_at: float,
+        self, deadlines: _Deadlines, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float
     ) -> None:
-        self._deadlines = deadlines
-        self._loop = loop
+        self.deadlines = deadlines
         self.task = task
         self.active = True
         self.fired = False
         self.response_s = response_s
         self.deadline_at = deadline_at
         self.sent_at: float | None = None
-        self.when: float | None = min(loop.time() + response_s, deadline_at)
-        deadlines.add(self.when, self)
+        when = now + response_s
+        if deadline_at < when:
+            when = deadline_at
+        self.when: float | None = when
+        heapq.heappush(deadlines.heap, (when, next(deadlines.seq), self))  # _Deadlines.add, inline
+        if when < deadlines.armed_at:
+            deadlines.arm(when)
 
-    def sent(self) -> None:
-        self.sent_at = self._loop.time()
-        if self.when is None and self.active:  # it came early with no send deadline to wait for
+    def enter(self) -> None:
+        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
+        if self.active:
             self.when = self.due()
-            self._deadlines.add(self.when, self)
+            self.deadlines.add(self.when, self)
 
     def due(self) -> float:
         if self.sent_at is None:
@@ -256,20 +255,23 @@ class _AttemptTimer:
         due = self.due()
         if self.when is None or due > self.when:  # entered for an earlier moment than it stands for
             self.when = None
-            if due != math.inf:  # else `sent()` enters it
+            if due != math.inf:  # else the relay's `enter()` once sent
                 self.when = due
-                self._deadlines.add(due, self)
+                self.deadlines.add(due, self)
             return
         self.active = False
         if self.task is not None and not self.task.done():
             self.fired = True
             self.task.cancel()
 
-    def cancel(self) -> None:
+    def end(self) -> None:
         if self.active:
             self.active = False
             if self.when is not None:
-                self._deadlines.dead()
+                deadlines = self.deadlines
+                deadlines.dead += 1
+                if deadlines.dead > len(deadlines.heap) // 2 and len(deadlines.heap) >= deadlines.COMPACT_AT:
+                    deadlines.compact()
 
 
 class Relay:
@@ -406,12 +408,15 @@ class Relay:
         if deadlines is None:
             deadlines = self._deadlines = _Deadlines(self._loop())
         loop = deadlines.loop
-        deadline_at = loop.time() + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = _AttemptTimer(deadlines, loop, asyncio.current_task(loop), response_timeout_s, deadline_at)
+        now = loop.time()
+        deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
+        timer = _AttemptTimer(deadlines, asyncio.current_task(loop), response_timeout_s, deadline_at, now)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
-            timer.sent()
+            timer.sent_at = loop.time()
+            if timer.when is None:
+                timer.enter()
             if sent is not None:
                 sent.set()
             return await sent_ex.response
@@ -422,7 +427,7 @@ class Relay:
                 raise TimeoutError from None  # our timer, and nobody else cancelled the task
             raise
         finally:
-            timer.cancel()
+            timer.end()
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
         # The awaiting task's cancellation also cancels the future it awaited; only an actual

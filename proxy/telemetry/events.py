@@ -13,6 +13,9 @@ Contract:
   (`Telemetry.starts`): an observer declares `needs_starts = False` when it does not (metrics
   and the call log read nothing from them; tracing opens its spans on them). Observers without
   the attribute get every event.
+- An observer may route events itself: `handler_for(event_type)` returns the callable that
+  takes events of that type, or None for a type it ignores (it is then never called for them);
+  without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
 - `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises
   is logged (once per observer and event type) and never breaks traffic. Observers must be
   cheap: no I/O on the request path (an exporter's own worker thread is fine).
@@ -28,7 +31,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
@@ -137,6 +140,25 @@ class Tracer(Protocol):
     def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None: ...
 
 
+EVENT_TYPES: tuple[type, ...] = (
+    CallStarted,
+    AttemptStarted,
+    AttemptFinished,
+    BackoffStarted,
+    CallFinished,
+    CallSucceeded,
+    UpstreamStatus,
+    PolicyReloaded,
+)
+
+Handler = Callable[[Event], None]
+
+
+def _handler_for(observer: Observer, event_type: type) -> Handler | None:
+    route = getattr(observer, "handler_for", None)
+    return observer.on_event if route is None else route(event_type)
+
+
 class Telemetry:
     """Fan-out of events to observers; failures are contained and logged."""
 
@@ -146,12 +168,17 @@ class Telemetry:
         # What the engine needs to build: nothing without observers; start events only when wanted.
         self.active = bool(self.observers)
         self.starts = any(needs_starts(o) for o in self.observers)
+        # Per event type, the (observer, handler) pairs that take it.
+        self._routes: dict[type, tuple[tuple[Observer, Handler], ...]] = {}
+        for event_type in EVENT_TYPES:
+            pairs = ((o, _handler_for(o, event_type)) for o in self.observers)
+            self._routes[event_type] = tuple((o, h) for o, h in pairs if h is not None)
         self._reported: set[tuple[int, type]] = set()
 
     def emit(self, event: Event) -> None:
-        for observer in self.observers:
+        for observer, handler in self._routes.get(event.__class__, ()):
             try:
-                observer.on_event(event)
+                handler(event)
             except Exception:
                 key = (id(observer), type(event))
                 if key not in self._reported:

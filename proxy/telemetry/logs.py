@@ -39,6 +39,14 @@ class CallLogObserver:
 
     needs_starts = False  # it logs finished calls only
 
+    def handler_for(self, event_type: type) -> Callable[[Event], None] | None:
+        """`Telemetry`'s routing: only the events this mode logs reach the observer."""
+        if self._off:
+            return None
+        if event_type is CallFinished or (event_type is CallSucceeded and not self._skip_success):
+            return self.on_event
+        return None
+
     def on_event(self, event: Event) -> None:
         if self._off:
             return

@@ -34,6 +34,7 @@ from proxy.telemetry.events import (
     AttemptStarted,
     BackoffStarted,
     CallFinished,
+    CallStarted,
     CallSucceeded,
     Event,
     PolicyReloaded,
@@ -349,6 +350,14 @@ class MetricsObserver:
             self.retry_successes.cell((label,))
             self.outcome_unknown.cell((label,))
         return label
+
+    def handler_for(self, event_type: type) -> Callable[[Event], None] | None:
+        """`Telemetry`'s routing: a first-attempt success straight to its handler; start events never."""
+        if event_type is CallSucceeded:
+            return self._call_succeeded  # type: ignore[return-value]
+        if event_type is CallStarted:
+            return None
+        return self.on_event
 
     def on_event(self, event: Event) -> None:
         match event:

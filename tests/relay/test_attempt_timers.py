@@ -5,6 +5,8 @@ transport (what is timed here is the relay's own logic, not a peer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -87,3 +89,22 @@ async def test_an_unanswered_attempt_times_out_at_its_response_timeout_not_at_th
     outcome, elapsed, sent = await run(link, response_timeout_s=0.1, send_deadline_s=5.0)
     assert outcome == "timeout" and sent and 0.09 <= elapsed < 0.1 + 0.3
     assert link.cancelled
+
+
+async def test_attempts_that_end_in_time_leave_a_bounded_heap_and_live_ones_still_fire() -> None:
+    from proxy.relay import _AttemptTimer, _Deadlines
+
+    loop = asyncio.get_running_loop()
+    deadlines = _Deadlines(loop)
+    for _ in range(5000):  # answered in time: each only marks its entry dead
+        _AttemptTimer(deadlines, None, 30.0, math.inf, loop.time()).end()
+    assert len(deadlines.heap) < 2 * _Deadlines.COMPACT_AT, "dead entries are compacted away"
+    victim = loop.create_task(asyncio.sleep(10))
+    started = time.monotonic()
+    early_dead = _AttemptTimer(deadlines, None, 0.05, math.inf, loop.time())
+    live = _AttemptTimer(deadlines, victim, 0.2, math.inf, loop.time())
+    early_dead.sent_at = live.sent_at = loop.time()  # handed over at once, as the relay records it
+    early_dead.end()
+    with contextlib.suppress(asyncio.CancelledError):
+        await victim
+    assert live.fired and 0.19 <= time.monotonic() - started < 0.2 + 0.3

@@ -207,3 +207,33 @@ def test_circuit_open_reads_the_engines_breakers_at_scrape_time(registry: Collec
     antistorm.record("lookup", breaker, Category.TRANSIENT, now)
     assert value(registry, "mcp_recovery_circuit_open", tool="lookup") == 1.0
     assert registry.get_sample_value("mcp_recovery_circuit_open", {"tool": "echo"}) is None
+
+
+def test_successes_counted_in_batches_give_the_same_histograms_as_one_by_one() -> None:
+    import random
+
+    from proxy.telemetry.events import CallSucceeded
+    from proxy.telemetry.metrics import DURATION_BUCKETS_S, FOLD_AT, _observe
+
+    rng = random.Random(5)
+    durations = [*DURATION_BUCKETS_S, -0.001, 0.0, 61.0, *(rng.uniform(0, 2) for _ in range(FOLD_AT + 300))]
+    registry = CollectorRegistry()
+    observer = MetricsObserver(registry)
+    expected = [0.0] * (len(DURATION_BUCKETS_S) + 2)
+    for d in durations:  # crosses FOLD_AT once, the rest is folded by the scrape
+        observer.on_event(CallSucceeded("c", "echo", d, d))
+        _observe(expected, DURATION_BUCKETS_S, d)
+    cumulative = 0.0
+    for bound, count in zip(DURATION_BUCKETS_S, expected, strict=False):
+        cumulative += count
+        le = str(float(bound))
+        got = value(registry, "mcp_recovery_attempt_duration_seconds_bucket", tool="echo", result="success", le=le)
+        assert got == cumulative, le
+        call = value(registry, "mcp_recovery_call_duration_seconds_bucket", tool="echo", outcome="success", le=le)
+        assert call == got
+    total = value(registry, "mcp_recovery_call_duration_seconds_count", tool="echo", outcome="success")
+    assert total == len(durations) == value(registry, "mcp_recovery_calls_total", tool="echo", outcome="success")
+    assert value(registry, "mcp_recovery_call_duration_seconds_sum", tool="echo", outcome="success") == pytest.approx(
+        expected[-1]
+    )
+    assert value(registry, "mcp_recovery_call_attempts_sum", tool="echo") == len(durations)

@@ -366,8 +366,9 @@ class _HttpLink(LinkBase):
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
         self._before_request(message)
         ex = self._pending.add(message, on_message)
-        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._run_exchange(ex, message, dict(headers or {}), sent))
+        loop = ex.response.get_loop()  # the table's loop, asked once (get_running_loop is a getpid() on 3.11)
+        sent: asyncio.Future[None] = loop.create_future()
+        task = loop.create_task(self._run_exchange(ex, message, dict(headers or {}), sent))
         ex.transport_state = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

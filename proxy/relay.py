@@ -169,7 +169,9 @@ class _Deadlines:
 
     __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
 
-    COMPACT_AT = 1024
+    # Compact early: dead entries kept long would carry their objects into the collector's old
+    # generation (the tail latency showed the full collections that followed).
+    COMPACT_AT = 64
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -265,6 +267,7 @@ class _AttemptTimer:
             self.task.cancel()
 
     def end(self) -> None:
+        self.task = None  # nothing to cancel any more; the entry must not keep the task alive
         if self.active:
             self.active = False
             if self.when is not None:

@@ -175,7 +175,7 @@ class Engine:
         idle timer or start-event observer, and room under the concurrency limit. It is what `_Call.run` does in that
         case, without building the call's state unless the answer is not a success; then the
         call goes on in `_Call.attempts_loop` with this attempt as its first."""
-        label = name  # a catalog tool (Engine.tool_label)
+        label = name  # the bounded label: a catalog name (else "other")
         flying = self.calls_in_flight
         flying[label] = flying.get(label, 0) + 1
         self.in_flight += 1
@@ -279,9 +279,6 @@ class Engine:
         self._policy_cache[name] = (policies, annotations, policy)
         return policy
 
-    def tool_label(self, relay: Relay, name: str) -> str:
-        return name if name in relay.catalog.tools else "other"
-
 
 class _Call:
     """One tools/call in progress (the per-request retry state of the Envoy model)."""
@@ -329,7 +326,7 @@ class _Call:
         self.arguments = arguments
         self.call_id = engine.new_call_id()
         tool = relay.catalog.tools.get(name)
-        self.label = name if tool is not None else "other"  # Engine.tool_label
+        self.label = name if tool is not None else "other"  # bounded: catalog names only
         if policy is None:
             annotations = tool.get("annotations") if tool is not None else None
             policy = engine.policy_for(name, annotations if isinstance(annotations, dict) else None)

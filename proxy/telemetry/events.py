@@ -24,7 +24,7 @@ Contract:
   `_meta` and HTTP headers. It returns None when tracing is off: the caller's own context then
   passes through unchanged.
 - Labels derived from events must stay bounded: `tool` is only ever a name the upstream listed
-  (the engine passes `tool_label`, already capped to the catalog or "other"); arguments never
+  (the engine passes a catalog name or "other"); arguments never
   appear in any event.
 """
 

@@ -231,12 +231,7 @@ class Engine:
             call.start_after_first(started)
             return await call.attempts_loop(None, (first, started, self.clock()))
         finally:
-            self.in_flight -= 1
-            left = flying[label] - 1
-            if left or len(flying) <= _IN_FLIGHT_KEEP:
-                flying[label] = left
-            else:
-                del flying[label]  # bounded: past the cap, idle labels are dropped
+            self.left(label)
 
     async def _after_lookup(
         self,
@@ -251,6 +246,16 @@ class Engine:
         """A tool the catalog lacks: list tools first (its annotations decide its side-effect class)."""
         await relay.lookup_tool(name, request)
         return await _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+
+    def left(self, label: str) -> None:
+        """A call of `label` is over: the in-flight counts (entered where the call starts)."""
+        self.in_flight -= 1
+        flying = self.calls_in_flight
+        left = flying[label] - 1
+        if left or len(flying) <= _IN_FLIGHT_KEEP:
+            flying[label] = left
+        else:
+            del flying[label]  # bounded: past the cap, idle labels are dropped
 
     def new_call_id(self) -> str:
         """Unique across restarts (a random prefix per engine), cheap per call."""
@@ -428,12 +433,7 @@ class _Call:
             progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
             return await self.attempts_loop(progress)
         finally:
-            e.in_flight -= 1
-            left = flying[label] - 1
-            if left or len(flying) <= _IN_FLIGHT_KEEP:
-                flying[label] = left
-            else:
-                del flying[label]  # bounded: past the cap, idle labels are dropped
+            e.left(label)
 
     def start_after_first(self, started: float) -> None:
         """The state `run` sets up, for a call the engine's direct path admitted at `started`

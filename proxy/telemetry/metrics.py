@@ -104,61 +104,36 @@ CircuitSource = Callable[[float], list[tuple[str, bool]]]
 InFlightSource = Callable[[], list[tuple[str, int]]]
 
 
-class _InFlightCollector:
-    """`mcp_recovery_calls_in_flight{tool}`, read from the engine's per-tool counts at scrape time."""
+class _ToolGauge:
+    """A per-tool gauge read from the engine at scrape time (nothing is updated per call):
+    `source()` gives (tool, value) pairs; tools beyond the label cap are merged under "other"
+    with `merge` (a sum for counts, `or` for states)."""
 
-    def __init__(self, label: Callable[[str], str]) -> None:
-        self.source: InFlightSource | None = None
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        label: Callable[[str], str],
+        merge: Callable[[float, float], float],
+    ) -> None:
+        self.name, self.doc = PREFIX + name, doc
+        self.source: Callable[[], list[tuple[str, float]]] | None = None
         self._label = label
+        self._merge = merge
 
     def describe(self) -> Iterator[Metric]:
-        yield self._family()
+        yield GaugeMetricFamily(self.name, self.doc, labels=("tool",))
 
     def collect(self) -> Iterator[Metric]:
-        family = self._family()
+        family = GaugeMetricFamily(self.name, self.doc, labels=("tool",))
         if self.source is not None:
-            merged: dict[str, int] = {}
-            for tool, count in self.source():
+            merged: dict[str, float] = {}
+            for tool, value in self.source():
                 label = self._label(tool)
-                merged[label] = merged.get(label, 0) + count
-            for label, count in merged.items():
-                family.add_metric([label], float(count))
+                merged[label] = self._merge(merged[label], value) if label in merged else value
+            for label, value in merged.items():
+                family.add_metric([label], float(value))
         yield family
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(PREFIX + "calls_in_flight", "tools/call requests being handled now.", labels=("tool",))
-
-
-class _CircuitCollector:
-    """`mcp_recovery_circuit_open{tool}`, read from the engine's anti-storm state at scrape time
-    (nothing to update per call). Only tools whose policy has a circuit breaker appear."""
-
-    def __init__(self, label: Callable[[str], str]) -> None:
-        self.source: CircuitSource | None = None
-        self._label = label
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family()
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        if self.source is not None:
-            merged: dict[str, bool] = {}
-            for tool, refusing in self.source(time.monotonic()):
-                label = self._label(tool)
-                merged[label] = merged.get(label, False) or refusing
-            for label, refusing in merged.items():
-                family.add_metric([label], 1.0 if refusing else 0.0)
-        yield family
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            PREFIX + "circuit_open",
-            "1 while the tool's circuit breaker refuses calls (open, or half-open with its trial call running).",
-            labels=("tool",),
-        )
 
 
 class _Series:
@@ -338,19 +313,28 @@ class MetricsObserver:
         for result in RELOAD_RESULTS:
             self.policy_reloads.labels(result=result)
         self.policy_reload_ok.set(1)
-        self._circuits = _CircuitCollector(self._tool)
+        self._circuits = _ToolGauge(
+            "circuit_open",
+            "1 while the tool's circuit breaker refuses calls (open, or half-open with its trial call running).",
+            self._tool,
+            lambda a, b: max(a, b),
+        )
         registry.register(self._circuits)
-        self._in_flight = _InFlightCollector(self._tool)
+        self._in_flight = _ToolGauge(
+            "calls_in_flight", "tools/call requests being handled now.", self._tool, lambda a, b: a + b
+        )
         registry.register(self._in_flight)
 
     def watch_in_flight(self, source: InFlightSource) -> None:
         """Export the calls in flight per tool `source()` gives: the engine's `in_flight_by_tool`."""
-        self._in_flight.source = source
+        self._in_flight.source = source  # type: ignore[assignment]
 
     def watch_circuits(self, source: CircuitSource) -> None:
         """Export the circuit-breaker state `source(now_s)` gives: the engine's `antistorm.circuits`,
-        on the monotonic clock the engine uses."""
-        self._circuits.source = source
+        on the monotonic clock the engine uses (only tools whose policy has a breaker appear)."""
+        self._circuits.source = lambda: [
+            (tool, 1.0 if refusing else 0.0) for tool, refusing in source(time.monotonic())
+        ]
 
     # ------------------------------------------------------------------------------ events
 

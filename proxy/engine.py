@@ -141,7 +141,7 @@ class Engine:
         assert isinstance(params, dict)
         tool = relay.catalog.tools.get(name)
         if tool is None:
-            return self._after_lookup(relay, request, outbox, headers, params, name, arguments)
+            return self._after_lookup(relay, request, outbox, headers, name)
         annotations = tool.get("annotations")
         policy = self.policy_for(name, annotations if isinstance(annotations, dict) else None)
         limit = self.max_concurrent_calls
@@ -234,18 +234,13 @@ class Engine:
             self.left(label)
 
     async def _after_lookup(
-        self,
-        relay: Relay,
-        request: Message,
-        outbox: Outbox,
-        headers: Mapping[str, str] | None,
-        params: dict[str, Any],
-        name: str,
-        arguments: dict[str, Any] | None,
+        self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None, name: str
     ) -> Message:
-        """A tool the catalog lacks: list tools first (its annotations decide its side-effect class)."""
+        """A tool the catalog lacks: list tools first (its annotations decide its side-effect class).
+        `request` was checked by `__call__`: its params are an object with a valid name and arguments."""
         await relay.lookup_tool(name, request)
-        return await _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+        params = request["params"]
+        return await _Call(self, relay, request, outbox, headers, params, name, params.get("arguments")).run()
 
     def left(self, label: str) -> None:
         """A call of `label` is over: the in-flight counts (entered where the call starts)."""

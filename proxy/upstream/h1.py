@@ -1,0 +1,962 @@
+"""A small HTTP/1.1 client for one upstream origin, on `httptools` and an `asyncio.Protocol`.
+
+Why it exists: relaying a call to an HTTP upstream spent most of its CPU in the general-purpose
+client (aiohttp's session, connector, request/response objects, timers and tasks). The proxy talks
+to one origin per upstream, sends small JSON bodies, owns every retry and every attempt timeout,
+and needs to know exactly when a request may have reached the peer. A client built for that shape
+can skip most of the work: no task per request, no timer unless one is armed, one write per
+request, and a response whose body usually arrived in the same `data_received` as its head.
+
+What it deliberately does not do: redirects (a 3xx is returned as is), proxies from the
+environment, retries of any kind (a failed request is reported, never repeated), read timeouts
+(the caller bounds each attempt), pipelining, HTTP/2, `Expect: 100-continue`.
+
+Loop binding: a client may be built anywhere, and binds to the running loop on its first request;
+every later request must run on that same loop (the loop is cached because asking for it costs a
+`getpid()` on Python 3.11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import email.utils
+import re
+import socket
+import ssl
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from http.cookies import CookieError, SimpleCookie
+from typing import Final
+from urllib.parse import quote, urlsplit
+
+import httptools
+
+__all__ = [
+    "ClientClosed",
+    "ClientError",
+    "ConnectError",
+    "ConnectTimeout",
+    "ConnectionClosed",
+    "Headers",
+    "HttpClient",
+    "InvalidURL",
+    "ProtocolError",
+    "Response",
+]
+
+# Above this many buffered, unconsumed body bytes the socket stops being read; below LOW it resumes.
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
+
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_FORBIDDEN = re.compile(r"[\r\n\x00]")
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Header names the client writes itself: a request header with one of these names takes the slow path.
+_MANAGED: Final = frozenset({"host", "content-length", "cookie"})
+_DECODED_ENCODINGS: Final = frozenset({"gzip", "x-gzip", "deflate"})
+_NO_BODY_STATUSES: Final = frozenset({204, 304})
+# Printable ASCII minus space: what `quote` may leave alone in a target with non-ASCII characters.
+_TARGET_SAFE: Final = "".join(chr(c) for c in range(0x21, 0x7F))
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------------------------
+class ClientError(Exception):
+    """Base of every failure this client reports (never a bare OSError or parser error)."""
+
+
+class InvalidURL(ValueError):
+    """The URL given to `HttpClient` is not one origin this client can reach."""
+
+
+class ClientClosed(ClientError):
+    """The client was closed (`aclose`) before or while the request waited for a connection."""
+
+
+class ConnectError(ClientError):
+    """Establishing the connection failed: nothing of the request can have been sent."""
+
+
+class ConnectTimeout(ConnectError):
+    """No connection within `connect_timeout_s` (waiting for a pool slot, TCP connect, TLS)."""
+
+
+class ProtocolError(ClientError):
+    """The peer answered something that is not a valid HTTP/1.1 response."""
+
+
+class ConnectionClosed(ClientError):
+    """The peer closed or reset the connection before the response was complete.
+
+    `response_started` tells whether the status line had been received; `reused` whether the
+    connection had already served an earlier request (a keep-alive connection the peer was closing
+    while this request went out fails this way)."""
+
+    def __init__(self, message: str, *, response_started: bool, reused: bool) -> None:
+        super().__init__(message)
+        self.response_started = response_started
+        self.reused = reused
+
+
+# ---------------------------------------------------------------------------------------------
+# headers and cookies
+# ---------------------------------------------------------------------------------------------
+class Headers:
+    """Response headers, in arrival order, looked up case-insensitively.
+
+    Not a `collections.abc.Mapping`: iteration yields `(name, value)` pairs, so that repeated
+    headers (`Set-Cookie`) survive. The lookup index keeps the first value per name and is built
+    once, in C, by a dict comprehension; `getall` scans the pairs (it is rarely needed). `repr`
+    shows names only: values can carry credentials."""
+
+    __slots__ = ("_first", "_items")
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        self._items = items
+        self._first = {name.lower(): value for name, value in reversed(items)}
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._first.get(name.lower(), default)
+
+    def getall(self, name: str) -> list[str]:
+        key = name.lower()
+        return [value for n, value in self._items if n.lower() == key]
+
+    def __getitem__(self, name: str) -> str:
+        return self._first[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._first
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._items)
+
+    def __repr__(self) -> str:
+        return f"Headers({[name for name, _ in self._items]!r})"
+
+
+class _CookieJar:
+    """The cookies of one origin, name → value.
+
+    The upstream is a single origin, so `Path` and `Domain` are ignored (every cookie is sent on
+    every request), as are `Secure`/`HttpOnly`/`SameSite`. `Max-Age` wins over `Expires` (RFC 6265
+    §5.3); a Max-Age ≤ 0 or an Expires in the past deletes the cookie. A Set-Cookie the standard
+    library cannot parse is ignored: a server's bad cookie must not fail the call."""
+
+    __slots__ = ("_cookies",)
+
+    def __init__(self) -> None:
+        self._cookies: dict[str, tuple[str, float | None]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._cookies)
+
+    def update(self, set_cookies: list[str]) -> None:
+        now = time.time()
+        for raw in set_cookies:
+            parsed = SimpleCookie()
+            try:
+                parsed.load(raw)
+            except CookieError:
+                continue
+            for name, morsel in parsed.items():
+                expires_at = _expiry(morsel["max-age"], morsel["expires"], now)
+                if expires_at is not None and expires_at <= now:
+                    self._cookies.pop(name, None)
+                else:
+                    self._cookies[name] = (morsel.coded_value, expires_at)
+
+    def header(self) -> str:
+        """The `Cookie` header value; drops the cookies that expired meanwhile."""
+        now = time.time()
+        expired = [name for name, (_, at) in self._cookies.items() if at is not None and at <= now]
+        for name in expired:
+            del self._cookies[name]
+        return "; ".join(f"{name}={value}" for name, (value, _) in self._cookies.items())
+
+
+def _expiry(max_age: str, expires: str, now: float) -> float | None:
+    """The absolute expiry (time.time() scale) of a cookie, None for a session cookie."""
+    if max_age:
+        try:
+            return now + int(max_age)
+        except ValueError:
+            pass  # RFC 6265: an unparseable Max-Age is ignored
+    if expires:
+        try:
+            when = email.utils.parsedate_to_datetime(expires)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is not None:
+            return when.timestamp()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# response
+# ---------------------------------------------------------------------------------------------
+class Response:
+    """One response: head parsed, body arriving on the connection.
+
+    The body is kept as the list of chunks the parser delivered (one chunk, returned as is, in the
+    common case) and read once. The connection goes back to the pool when the body has been read
+    to its end (or on `release()` after that); anything else closes it, since a connection with an
+    unread body cannot carry the next request."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_decoder",
+        "_error",
+        "_read_all",
+        "_until_eof",
+        "_waiter",
+        "_want",
+        "complete",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, status: int, reason: str, headers: Headers) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.complete = False
+        self._conn: _Connection | None = conn
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._error: ClientError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._want = 0
+        self._read_all = False
+        self._decoder: zlib._Decompress | None = None
+        self._until_eof = False
+
+    def __repr__(self) -> str:
+        return f"<Response {self.status} {self.reason!r} complete={self.complete}>"
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The rest of the body. With `limit`, at most `limit` bytes: if that cuts the body short
+        the connection is closed (its unread remainder makes it unusable) instead of reused."""
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        self._read_all = True  # read() consumes whatever arrives: never pause the socket under it
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
+        want = 1 << 62 if limit is None else limit
+        while not self.complete and self._buffered < want:
+            if self._error is not None:
+                raise self._error
+            await self._wait(want)
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if limit is not None and len(data) > limit:
+            data = data[:limit]
+            self._close()
+        elif limit is not None and not self.complete:
+            self._close()
+        else:
+            self.release()
+        return data
+
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive (decoded if the answer was compressed)."""
+        return _ChunkIterator(self)
+
+    async def _next_chunk(self) -> bytes | None:
+        while not self._chunks:
+            if self.complete:
+                self.release()
+                return None
+            if self._error is not None:
+                raise self._error
+            await self._wait(1)
+        data = self._chunks.pop(0)
+        self._buffered -= len(data)
+        conn = self._conn
+        if conn is not None and conn.paused and self._buffered <= LOW_WATER:
+            conn.resume()
+        return data
+
+    async def _wait(self, want: int) -> None:
+        """Wait until `want` bytes are buffered, or the body ends or fails.
+
+        Leaving abnormally (the awaiting task cancelled) closes the connection: a half-read
+        response cannot be resumed by anybody else."""
+        conn = self._conn
+        if conn is None:
+            raise ClientError("the response was released before its body was read")
+        waiter = conn.loop.create_future()
+        self._waiter = waiter
+        self._want = want
+        try:
+            await waiter
+        except BaseException:
+            self._close()
+            raise
+        finally:
+            self._waiter = None
+
+    def release(self) -> None:
+        """Done with the response: its connection goes back to the pool if the body was read to
+        the end and both sides allow keep-alive; otherwise it is closed. Idempotent."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        conn.response = None
+        if self.complete and conn.keep_alive and not conn.closed and not conn.transport.is_closing():  # type: ignore[union-attr]
+            if conn.paused:
+                conn.resume()  # an idle connection must be read to notice the peer closing it
+            conn.client._put_back(conn)
+        else:
+            conn.close()
+
+    async def aclose(self) -> None:
+        self.release()
+
+    def _close(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.response = None
+            conn.close()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _ChunkIterator:
+    """`Response.iter_chunks`: a plain async iterator, not an async generator, so that a loop
+    broken early leaves nothing to finalize."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _ChunkIterator:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self._response._next_chunk()
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# connection
+# ---------------------------------------------------------------------------------------------
+class _Unexpected(Exception):
+    """Raised inside a parser callback: the peer sent a response nobody asked for."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection and its response parser; one request at a time.
+
+    The parser's callbacks run synchronously inside `data_received`, so the head future is resolved
+    and, for a small answer, the whole body buffered before the requesting task resumes. Futures are
+    resolved with results, never exceptions (an error is returned as the result and raised by the
+    awaiting side), so a task cancelled at the wrong moment cannot leave a "Future exception was
+    never retrieved" behind."""
+
+    __slots__ = (
+        "_head_fut",
+        "_head_only",
+        "_interim",
+        "_items",
+        "_parser",
+        "_reason",
+        "_started",
+        "client",
+        "closed",
+        "counted",
+        "keep_alive",
+        "loop",
+        "paused",
+        "response",
+        "served",
+        "transport",
+    )
+
+    def __init__(self, client: HttpClient, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.counted = True  # holds one of the client's connection slots until dropped
+        self.paused = False
+        self.keep_alive = True
+        self.served = 0
+        self.response: Response | None = None
+        self._head_fut: asyncio.Future[Response | ClientError] | None = None
+        self._head_only = False
+        self._interim = False
+        self._items: list[tuple[str, str]] = []
+        self._reason = ""
+        self._started = False
+
+    # -- used by the client and the response ---------------------------------------------
+
+    def send(
+        self,
+        data: bytes,
+        fut: asyncio.Future[Response | ClientError],
+        head_only: bool,
+        keep_alive: bool,
+        on_write: Callable[[], None] | None,
+    ) -> None:
+        self.served += 1
+        self._head_fut = fut
+        self._head_only = head_only
+        self.keep_alive = keep_alive
+        self._started = False
+        if self.closed or self.transport is None or self.transport.is_closing():
+            fut.set_result(self._closed_error())
+            return
+        if on_write is not None:
+            on_write()
+        self.transport.write(data)
+
+    def close(self) -> None:
+        """Close now and give the slot back at once (connection_lost comes later)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self.client._drop(self)
+
+    def resume(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def is_usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def _closed_error(self) -> ConnectionClosed:
+        started = self._started
+        what = "during the response" if started else "before the response"
+        return ConnectionClosed(
+            f"the upstream closed the connection {what}", response_started=started, reused=self.served > 1
+        )
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail_protocol(exc)
+
+    def eof_received(self) -> bool | None:
+        if self.response is None and self._head_fut is None:
+            self.closed = True  # idle: never hand it out again, even before connection_lost runs
+            self.client._drop(self)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.client._drop(self)
+        fut = self._head_fut
+        if fut is not None:
+            self._head_fut = None
+            if not fut.done():
+                error = self._closed_error()
+                error.__cause__ = exc
+                fut.set_result(error)
+        response = self.response
+        if response is not None and not response.complete and response._error is None:
+            if response._until_eof:
+                self._finish(response)
+            else:
+                error = ConnectionClosed(
+                    "the upstream closed the connection during the response body",
+                    response_started=True,
+                    reused=self.served > 1,
+                )
+                error.__cause__ = exc
+                response._error = error
+                response._wake()
+
+    def pause_writing(self) -> None:
+        """Requests are written whole and small: there is nothing to stop producing."""
+
+    def resume_writing(self) -> None:
+        """See `pause_writing`."""
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._head_fut is None:
+            raise _Unexpected
+        self._items = []
+        self._reason = ""
+
+    def on_status(self, reason: bytes) -> None:
+        self._started = True
+        self._reason = reason.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._started = True
+        self._items.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self._started = True
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:  # an interim answer (103 Early Hints...): the real one follows
+            self._interim = True
+            return
+        headers = Headers(self._items)
+        response = Response(self, status, self._reason, headers)
+        first = headers._first
+        encoding = first.get("content-encoding")
+        if encoding is not None and encoding.strip().lower() in _DECODED_ENCODINGS:
+            response._decoder = zlib.decompressobj(wbits=47)  # zlib or gzip framing, auto-detected
+        if "set-cookie" in first:
+            self.client._cookies.update(headers.getall("set-cookie"))
+        if (
+            "content-length" not in first
+            and "chunked" not in first.get("transfer-encoding", "").lower()
+            and status not in _NO_BODY_STATUSES
+        ):
+            response._until_eof = True  # HTTP/1.0 style: the body ends when the connection does
+        self.response = response
+        if self._head_only:
+            # The parser cannot be told the answer has no body; finish it here and never reuse
+            # the connection, whose parser would otherwise read the next answer as this body.
+            self.keep_alive = False
+            response.complete = True
+        fut = self._head_fut
+        self._head_fut = None
+        if fut is not None and not fut.done():
+            fut.set_result(response)
+
+    def on_body(self, data: bytes) -> None:
+        response = self.response
+        if response is None or response.complete:
+            return  # a HEAD answer's body, or a response abandoned meanwhile
+        decoder = response._decoder
+        if decoder is not None:
+            data = decoder.decompress(data)
+            if not data:
+                return
+        response._chunks.append(data)
+        buffered = response._buffered = response._buffered + len(data)
+        if response._waiter is not None and buffered >= response._want:
+            response._wake()
+        if buffered > HIGH_WATER and not response._read_all and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        response = self.response
+        if response is None or response.complete:
+            return
+        self.keep_alive = self.keep_alive and self._parser.should_keep_alive()
+        self._finish(response)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _finish(self, response: Response) -> None:
+        decoder = response._decoder
+        if decoder is not None:
+            tail = decoder.flush()
+            if tail:
+                response._chunks.append(tail)
+                response._buffered += len(tail)
+        response.complete = True
+        response._wake()
+
+    def _fail_protocol(self, exc: Exception) -> None:
+        self.keep_alive = False
+        fut = self._head_fut
+        response = self.response
+        if isinstance(exc.__context__, _Unexpected) and fut is None and response is None:
+            self.close()  # unsolicited bytes on an idle connection: just drop it
+            return
+        error = ProtocolError(f"the upstream sent an invalid HTTP response ({type(exc).__name__}: {exc})")
+        error.__cause__ = exc
+        if fut is not None:
+            self._head_fut = None
+            if not fut.done():
+                fut.set_result(error)
+        elif response is not None and not response.complete:
+            response._error = error
+            response._wake()
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# client
+# ---------------------------------------------------------------------------------------------
+_TIMED_OUT: Final = object()
+_CLIENT_CLOSED: Final = object()
+
+
+class HttpClient:
+    """An HTTP/1.1 keep-alive pool to the one origin of `url`.
+
+    At most `max_connections` connections exist (idle, busy or connecting); idle ones are reused
+    last-in first-out, so a burst's extra connections age out on the server side while the hot
+    one stays warm. A request that finds no idle connection and no free slot waits, at most
+    `connect_timeout_s`, for one; the TCP connect and TLS handshake are bounded by the same
+    figure. Default headers are written on every request; a request header of the same name
+    (case-insensitive) replaces the default."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 100,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise InvalidURL(f"invalid URL ({exc})") from exc
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORTS:
+            raise InvalidURL(f"unsupported URL scheme {scheme!r} (http or https only)")
+        host = parts.hostname
+        if not host:
+            raise InvalidURL("the URL has no host")
+        if parts.username is not None or parts.password is not None:
+            raise InvalidURL("credentials in the URL are not supported; send an Authorization header")
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                raise InvalidURL("the URL's host is not a valid domain name") from exc
+        if _BAD_TARGET.search(host):
+            raise InvalidURL("the URL's host contains invalid characters")
+        self.scheme = scheme
+        self.host = host
+        self.port = port if port is not None else _DEFAULT_PORTS[scheme]
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        self.target = _clean_target(target)
+        literal = f"[{host}]" if ":" in host else host
+        host_header = literal if port is None or port == _DEFAULT_PORTS[scheme] else f"{literal}:{port}"
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        if scheme == "https":
+            self._ssl: ssl.SSLContext | None = ssl_context or ssl.create_default_context()
+        else:
+            self._ssl = None
+        defaults: dict[str, tuple[str, str]] = {"host": ("Host", host_header)}
+        for name, value in (headers or {}).items():
+            defaults[name.lower()] = (name, value)
+        self._default_names = frozenset(defaults) | _MANAGED
+        self._keep_alive = "close" not in defaults.get("connection", ("", ""))[1].lower()
+        self._defaults = defaults
+        # The constant part of every head: Host and the default headers, already joined.
+        self._fixed = "".join(f"{name}: {value}\r\n" for name, value in defaults.values())
+        _check_header_text(self._fixed, len(defaults))
+        try:
+            self._fixed.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ValueError("a default header is not latin-1 encodable") from None
+        self._cookies = _CookieJar()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: dict[_Connection, None] = {}  # insertion-ordered: popitem() is LIFO
+        self._all: set[_Connection] = set()
+        self._open = 0  # slots taken: connecting, busy and idle connections
+        self._waiters: collections.deque[asyncio.Future[object]] = collections.deque()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<HttpClient {self.scheme}://{self.host}:{self.port} open={self._open}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> HttpClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        *,
+        target: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        on_write: Callable[[], None] | None = None,
+    ) -> Response:
+        """Send one request and return once the answer's status line and headers are parsed.
+
+        `on_write` runs synchronously right before the single write that carries the request: if
+        it has not run, nothing of the request reached the peer. Raises `ValueError` (nothing
+        sent) for a header name or value with CR, LF or NUL, `ConnectError` while establishing the
+        connection, `ConnectionClosed`/`ProtocolError` after the request was written."""
+        data, keep_alive = self._head(method, target, headers, body)
+        if self._closed:
+            raise ClientClosed("the HTTP client is closed")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        conn: _Connection | None = None
+        idle = self._idle
+        while idle:
+            conn = idle.popitem()[0]
+            if conn.is_usable():
+                break
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = await self._new_connection(loop)
+        fut: asyncio.Future[Response | ClientError] = loop.create_future()
+        try:
+            conn.send(data, fut, method == "HEAD", keep_alive, on_write)
+            result = await fut
+        except BaseException:
+            conn.close()  # cancelled (or on_write failed): this connection's state is unknown
+            raise
+        if result.__class__ is Response:
+            return result  # type: ignore[return-value]
+        raise result  # type: ignore[misc]
+
+    def _head(
+        self, method: str, target: str | None, headers: Mapping[str, str] | None, body: bytes | None
+    ) -> tuple[bytes, bool]:
+        """The request line, headers and body as one bytes object, and whether to keep alive."""
+        if not _TOKEN.fullmatch(method):
+            raise ValueError("invalid HTTP method")
+        target = self.target if target is None else _clean_target(target)
+        keep_alive = self._keep_alive
+        parts = [method, " ", target, " HTTP/1.1\r\n", self._fixed]
+        if headers:
+            lowered = [name.lower() for name in headers]
+            if len(set(lowered)) != len(lowered) or not self._default_names.isdisjoint(lowered):
+                parts[4] = self._merged_fixed(headers)
+            else:
+                extra = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+                _check_header_text(extra, len(lowered))
+                parts.append(extra)
+            if "connection" in lowered:
+                value = [v for k, v in headers.items() if k.lower() == "connection"][-1]
+                keep_alive = "close" not in value.lower()
+        if body is not None:
+            parts.append(f"Content-Length: {len(body)}\r\n")
+        elif method == "POST" or method == "PUT" or method == "PATCH":
+            parts.append("Content-Length: 0\r\n")
+        if self._cookies:
+            parts.append(self._cookie_line(headers))
+        parts.append("\r\n")
+        try:
+            head = "".join(parts).encode("latin-1")
+        except UnicodeEncodeError:
+            # from None: the encoding error would carry the whole header value along.
+            raise ValueError("a request header is not latin-1 encodable") from None
+        return (head + body if body else head), keep_alive
+
+    def _merged_fixed(self, headers: Mapping[str, str]) -> str:
+        """The slow path: request headers replacing defaults (or each other) by name."""
+        merged = dict(self._defaults)
+        for name, value in headers.items():
+            merged[name.lower()] = (name, value)
+        merged.pop("content-length", None)  # the client writes the body's own length
+        if self._cookies:
+            merged.pop("cookie", None)  # folded into the jar's line by `_cookie_line`
+        text = "".join([f"{name}: {value}\r\n" for name, value in merged.values()])
+        _check_header_text(text, len(merged))
+        return text
+
+    def _cookie_line(self, headers: Mapping[str, str] | None) -> str:
+        value = self._cookies.header()
+        if headers:
+            own = [v for k, v in headers.items() if k.lower() == "cookie"]
+            if own:
+                value = "; ".join([*own, value]) if value else "; ".join(own)
+        if not value:
+            return ""
+        _check_header_text(value, 0)
+        return f"Cookie: {value}\r\n"
+
+    # -- the pool -----------------------------------------------------------------------------
+
+    async def _new_connection(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        """A connection for a request that found no idle one: a free slot, or wait for one."""
+        deadline = None
+        if self._open < self.max_connections:
+            self._open += 1
+        else:
+            deadline = loop.time() + self.connect_timeout_s
+            handed = await self._wait_for_slot(loop)
+            if handed is not None:
+                return handed
+        conn = _Connection(self, loop)
+        self._all.add(conn)
+        timeout = self.connect_timeout_s if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(
+                    lambda: conn,
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except TimeoutError as exc:
+            conn.close()
+            raise ConnectTimeout(f"connecting to {self.host}:{self.port} timed out") from exc
+        except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS (SSLError)
+            conn.close()
+            raise ConnectError(f"cannot connect to {self.host}:{self.port} ({type(exc).__name__}: {exc})") from exc
+        except BaseException:
+            conn.close()
+            raise
+        if self._closed:
+            conn.close()
+            raise ClientClosed("the HTTP client was closed while connecting")
+        return conn
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> _Connection | None:
+        """Wait for an idle connection (returned) or a free slot (None: the slot is ours)."""
+        waiter: asyncio.Future[object] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(self.connect_timeout_s, _expire, waiter)
+        try:
+            handed = await waiter
+        except BaseException:
+            # Cancelled: whatever was handed to us meanwhile goes to the next in line.
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+        finally:
+            timer.cancel()
+        if handed is _TIMED_OUT:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            raise ConnectTimeout(
+                f"no connection to {self.host}:{self.port} freed up within {self.connect_timeout_s} s "
+                f"({self.max_connections} in use)"
+            )
+        if handed is _CLIENT_CLOSED:
+            raise ClientClosed("the HTTP client was closed while waiting for a connection")
+        return handed  # type: ignore[return-value]
+
+    def _give_back(self, handed: object) -> None:
+        if isinstance(handed, _Connection):
+            self._put_back(handed)
+        elif handed is None:
+            self._release_slot()
+
+    def _put_back(self, conn: _Connection) -> None:
+        """A connection whose answer was read whole: to the oldest waiter, else to the idle set."""
+        if self._closed:
+            conn.close()
+            return
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._idle[conn] = None
+
+    def _release_slot(self) -> None:
+        self._open -= 1
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self._open += 1  # the slot passes straight to the waiter, which will connect
+                waiter.set_result(None)
+                return
+
+    def _drop(self, conn: _Connection) -> None:
+        """A connection that is closing: out of the pool, its slot freed. Idempotent."""
+        if not conn.counted:
+            return
+        conn.counted = False
+        self._idle.pop(conn, None)
+        self._all.discard(conn)
+        self._release_slot()
+
+    async def aclose(self) -> None:
+        """Close every connection (busy ones too: their requests fail with ConnectionClosed) and
+        refuse further requests with `ClientClosed`."""
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(_CLIENT_CLOSED)
+        for conn in list(self._all):
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._all and self._loop is not None:
+            await asyncio.sleep(0)  # let connection_lost run, so that callers see their failures
+
+
+def _expire(waiter: asyncio.Future[object]) -> None:
+    if not waiter.done():
+        waiter.set_result(_TIMED_OUT)
+
+
+def _check_header_text(text: str, lines: int) -> None:
+    """`text` is `lines` header lines each ending in CRLF: any other CR, LF or NUL is an injection.
+
+    Counting is three C-level scans over the whole block instead of a check per name and value.
+    The message never quotes the text: header values can carry credentials."""
+    if text.count("\r") != lines or text.count("\n") != lines or "\x00" in text:
+        raise ValueError("a header name or value contains CR, LF or NUL")
+
+
+def _clean_target(target: str) -> str:
+    if not target.isascii():
+        target = quote(target, safe=_TARGET_SAFE)
+    if not target or _BAD_TARGET.search(target):
+        raise ValueError("the request target contains spaces or control characters")
+    return target

@@ -54,6 +54,7 @@ LOW_WATER: Final = 64 * 1024
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_KNOWN_METHODS: Final = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Header names the client writes itself: a request header with one of these names takes the slow path.
 _MANAGED: Final = frozenset({"host", "content-length", "cookie"})
@@ -768,7 +769,7 @@ class HttpClient:
         self, method: str, target: str | None, headers: Mapping[str, str] | None, body: bytes | None
     ) -> tuple[bytes, bool]:
         """The request line, headers and body as one bytes object, and whether to keep alive."""
-        if not _TOKEN.fullmatch(method):
+        if method not in _KNOWN_METHODS and not _TOKEN.fullmatch(method):
             raise ValueError("invalid HTTP method")
         target = self.target if target is None else _clean_target(target)
         keep_alive = self._keep_alive

@@ -9,10 +9,14 @@ import contextlib
 import gc
 import gzip
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,9 +147,9 @@ class Raw:
 
 
 @contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[Raw]:
+async def raw_server(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncIterator[Raw]:
     raw = Raw(handler)
-    server = await asyncio.start_server(raw._serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(raw._serve, "127.0.0.1", 0, ssl=tls)
     raw.port = server.sockets[0].getsockname()[1]
     try:
         yield raw
@@ -893,3 +897,47 @@ async def test_response_is_a_context_manager_and_release_is_idempotent() -> None
             await resp.aclose()
             assert await (await client.request("GET")).read() == b"ok"
             assert len(raw.ports) == 1
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for IP 127.0.0.1 and its key, made by the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key
+
+
+async def test_https_with_a_given_context_and_tls_failure_is_connect_error(self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    async with raw_server(keep_alive(lambda req: answer(body=b"secure")), tls=server_ctx) as raw:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        client = HttpClient(f"https://127.0.0.1:{raw.port}/mcp", ssl_context=trusting)
+        try:
+            async with asyncio.timeout(WAIT):
+                for _ in range(2):
+                    assert await (await client.request("POST", body=b"{}")).read() == b"secure"
+                assert len(raw.ports) == 1
+        finally:
+            await client.aclose()
+        wrote: list[int] = []
+        untrusting = HttpClient(f"https://127.0.0.1:{raw.port}/mcp")  # the system CAs do not know it
+        try:
+            async with asyncio.timeout(WAIT):
+                with pytest.raises(ConnectError) as info:
+                    await untrusting.request("POST", body=b"{}", on_write=lambda: wrote.append(1))
+        finally:
+            await untrusting.aclose()
+        assert isinstance(info.value.__cause__, ssl.SSLError)
+        assert wrote == []

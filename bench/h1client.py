@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -117,11 +118,27 @@ async def h1_client(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
 
 
 async def aiohttp_client(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    """The client the proxy used before `h1` (a dev dependency now), configured as the proxy had
+    it: keep-alive pool, no redirects, no environment proxies, the written-hook on the body."""
+    import aiohttp
     from yarl import URL
 
-    from proxy.upstream.http import _Body, new_session
+    class Body(aiohttp.BytesPayload):
+        def __init__(self, data: bytes, on_write: Callable[[], None]) -> None:
+            super().__init__(data, content_type="application/json")
+            self._on_write = on_write
 
-    session = new_session(DEFAULT_HEADERS, 5.0, 100)
+        async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+            self._on_write()
+            await super().write_with_length(writer, content_length)
+
+    session = aiohttp.ClientSession(
+        headers=DEFAULT_HEADERS,
+        connector=aiohttp.TCPConnector(limit=100, limit_per_host=0),
+        cookie_jar=aiohttp.CookieJar(unsafe=True),
+        timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0),
+        trust_env=False,
+    )
     yurl = URL(url)
     written = [False]
 
@@ -129,9 +146,8 @@ async def aiohttp_client(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]
         written[0] = True
 
     async def call() -> bytes:
-        async with session.post(
-            yurl, data=_Body(REQUEST_BODY, on_write), headers=REQUEST_HEADERS, allow_redirects=False
-        ) as r:
+        body = Body(REQUEST_BODY, on_write)
+        async with session.post(yurl, data=body, headers=REQUEST_HEADERS, allow_redirects=False) as r:
             if r.status != 200:
                 raise RuntimeError(f"status {r.status}")
             return await r.read()

@@ -1,6 +1,6 @@
 """Streamable HTTP upstream, both eras, at the JSON-RPC message level.
 
-One `aiohttp.ClientSession` per upstream (keep-alive pool, HTTP/1.1, no retries, no redirects, no
+One `h1.HttpClient` per upstream (our own HTTP/1.1 keep-alive pool, no retries, no redirects, no
 read timeout): the proxy owns every retry and every attempt timeout, so the client does neither.
 
 - `HttpLegacyLink` (one per downstream 2025 session): forwards the client's own `initialize`,
@@ -10,26 +10,24 @@ read timeout): the proxy owns every retry and every attempt timeout, so the clie
 - `HttpModernLink` (shared by every 2026-07-28 request): one POST per request with the 2026
   routing headers; cancelling is closing that request's response stream.
 
-Failure translation happens here and nowhere else: aiohttp exceptions and HTTP statuses become
+Failure translation happens here and nowhere else: client exceptions and HTTP statuses become
 `UpstreamFailure` with the right `Dispatch` (RECOVERY.md §1). `Exchange.written` turns true when
-the request starts going out on the connection (aiohttp buffers the request head and writes it
-together with the body, and `_Body.write*` runs right before that write), so anything failing
-from then on has dispatch unknown; before it, only establishing the connection can fail, and
-that is dispatch no. Header values are never logged nor put in failure details.
+the request starts going out on the connection (the client writes the request line, headers and
+body in one write and calls `on_write` right before it), so anything failing from then on has
+dispatch unknown; before it, only establishing the connection can fail, and that is dispatch no.
+Header values are never logged nor put in failure details.
 
-Why aiohttp and not httpx (measured with `bench/relay.py`, see docs/benchmarks.md): the proxy's
-CPU per relayed HTTP→HTTP `tools/call` was 2.5 to 4.7 ms against a target of 1.5 ms, and py-spy put
-about 60% of it in httpx/httpcore (the connection pool walks every pooled connection per request,
-encode/httpcore#1035; `current_async_library()` retries a failing `import sniffio` per call,
-encode/httpcore#1103). Measured on the same machine, same day, same benchmark (wait 0, c=1/c=16):
-httpx + `sniffio` 2.3/3.2 ms; httpx2/httpcore2 (the SDK's stack, which caches the detection)
-1.8/1.7 ms — both still over the target; aiohttp (C HTTP parser, O(1) pool) about 1 ms. The client
-alone, same request shape, per request: httpx 1.4/2.1 ms, httpx + sniffio 1.0/1.8 ms, httpx2
-0.9/0.8 ms, aiohttp 0.3/0.2 ms. Hence the dependency; with it the proxy measured 1.0 to 1.4 ms per
-HTTP→HTTP call. The tests and tooling keep httpx as their own client; this adapter and `sse.py`
-no longer use it. Behaviour kept from the httpx version: the client's default headers, no
-redirects, no proxy from the environment, cookies kept per upstream; what changed is that a
-compressed answer is now decoded (httpx's raw reads would have passed gzip bytes to the parsers).
+Why a client of our own (measured with `bench/relay.py` and `bench/h1client.py`, see
+docs/benchmarks.md): httpx first cost 2.5 to 4.7 ms of proxy CPU per relayed HTTP→HTTP call
+against a target of 1.5 ms (its pool walks every pooled connection per request,
+encode/httpcore#1035, and `current_async_library()` retried a failing import per call,
+encode/httpcore#1103); aiohttp (C parser, O(1) pool) brought that to about 0.3-0.7 ms, but its
+general-purpose machinery (session, connector, request and response objects, a timer context and
+a task per request) was still the largest share of an HTTP→HTTP call and kept throughput more
+than 10% under direct. `h1.HttpClient` does what this adapter needs and nothing else, at about a
+fifth of aiohttp's CPU per request. Behaviour kept: the configured headers on every request, no
+redirects, no proxy from the environment, cookies kept per upstream; what changed is that the
+proxy no longer asks for compressed answers (a compressed one is still decoded).
 """
 
 from __future__ import annotations
@@ -44,10 +42,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-
-import aiohttp
-from multidict import CIMultiDictProxy
-from yarl import URL
+from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
@@ -66,6 +61,7 @@ from proxy.jsonrpc import (
     meta_of,
 )
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
+from proxy.upstream.h1 import ClientError, ConnectError, Headers, HttpClient, InvalidURL, Response
 from proxy.upstream.sse_parse import SseError, SseParser
 
 log = logging.getLogger(__name__)
@@ -127,21 +123,21 @@ def bounded_detail(text: str) -> str:
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 
-# What the HTTP client raises for a failed exchange (aiohttp's own errors, socket errors).
-CLIENT_ERRORS: Final = (aiohttp.ClientError, OSError)
+# What the HTTP client raises for a failed exchange (its own errors; socket errors, to be safe).
+CLIENT_ERRORS: Final = (ClientError, OSError)
 
 
 def translate_exception(exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
-    """An aiohttp (or socket) exception as an `UpstreamFailure`. Never includes header values.
+    """A client (or socket) exception as an `UpstreamFailure`. Never includes header values.
 
-    Establishing the connection (connect refused, DNS, TLS, the connect timeout, which in aiohttp
-    also bounds the wait for a free pooled connection) is dispatch no whatever `written` says."""
+    Establishing the connection (connect refused, DNS, TLS, the connect timeout, which also bounds
+    the wait for a free pooled connection) is dispatch no whatever `written` says."""
     name = type(exc).__name__
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, ConnectError):
         return UpstreamFailure(
             FailureKind.CONNECT_FAILED, Dispatch.NO, bounded_detail(f"cannot connect to the upstream ({name})")
         )
-    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
+    if isinstance(exc, InvalidURL):
         return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, bounded_detail(f"bad upstream URL ({name})"))
     if isinstance(exc, SseError):
         return UpstreamFailure(
@@ -159,24 +155,20 @@ def status_dispatch(status: int) -> Dispatch:
     return Dispatch.NO if status in NOT_DISPATCHED_STATUSES else Dispatch.UNKNOWN
 
 
-async def read_bounded(response: aiohttp.ClientResponse, limit: int = MAX_ERROR_BODY) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    with contextlib.suppress(*CLIENT_ERRORS):
-        async for chunk in response.content.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    return b"".join(chunks)[:limit]
+async def read_bounded(response: Response, limit: int = MAX_ERROR_BODY) -> bytes:
+    """At most `limit` bytes of the body; what a broken connection delivered up to then."""
+    try:
+        return await response.read(limit)
+    except CLIENT_ERRORS:
+        return b""
 
 
-async def status_failure(response: aiohttp.ClientResponse, request_id: RequestId | None) -> UpstreamFailure:
+async def status_failure(response: Response, request_id: RequestId | None) -> UpstreamFailure:
     """A non-2xx answer as `UpstreamFailure(HTTP_STATUS, ...)`, with the JSON-RPC error body if any."""
     return status_failure_of(response, await read_bounded(response), request_id)
 
 
-def status_failure_of(response: aiohttp.ClientResponse, raw: bytes, request_id: RequestId | None) -> UpstreamFailure:
+def status_failure_of(response: Response, raw: bytes, request_id: RequestId | None) -> UpstreamFailure:
     """`status_failure` for an answer whose (bounded) body was already read."""
     status = response.status
     body: dict[str, Any] | None = None
@@ -209,7 +201,7 @@ def status_failure_of(response: aiohttp.ClientResponse, raw: bytes, request_id: 
     )
 
 
-def content_type(response: aiohttp.ClientResponse) -> str:
+def content_type(response: Response) -> str:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
@@ -222,11 +214,11 @@ class StreamState:
 
 
 async def iter_sse_messages(
-    response: aiohttp.ClientResponse, state: StreamState, max_event_bytes: int | None
+    response: Response, state: StreamState, max_event_bytes: int | None
 ) -> AsyncIterator[Message]:
     """Parse `message` events of an SSE response into JSON-RPC messages (invalid JSON is skipped)."""
     parser = SseParser(max_event_bytes)
-    async for chunk in response.content.iter_any():
+    async for chunk in response.iter_chunks():
         for ev in parser.feed(chunk):
             state.last_event_id = parser.last_event_id
             if parser.retry is not None:
@@ -249,7 +241,7 @@ async def iter_sse_messages(
             state.retry_ms = parser.retry
 
 
-async def iter_json_messages(response: aiohttp.ClientResponse) -> AsyncIterator[Message]:
+async def iter_json_messages(response: Response) -> AsyncIterator[Message]:
     raw = await response.read()
     try:
         parsed = loads(raw)
@@ -261,42 +253,6 @@ async def iter_json_messages(response: aiohttp.ClientResponse) -> AsyncIterator[
     for item in items:
         if isinstance(item, dict):
             yield item
-
-
-def new_session(headers: Mapping[str, str], connect_timeout_s: float, max_connections: int) -> aiohttp.ClientSession:
-    """The upstream's HTTP client: HTTP/1.1 keep-alive pool, no retries (aiohttp has none), no
-    redirects (`allow_redirects=False` on every request), no proxy from the environment, no read
-    timeout; `connect` bounds both the wait for a pooled connection and the TCP connect.
-    Must be created inside the running event loop (see `HttpUpstream.client`)."""
-    return aiohttp.ClientSession(
-        headers=dict(headers),
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
-        cookie_jar=aiohttp.CookieJar(unsafe=True),  # like httpx: cookies from IP-address hosts too
-        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
-        trust_env=False,
-        raise_for_status=False,
-    )
-
-
-class _Body(aiohttp.BytesPayload):
-    """A JSON request body that reports the moment it starts going out on the connection.
-
-    aiohttp buffers the request line and headers and writes them with the first body bytes, from
-    `write_with_length` (or `write`, older callers): nothing of the request can have reached the
-    peer before this hook runs. The hook marks `written` (dispatch unknown from now on) and, for
-    an exchange, releases `send_request` (the request was handed to the transport)."""
-
-    def __init__(self, data: bytes, on_write: Callable[[], None]) -> None:
-        super().__init__(data, content_type="application/json")
-        self._on_write = on_write
-
-    async def write(self, writer: Any) -> None:
-        self._on_write()
-        await super().write(writer)
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        self._on_write()
-        await super().write_with_length(writer, content_length)
 
 
 class _Written:
@@ -347,7 +303,6 @@ class _HttpLink(LinkBase):
     def __init__(self, upstream: HttpUpstream, prefix: str) -> None:
         self._upstream = upstream
         self._client = upstream.client
-        self._url = upstream.yurl
         self._pending = PendingTable(prefix=prefix)
         self._unsolicited: OnMessage = _drop
         self._tasks: set[asyncio.Task[None]] = set()
@@ -428,7 +383,7 @@ class _HttpLink(LinkBase):
     async def _close_session(self) -> None:
         return None
 
-    def _on_response(self, ex: Exchange, response: aiohttp.ClientResponse, message: Message) -> None:
+    def _on_response(self, ex: Exchange, response: Response, message: Message) -> None:
         return None
 
     async def _resume(self, ex: Exchange, state: StreamState) -> bool:
@@ -487,8 +442,8 @@ class _HttpLink(LinkBase):
 
         state = StreamState()
         try:
-            async with self._client.post(
-                self._url, data=_Body(dumps(message), on_write), headers=headers, allow_redirects=False
+            async with await self._client.request(
+                "POST", headers=headers, body=dumps(message), on_write=on_write
             ) as response:
                 ex.written = True  # an answer came: the request reached the peer
                 if not sent.done():
@@ -541,7 +496,7 @@ class _HttpLink(LinkBase):
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return False
 
-    def _route_stream_message(self, ex: Exchange, response: aiohttp.ClientResponse, msg: Message) -> bool:
+    def _route_stream_message(self, ex: Exchange, response: Response, msg: Message) -> bool:
         """Deliver one message read from `ex`'s own response stream. True once `ex` is answered."""
         if is_response(msg) or ("id" in msg and "method" not in msg):
             if msg.get("id") in (ex.upstream_id, None):
@@ -576,8 +531,8 @@ class _HttpLink(LinkBase):
         h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
         flag = _Written()
         try:
-            async with self._client.post(
-                self._url, data=_Body(dumps(message), flag.mark), headers=h, allow_redirects=False
+            async with await self._client.request(
+                "POST", headers=h, body=dumps(message), on_write=flag.mark
             ) as response:
                 return _SmallAnswer(response, await read_bounded(response))
         except CLIENT_ERRORS as exc:
@@ -588,7 +543,7 @@ class _HttpLink(LinkBase):
 class _SmallAnswer:
     """The answer to a notification POST, body already read (`status_failure` can use it later)."""
 
-    response: aiohttp.ClientResponse
+    response: Response
     body: bytes
 
     @property
@@ -655,11 +610,11 @@ class HttpLegacyLink(_HttpLink):
     def _before_request(self, message: Message) -> None:
         self._handshake.observe(message)
 
-    def _on_response(self, ex: Exchange, response: aiohttp.ClientResponse, message: Message) -> None:
+    def _on_response(self, ex: Exchange, response: Response, message: Message) -> None:
         if ex.method == "initialize":
             self._capture_session(response, message)
 
-    def _capture_session(self, response: aiohttp.ClientResponse, message: Message) -> None:
+    def _capture_session(self, response: Response, message: Message) -> None:
         sid = response.headers.get(SESSION_HEADER)
         if sid:
             self.session_id = sid
@@ -772,7 +727,7 @@ class HttpLegacyLink(_HttpLink):
             h[VERSION_HEADER] = self.protocol_version
         try:
             async with asyncio.timeout(self._upstream.connect_timeout_s * 2):
-                async with self._client.delete(self._url, headers=h, allow_redirects=False) as response:
+                async with await self._client.request("DELETE", headers=h) as response:
                     status = response.status
             if status not in (200, 202, 204, 404, 405):
                 log.debug("upstream answered DELETE with HTTP %s", status)
@@ -788,7 +743,7 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                async with self._client.get(self._url, headers=headers, allow_redirects=False) as response:
+                async with await self._client.request("GET", headers=headers) as response:
                     if response.status != 200 or content_type(response) != "text/event-stream":
                         failures += 1
                         continue
@@ -819,7 +774,7 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                async with self._client.get(self._url, headers=headers, allow_redirects=False) as response:
+                async with await self._client.request("GET", headers=headers) as response:
                     if response.status in (404, 405):
                         return  # no standalone stream offered, or the session is gone
                     if response.status != 200 or content_type(response) != "text/event-stream":
@@ -844,8 +799,8 @@ class HttpLegacyLink(_HttpLink):
 # the upstream
 # ---------------------------------------------------------------------------------------------
 class HttpClientOwner:
-    """An upstream reached over HTTP: its URL, the proxy's own headers, and one aiohttp session
-    created on first use (an aiohttp session belongs to the running loop). Shared with sse.py."""
+    """An upstream reached over HTTP: its URL, the proxy's own headers, and one HTTP client
+    created on first use (a client binds to the loop of its first request). Shared with sse.py."""
 
     def __init__(
         self,
@@ -858,24 +813,30 @@ class HttpClientOwner:
         max_event_bytes: int | None,
     ) -> None:
         self.url = url
-        self.yurl = URL(url)  # parsed once: aiohttp takes a yarl URL as is, a str is parsed per request
-        self.description = f"{label}:{self.yurl.host}:{self.yurl.explicit_port or ''}{self.yurl.path}"
+        parts = urlsplit(url)
+        self.description = f"{label}:{parts.hostname}:{parts.port or ''}{parts.path}"
         self.connect_timeout_s = connect_timeout_s
         self.max_event_bytes = max_event_bytes
         self._headers = dict(headers or {})
         self._max_connections = max_connections
-        self._client: aiohttp.ClientSession | None = None
+        self._client: HttpClient = self._new_client()  # here: a bad URL or header fails at start-up
+
+    def _new_client(self) -> HttpClient:
+        return HttpClient(
+            self.url,
+            headers=self._headers,
+            connect_timeout_s=self.connect_timeout_s,
+            max_connections=self._max_connections,
+        )
 
     @property
-    def client(self) -> aiohttp.ClientSession:
-        if self._client is None or self._client.closed:
-            self._client = new_session(self._headers, self.connect_timeout_s, self._max_connections)
+    def client(self) -> HttpClient:
+        if self._client.closed:
+            self._client = self._new_client()
         return self._client
 
     async def _close_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        await self._client.aclose()
 
 
 class HttpUpstream(HttpClientOwner):
@@ -930,13 +891,13 @@ class HttpUpstream(HttpClientOwner):
         headers: Mapping[str, str],
         *,
         on_other: Callable[[Message], None] | None = None,
-    ) -> tuple[CIMultiDictProxy[str], Message]:
+    ) -> tuple[Headers, Message]:
         """POST one request and read its response (JSON or SSE); other messages go to `on_other`."""
         h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
         flag = _Written()
         try:
-            async with self.client.post(
-                self.yurl, data=_Body(dumps(message), flag.mark), headers=h, allow_redirects=False
+            async with await self.client.request(
+                "POST", headers=h, body=dumps(message), on_write=flag.mark
             ) as response:
                 if not 200 <= response.status < 300:
                     raise await status_failure(response, message.get("id"))
@@ -1026,6 +987,6 @@ class HttpUpstream(HttpClientOwner):
                 h[VERSION_HEADER] = result["protocolVersion"]
             with contextlib.suppress(*CLIENT_ERRORS, TimeoutError):
                 async with asyncio.timeout(self.probe_timeout_s):
-                    async with self.client.delete(self.yurl, headers=h, allow_redirects=False):
+                    async with await self.client.request("DELETE", headers=h):
                         pass
         return True, f"initialize negotiated {result.get('protocolVersion')}"

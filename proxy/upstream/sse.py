@@ -20,8 +20,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
-
-from yarl import URL
+from urllib.parse import urljoin, urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, dumps, is_response, loads
@@ -29,7 +28,6 @@ from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase
 from proxy.upstream.http import (
     CLIENT_ERRORS,
     HttpClientOwner,
-    _Body,
     _Written,
     bounded_detail,
     status_failure,
@@ -40,9 +38,21 @@ from proxy.upstream.sse_parse import SseError, SseParser
 log = logging.getLogger(__name__)
 
 
-def _same_origin(a: URL, b: URL) -> bool:
-    """Scheme, host and port (a default port counts as written out: `http://h` is `http://h:80`)."""
-    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    """Scheme, host and port (a default port counts as written out: `http://h` is `http://h:80`).
+    Raises ValueError for an invalid port."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def _target(url: str) -> str:
+    """The request target (path and query) of an absolute URL."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 class _Connection:
@@ -228,9 +238,7 @@ class SseLegacyLink(LinkBase):
     async def _read(self, conn: _Connection) -> None:
         up = self._upstream
         try:
-            async with self._client.get(
-                up.yurl, headers={"accept": "text/event-stream"}, allow_redirects=False
-            ) as response:
+            async with await self._client.request("GET", headers={"accept": "text/event-stream"}) as response:
                 if response.status != 200:
                     failure = await status_failure(response, None)
                     if not conn.endpoint.done():
@@ -238,7 +246,7 @@ class SseLegacyLink(LinkBase):
                         conn.endpoint.exception()
                     return
                 parser = SseParser(up.max_event_bytes)
-                async for chunk in response.content.iter_any():
+                async for chunk in response.iter_chunks():
                     for ev in parser.feed(chunk):
                         if ev.event == "endpoint":
                             self._on_endpoint(conn, ev.data.decode("utf-8", "replace").strip())
@@ -264,12 +272,13 @@ class SseLegacyLink(LinkBase):
     def _on_endpoint(self, conn: _Connection, data: str) -> None:
         if conn.endpoint.done():
             return
-        base = self._upstream.yurl
+        base = self._upstream.url
         try:
-            target = base.join(URL(data))
+            target: str | None = urljoin(base, data)
+            same = _origin(base) == _origin(target)  # type: ignore[arg-type]
         except (ValueError, TypeError):
-            target = None
-        if target is None or not _same_origin(base, target):
+            target, same = None, False
+        if target is None or not same:
             conn.endpoint.set_exception(
                 UpstreamFailure(
                     FailureKind.PROTOCOL, Dispatch.NO, "the SSE upstream announced an endpoint on another origin"
@@ -277,7 +286,7 @@ class SseLegacyLink(LinkBase):
             )
             conn.endpoint.exception()
             return
-        conn.endpoint.set_result(str(target))
+        conn.endpoint.set_result(target)
 
     def _on_data(self, data: bytes) -> None:
         try:
@@ -310,8 +319,8 @@ class SseLegacyLink(LinkBase):
 
         h = {"content-type": "application/json", **(headers or {})}
         try:
-            async with self._client.post(
-                URL(endpoint, encoded=True), data=_Body(dumps(message), on_write), headers=h, allow_redirects=False
+            async with await self._client.request(
+                "POST", target=_target(endpoint), headers=h, body=dumps(message), on_write=on_write
             ) as response:
                 status = response.status
                 if status == 404:
@@ -358,7 +367,7 @@ class SseUpstream(HttpClientOwner):
             endpoint = await link._ensure_connected(replay=False)
         finally:
             await link.aclose()
-        path = URL(endpoint, encoded=True).path
+        path = urlsplit(endpoint).path
         return Capabilities(legacy=True, modern=False, detail=f"legacy HTTP+SSE, endpoint {path}")
 
     async def open(self, era: Era) -> SseLegacyLink:

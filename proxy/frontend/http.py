@@ -49,6 +49,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PING_INTERVAL_S = 15.0
+# A POST's disconnect watcher starts only once its request has run this long: most calls are
+# answered sooner, and a watcher is a task plus a wait on uvicorn's receive event per request.
+WATCH_AFTER_S = 0.02
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -223,6 +226,50 @@ class _AllowList:
         return verdict
 
 
+class _LateWatches:
+    """Disconnect watchers of POST requests, started `WATCH_AFTER_S` after the request began.
+
+    A request answered sooner never gets one (nothing to watch: its answer is written next); a
+    client that disconnects before then is noticed at that point, which only delays the
+    cancellation of a 2026 request by at most `WATCH_AFTER_S`. Pending requests are kept in
+    arrival order (their due times increase), and one loop timer is armed for the oldest."""
+
+    __slots__ = ("_app", "_handle", "_loop", "_pending", "_started")
+
+    def __init__(self, app: McpHttpApp, loop: asyncio.AbstractEventLoop) -> None:
+        self._app = app
+        self._loop = loop
+        self._pending: dict[_Stream, tuple[float, Receive, asyncio.Task[None] | None]] = {}
+        self._started: dict[_Stream, asyncio.Task[None]] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, stream: _Stream, receive: Receive, cancel: asyncio.Task[None] | None) -> None:
+        due = self._loop.time() + WATCH_AFTER_S
+        self._pending[stream] = (due, receive, cancel)
+        if self._handle is None:
+            self._handle = self._loop.call_at(due, self._sweep)
+
+    def end(self, stream: _Stream) -> None:
+        """The request is over: forget it, or stop its watcher."""
+        if self._pending.pop(stream, None) is None:
+            watcher = self._started.pop(stream, None)
+            if watcher is not None:
+                watcher.cancel()
+
+    def _sweep(self) -> None:
+        self._handle = None
+        pending = self._pending
+        horizon = self._loop.time() + 0.001  # loop timers are millisecond-grained
+        while pending:
+            stream = next(iter(pending))
+            due, receive, cancel = pending[stream]
+            if due > horizon:
+                self._handle = self._loop.call_at(due, self._sweep)
+                return
+            del pending[stream]
+            self._started[stream] = self._loop.create_task(self._app._watch_disconnect(receive, stream, cancel))
+
+
 class McpHttpApp:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
@@ -243,6 +290,7 @@ class McpHttpApp:
         self.allowed_hosts = _AllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self._replays: dict[str, _Replay] = {}
         self._replay_ids = itertools.count(1)
+        self._watches: _LateWatches | None = None  # created in the loop, on the first POST
         self.allowed_origins = _AllowList(origins)
         if not loopback and not settings.allowed_hosts:
             log.warning("listening on %s without --allowed-hosts: any Host header is accepted", host)
@@ -508,7 +556,10 @@ class McpHttpApp:
         stream = _Stream(loop, keep_after_close=not modern)
         handler = loop.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
         handler.add_done_callback(stream.wake)
-        watcher = loop.create_task(self._watch_disconnect(receive, stream, handler if modern else None))
+        watches = self._watches
+        if watches is None:
+            watches = self._watches = _LateWatches(self, loop)
+        watches.add(stream, receive, handler if modern else None)
         extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
         down_id = request["id"]
         ok = False
@@ -540,7 +591,7 @@ class McpHttpApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return ok
         finally:
-            watcher.cancel()
+            watches.end(stream)
             stream.close()
 
     async def _stream_resumable(

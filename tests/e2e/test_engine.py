@@ -306,3 +306,46 @@ async def test_calls_beyond_the_concurrency_limit_are_refused_as_overloaded(tmp_
                     tg.cancel_scope.cancel()
         assert result["stopReason"] == "overloaded" and result["retryAfterMs"] == 1000
         assert result["attemptCount"] == 0 and journal.executions("echo", refused) == 0
+
+
+async def test_a_2026_caller_closing_its_post_cancels_the_attempt_upstream(target: Target) -> None:
+    """The 2026 HTTP transport cancels by closing the response stream: the proxy notices (its
+    disconnect watcher starts once a request has run `WATCH_AFTER_S`) and cancels the attempt,
+    which the upstream sees; no second attempt follows."""
+    import httpx
+
+    cid = call_id()
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "hang",
+            "arguments": {"seconds": 30, "call_id": cid},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "hang",
+    }
+    with anyio.fail_after(BOUND_S):
+        async with httpx.AsyncClient(timeout=20) as http:
+            # The catalog knows `hang` once tools/list went through (else the proxy lists first).
+            async with Client(target.proxy.url, mode="2026-07-28") as client:
+                await client.list_tools()
+            async def post() -> None:
+                await http.post(target.proxy.url, json=body, headers=headers)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post)
+                await target.journal.await_for(lambda j: j.executions("hang", cid) == 1, timeout_s=10)
+                tg.cancel_scope.cancel()  # closes the POST's connection
+        await target.journal.await_for(lambda j: j.events(tool="hang", event="cancelled", call=cid), timeout_s=10)
+    await anyio.sleep(0.7)  # past the attempt timeout (500 ms): a retry would have started by now
+    assert target.journal.executions("hang", cid) == 1

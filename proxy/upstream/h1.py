@@ -29,7 +29,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from http.cookies import CookieError, SimpleCookie
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import quote, urlsplit
 
 import httptools
@@ -39,12 +39,14 @@ __all__ = [
     "ClientError",
     "ConnectError",
     "ConnectTimeout",
+    "Connection",
     "ConnectionClosed",
     "Headers",
     "HttpClient",
     "InvalidURL",
     "ProtocolError",
     "Response",
+    "Sink",
 ]
 
 # Above this many buffered, unconsumed body bytes the socket stops being read; below LOW it resumes.
@@ -102,6 +104,25 @@ class ConnectionClosed(ClientError):
         super().__init__(message)
         self.response_started = response_started
         self.reused = reused
+
+
+class Sink(Protocol):
+    """Who takes the answer of a request sent with `HttpClient.send_now`, from the connection's own
+    callbacks (no task, no future). Called exactly once with `head`, then, if `head` returned
+    True, exactly once with `done` or `failed`; or just once with `failed` if no head came."""
+
+    def head(self, response: Response) -> bool:
+        """The status line and headers arrived. True: call `done` once the whole body is in (read
+        it with `Response.take`); False: the response is read the usual way by whoever took it."""
+        ...
+
+    def done(self, response: Response) -> None:
+        """The whole body arrived (after `head` returned True)."""
+        ...
+
+    def failed(self, error: ClientError) -> None:
+        """The connection broke (or the answer was invalid) before the response was complete."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +243,7 @@ class Response:
         "_decoder",
         "_error",
         "_read_all",
+        "_sink",
         "_until_eof",
         "_waiter",
         "_want",
@@ -245,6 +267,7 @@ class Response:
         self._read_all = False
         self._decoder: zlib._Decompress | None = None
         self._until_eof = False
+        self._sink: Sink | None = None  # takes the complete body (`HttpClient.send_now`)
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.reason!r} complete={self.complete}>"
@@ -280,6 +303,18 @@ class Response:
             self._close()
         else:
             self.release()
+        return data
+
+    def take(self) -> bytes:
+        """The whole body of a complete response, at once (what a `Sink.done` reads); the
+        connection goes back to the pool."""
+        if not self.complete:
+            raise ClientError("the response body is not complete")
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        self.release()
         return data
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
@@ -393,6 +428,7 @@ class _Connection(asyncio.Protocol):
         "_items",
         "_parser",
         "_reason",
+        "_sink",
         "_started",
         "client",
         "closed",
@@ -417,6 +453,7 @@ class _Connection(asyncio.Protocol):
         self.served = 0
         self.response: Response | None = None
         self._head_fut: asyncio.Future[Response | ClientError] | None = None
+        self._sink: Sink | None = None  # instead of `_head_fut`, for a request sent with `send_now`
         self._head_only = False
         self._interim = False
         self._items: list[tuple[str, str]] = []
@@ -435,6 +472,7 @@ class _Connection(asyncio.Protocol):
     ) -> None:
         self.served += 1
         self._head_fut = fut
+        self._sink = None
         self._head_only = head_only
         self.keep_alive = keep_alive
         self._started = False
@@ -444,6 +482,16 @@ class _Connection(asyncio.Protocol):
         if on_write is not None:
             on_write()
         self.transport.write(data)
+
+    def send_to(self, data: bytes, sink: Sink, keep_alive: bool) -> None:
+        """`send` for `HttpClient.send_now`: the answer goes to `sink` (the connection is usable)."""
+        self.served += 1
+        self._head_fut = None
+        self._sink = sink
+        self._head_only = False
+        self.keep_alive = keep_alive
+        self._started = False
+        self.transport.write(data)  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Close now and give the slot back at once (connection_lost comes later)."""
@@ -483,7 +531,7 @@ class _Connection(asyncio.Protocol):
             self._fail_protocol(exc)
 
     def eof_received(self) -> bool | None:
-        if self.response is None and self._head_fut is None:
+        if self.response is None and self._head_fut is None and self._sink is None:
             self.closed = True  # idle: never hand it out again, even before connection_lost runs
             self.client._drop(self)
         return None
@@ -498,6 +546,12 @@ class _Connection(asyncio.Protocol):
                 error = self._closed_error()
                 error.__cause__ = exc
                 fut.set_result(error)
+        sink = self._sink
+        if sink is not None:
+            self._sink = None
+            error = self._closed_error()
+            error.__cause__ = exc
+            sink.failed(error)
         response = self.response
         if response is not None and not response.complete and response._error is None:
             if response._until_eof:
@@ -511,6 +565,7 @@ class _Connection(asyncio.Protocol):
                 error.__cause__ = exc
                 response._error = error
                 response._wake()
+                _fail_sink(response, error)
 
     def pause_writing(self) -> None:
         """Requests are written whole and small: there is nothing to stop producing."""
@@ -521,7 +576,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._head_fut is None:
+        if self._head_fut is None and self._sink is None:
             raise _Unexpected
         self._items = []
         self._reason = ""
@@ -565,6 +620,14 @@ class _Connection(asyncio.Protocol):
         self._head_fut = None
         if fut is not None and not fut.done():
             fut.set_result(response)
+        sink = self._sink
+        if sink is not None:
+            self._sink = None
+            if sink.head(response):
+                if response.complete:
+                    sink.done(response)  # a HEAD answer's: nothing more will come
+                else:
+                    response._sink = sink
 
     def on_body(self, data: bytes) -> None:
         response = self.response
@@ -604,24 +667,37 @@ class _Connection(asyncio.Protocol):
                 response._buffered += len(tail)
         response.complete = True
         response._wake()
+        sink = response._sink
+        if sink is not None:
+            response._sink = None
+            sink.done(response)
 
     def _fail_protocol(self, exc: Exception) -> None:
         self.keep_alive = False
         fut = self._head_fut
         response = self.response
-        if isinstance(exc.__context__, _Unexpected) and fut is None and response is None:
+        if isinstance(exc.__context__, _Unexpected) and fut is None and self._sink is None and response is None:
             self.close()  # unsolicited bytes on an idle connection: just drop it
             return
         error = ProtocolError(f"the upstream sent an invalid HTTP response ({type(exc).__name__}: {exc})")
         error.__cause__ = exc
+        sink = self._sink
         if fut is not None:
             self._head_fut = None
             if not fut.done():
                 fut.set_result(error)
+        elif sink is not None:
+            self._sink = None
+            sink.failed(error)
         elif response is not None and not response.complete:
             response._error = error
             response._wake()
+            _fail_sink(response, error)
         self.close()
+
+
+# What `HttpClient.send_now` hands back: a connection its caller may only `close()`.
+Connection = _Connection
 
 
 # ---------------------------------------------------------------------------------------------
@@ -764,6 +840,33 @@ class HttpClient:
         if result.__class__ is Response:
             return result  # type: ignore[return-value]
         raise result  # type: ignore[misc]
+
+    @property
+    def idle(self) -> bool:
+        """Whether a pooled connection is free (`send_now` may succeed)."""
+        return bool(self._idle)
+
+    def send_now(
+        self, method: str, *, headers: Mapping[str, str] | None = None, body: bytes | None = None, sink: Sink
+    ) -> Connection | None:
+        """Write a request at once on an idle pooled connection; its answer goes to `sink`.
+
+        None (nothing sent, nothing changed) when no idle connection is at hand or requests are
+        queued for one: the caller uses `request` then. Otherwise the connection, once the request
+        was handed to its transport (from then on it may have reached the peer); `close()` on it
+        abandons the request, as long as the sink has not had its answer. The cheapest way
+        through: no task, no future, no await. Raises `ValueError` (nothing sent) as `request` does."""
+        idle = self._idle
+        if not idle or self._closed or self._waiters:
+            return None
+        data, keep_alive = self._head(method, None, headers, body)
+        while idle:
+            conn = idle.popitem()[0]
+            if conn.is_usable():
+                conn.send_to(data, sink, keep_alive)
+                return conn
+            conn.close()
+        return None
 
     def _head(
         self, method: str, target: str | None, headers: Mapping[str, str] | None, body: bytes | None
@@ -939,6 +1042,13 @@ class HttpClient:
                 conn.transport.close()
         if self._all and self._loop is not None:
             await asyncio.sleep(0)  # let connection_lost run, so that callers see their failures
+
+
+def _fail_sink(response: Response, error: ClientError) -> None:
+    sink = response._sink
+    if sink is not None:
+        response._sink = None
+        sink.failed(error)
 
 
 def _expire(waiter: asyncio.Future[object]) -> None:

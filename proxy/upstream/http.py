@@ -61,7 +61,7 @@ from proxy.jsonrpc import (
     meta_of,
 )
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
-from proxy.upstream.h1 import ClientError, ConnectError, Headers, HttpClient, InvalidURL, Response
+from proxy.upstream.h1 import ClientError, ConnectError, Connection, Headers, HttpClient, InvalidURL, Response
 from proxy.upstream.sse_parse import SseError, SseParser
 
 log = logging.getLogger(__name__)
@@ -241,18 +241,22 @@ async def iter_sse_messages(
             state.retry_ms = parser.retry
 
 
-async def iter_json_messages(response: Response) -> AsyncIterator[Message]:
-    raw = await response.read()
+def json_messages(raw: bytes) -> list[Message]:
+    """The JSON-RPC messages of an `application/json` answer (one, or a 2025-03-26 batch)."""
     try:
         parsed = loads(raw)
     except ValueError:
         raise UpstreamFailure(
             FailureKind.PROTOCOL, Dispatch.UNKNOWN, "upstream answered a body that is not JSON"
         ) from None
-    items = parsed if isinstance(parsed, list) else [parsed]
-    for item in items:
-        if isinstance(item, dict):
-            yield item
+    if parsed.__class__ is dict:
+        return [parsed]
+    return [item for item in parsed if isinstance(item, dict)] if isinstance(parsed, list) else []
+
+
+async def iter_json_messages(response: Response) -> AsyncIterator[Message]:
+    for item in json_messages(await response.read()):
+        yield item
 
 
 class _Written:
@@ -307,6 +311,8 @@ class _HttpLink(LinkBase):
         self._unsolicited: OnMessage = _drop
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Set while the legacy standalone GET stream is being opened (see `_opened`).
+        self._opening: asyncio.Future[None] | None = None
 
     # -- UpstreamLink ---------------------------------------------------------------------
 
@@ -319,8 +325,25 @@ class _HttpLink(LinkBase):
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
+        if self._opening is not None:
+            await self._opened()
         self._before_request(message)
         ex = self._pending.add(message, on_message)
+        if self._client.idle:
+            # A pooled connection is free: write the request now; the answer comes back through
+            # the connection's callbacks (`_Flight`), with a task only if it is not plain JSON.
+            h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **(headers or {})}
+            h.update(self._request_headers(message))
+            flight = _Flight(self, ex, message, h, headers)
+            try:
+                flight.conn = self._client.send_now("POST", headers=h, body=dumps(message), sink=flight)
+            except ValueError:
+                self._pending.discard(ex)
+                raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a request header is not valid") from None
+            if flight.conn is not None:
+                ex.written = True
+                ex.transport_state = flight
+                return ex
         loop = ex.response.get_loop()  # the table's loop, asked once (get_running_loop is a getpid() on 3.11)
         sent: asyncio.Future[None] = loop.create_future()
         task = loop.create_task(self._run_exchange(ex, message, dict(headers or {}), sent))
@@ -346,6 +369,9 @@ class _HttpLink(LinkBase):
         self._pending.discard(exchange)
         await self._cancel_on_wire(exchange, reason)
         task = exchange.transport_state
+        if isinstance(task, _Flight):
+            task.abort()
+            task = exchange.transport_state  # a task, if the answer was handed over to one
         if isinstance(task, asyncio.Task) and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=2.0)
@@ -362,6 +388,9 @@ class _HttpLink(LinkBase):
         if self._closed:
             return
         self._closed = True
+        for ex in self._pending.exchanges():
+            if isinstance(ex.transport_state, _Flight):
+                ex.transport_state.abort()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -369,6 +398,15 @@ class _HttpLink(LinkBase):
         self._pending.fail_all(FailureKind.CLOSED, "the proxy closed the upstream link")
         await self._close_session()
         self._upstream._forget(self)
+
+    async def _opened(self) -> None:
+        """Requests wait (bounded) until the standalone GET stream is open: a server sends what is
+        not tied to a request there, and drops it if the stream is not open yet."""
+        opening = self._opening
+        if opening is not None and not opening.done():
+            await asyncio.wait({opening}, timeout=self._upstream.connect_timeout_s)
+        if self._opening is opening:
+            self._opening = None
 
     # -- hooks for the eras ---------------------------------------------------------------
     def _before_request(self, message: Message) -> None:
@@ -391,10 +429,15 @@ class _HttpLink(LinkBase):
         return False
 
     async def _run_exchange(
-        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+        self,
+        ex: Exchange,
+        message: Message,
+        extra: dict[str, str],
+        sent: asyncio.Future[None],
+        first: _First | None = None,
     ) -> None:
         try:
-            await self._attempt_loop(ex, message, extra, sent)
+            await self._attempt_loop(ex, message, extra, sent, first)
         except UpstreamFailure as failure:
             if not ex.written and not sent.done():
                 sent.set_exception(failure)
@@ -424,16 +467,20 @@ class _HttpLink(LinkBase):
                 sent.set_result(None)
 
     async def _attempt_loop(
-        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None], first: _First | None
     ) -> None:
-        await self._post_exchange(ex, message, extra, sent)
+        await self._post_exchange(ex, message, extra, sent, first)
 
     async def _post_exchange(
-        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None], first: _First | None
     ) -> None:
-        """One POST of `message` and the reading of its answer, for exchange `ex`."""
-        headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", **extra}
-        headers.update(self._request_headers(message))
+        """One POST of `message` and the reading of its answer, for exchange `ex`; with `first`,
+        the POST was already sent (by `send_request`) and this is its answer and headers."""
+        if first is None:
+            headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", **extra}
+            headers.update(self._request_headers(message))
+        else:
+            headers = first[1]
 
         def on_write() -> None:
             ex.written = True
@@ -442,9 +489,11 @@ class _HttpLink(LinkBase):
 
         state = StreamState()
         try:
-            async with await self._client.request(
-                "POST", headers=headers, body=dumps(message), on_write=on_write
-            ) as response:
+            if first is None:
+                response = await self._client.request("POST", headers=headers, body=dumps(message), on_write=on_write)
+            else:
+                response = first[0]
+            async with response:
                 ex.written = True  # an answer came: the request reached the peer
                 if not sent.done():
                     sent.set_result(None)
@@ -554,6 +603,82 @@ class _SmallAnswer:
         return status_failure_of(self.response, self.body, None)
 
 
+# An answer `send_request` already has in hand when it hands the exchange to a task: the response
+# and the headers its request was sent with.
+_First = tuple[Response, dict[str, str]]
+
+_NO_ANSWER: Final = "the upstream closed the response stream before the response arrived"
+
+
+class _Flight:
+    """An exchange whose POST `send_request` wrote at once on an idle pooled connection (the
+    `h1.Sink` of that request): a 2xx `application/json` answer is delivered from the
+    connection's own callbacks, with no task; any other answer (an SSE stream, an error status, a
+    404 of an expired session) goes to an exchange task that continues exactly where
+    `_post_exchange` would be after its POST. `abort()` (cancel, close) closes the connection
+    while the answer is still coming."""
+
+    __slots__ = ("conn", "ex", "extra", "headers", "link", "message")
+
+    def __init__(
+        self,
+        link: _HttpLink,
+        ex: Exchange,
+        message: Message,
+        headers: dict[str, str],
+        extra: Mapping[str, str] | None,
+    ) -> None:
+        self.link = link
+        self.ex = ex
+        self.message = message
+        self.headers = headers  # as sent
+        self.extra = extra  # the caller's own, for a POST sent again (an expired 2025 session)
+        self.conn: Connection | None = None  # while the answer is coming on it
+
+    def head(self, response: Response) -> bool:
+        status = response.status
+        if 200 <= status < 300 and status != 202 and content_type(response) == "application/json":
+            return True
+        self.conn = None  # the task owns the response now: cancelling it closes the connection
+        link = self.link
+        ex = self.ex
+        loop = ex.response.get_loop()
+        sent: asyncio.Future[None] = loop.create_future()
+        sent.set_result(None)
+        first = (response, self.headers)
+        task = loop.create_task(link._run_exchange(ex, self.message, dict(self.extra or {}), sent, first))
+        ex.transport_state = task
+        link._tasks.add(task)
+        task.add_done_callback(link._tasks.discard)
+        return False
+
+    def done(self, response: Response) -> None:
+        self.conn = None
+        ex = self.ex
+        link = self.link
+        try:
+            messages = json_messages(response.take())
+        except UpstreamFailure as failure:
+            if not ex.cancelled:
+                link._pending.fail(ex, failure)
+            return
+        for msg in messages:
+            if link._route_stream_message(ex, response, msg):
+                return
+        if not (ex.cancelled or ex.response.done()):
+            link._pending.fail(ex, UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, _NO_ANSWER))
+
+    def failed(self, error: ClientError) -> None:
+        self.conn = None
+        if not self.ex.cancelled:
+            self.link._pending.fail(self.ex, translate_exception(error, True))
+
+    def abort(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()  # the connection's loss reaches `failed`, which a cancelled exchange ignores
+
+
 def _drop(message: Message) -> None:
     log.debug("no unsolicited handler set; dropped %s", message.get("method"))
 
@@ -624,14 +749,15 @@ class HttpLegacyLink(_HttpLink):
 
     # -- requests with transparent session re-establishment ---------------------------------
     async def _attempt_loop(
-        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None]
+        self, ex: Exchange, message: Message, extra: dict[str, str], sent: asyncio.Future[None], first: _First | None
     ) -> None:
         for attempt in range(2):
-            stale = self.session_id
+            stale = self.session_id if first is None else first[1].get(SESSION_HEADER)
             try:
-                await self._post_exchange(ex, message, extra, sent)
+                await self._post_exchange(ex, message, extra, sent, first)
                 return
             except _Expired:
+                first = None
                 ex.written = False  # a 404 is a refusal: this request was not processed
                 if attempt == 1:
                     raise UpstreamFailure(
@@ -759,14 +885,17 @@ class HttpLegacyLink(_HttpLink):
     def _start_get_stream(self) -> None:
         if self._closed or (self._get_task is not None and not self._get_task.done()):
             return
-        self._get_task = asyncio.create_task(self._get_loop())
+        loop = asyncio.get_running_loop()
+        self._opening = opening = loop.create_future()
+        self._get_task = task = loop.create_task(self._get_loop(opening))
+        task.add_done_callback(lambda _: opening.done() or opening.set_result(None))
 
     def _stop_get_stream(self) -> None:
         task, self._get_task = self._get_task, None
         if task is not None:
             task.cancel()
 
-    async def _get_loop(self) -> None:
+    async def _get_loop(self, opening: asyncio.Future[None]) -> None:
         state = StreamState()
         failures = 0
         while not self._closed and self.session_id is not None and failures < GET_MAX_FAILURES:
@@ -775,6 +904,8 @@ class HttpLegacyLink(_HttpLink):
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
                 async with await self._client.request("GET", headers=headers) as response:
+                    if not opening.done():
+                        opening.set_result(None)  # the server has the stream (or refused it)
                     if response.status in (404, 405):
                         return  # no standalone stream offered, or the session is gone
                     if response.status != 200 or content_type(response) != "text/event-stream":
@@ -786,6 +917,8 @@ class HttpLegacyLink(_HttpLink):
             except (*CLIENT_ERRORS, SseError) as exc:
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
                 failures += 1
+                if not opening.done():
+                    opening.set_result(None)  # requests go on; a later attempt may open it
             if failures:
                 delay = min(GET_BACKOFF_CAP_S, GET_BACKOFF_BASE_S * 2 ** (failures - 1))
                 if state.retry_ms is not None:

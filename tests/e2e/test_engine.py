@@ -339,6 +339,7 @@ async def test_a_2026_caller_closing_its_post_cancels_the_attempt_upstream(targe
             # The catalog knows `hang` once tools/list went through (else the proxy lists first).
             async with Client(target.proxy.url, mode="2026-07-28") as client:
                 await client.list_tools()
+
             async def post() -> None:
                 await http.post(target.proxy.url, json=body, headers=headers)
 

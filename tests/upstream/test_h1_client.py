@@ -941,3 +941,161 @@ async def test_https_with_a_given_context_and_tls_failure_is_connect_error(self_
             await untrusting.aclose()
         assert isinstance(info.value.__cause__, ssl.SSLError)
         assert wrote == []
+
+
+# ---------------------------------------------------------------------------------------------
+# send_now: a request written at once on an idle connection, its answer through a Sink
+# ---------------------------------------------------------------------------------------------
+class RecordingSink:
+    """Records what the connection told it; `keep` is what `head` answers."""
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.calls: list[str] = []
+        self.heads: list[Response] = []
+        self.bodies: list[bytes] = []
+        self.errors: list[ClientError] = []
+        self.finished = asyncio.Event()
+
+    def head(self, response: Response) -> bool:
+        self.calls.append("head")
+        self.heads.append(response)
+        if not self.keep:
+            self.finished.set()
+        return self.keep
+
+    def done(self, response: Response) -> None:
+        self.calls.append("done")
+        self.bodies.append(response.take())
+        self.finished.set()
+
+    def failed(self, error: ClientError) -> None:
+        self.calls.append("failed")
+        self.errors.append(error)
+        self.finished.set()
+
+
+async def test_send_now_needs_an_idle_connection_and_delivers_the_whole_answer_to_the_sink() -> None:
+    async with raw_server(keep_alive(lambda req: answer(body=b'{"n":' + req.body + b"}"))) as raw:
+        async with client_for(raw) as client, asyncio.timeout(WAIT):
+            sink = RecordingSink()
+            assert not client.idle
+            assert client.send_now("POST", body=b"1", sink=sink) is None, "no idle connection yet: nothing sent"
+            assert raw.requests == [] and sink.calls == []
+            await (await client.request("POST", body=b"0")).read()  # now one connection is pooled
+            assert client.idle
+            assert client.send_now("POST", body=b"1", sink=sink) is not None
+            assert not client.idle, "the connection is busy with the request"
+            await sink.finished.wait()
+            assert sink.calls == ["head", "done"] and sink.bodies == [b'{"n":1}']
+            assert sink.heads[0].status == 200 and sink.heads[0].complete
+            assert client.idle, "taking the body gave the connection back"
+            again = RecordingSink()
+            assert client.send_now("POST", body=b"2", sink=again) is not None
+            await again.finished.wait()
+            assert again.bodies == [b'{"n":2}']
+            assert len(set(raw.ports)) == 1, "one keep-alive connection served all three"
+            assert raw.requests[1].line == "POST /mcp HTTP/1.1" and raw.requests[1].headers["content-length"] == "1"
+
+
+async def test_send_now_sink_that_declines_reads_the_response_the_usual_way() -> None:
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (req := await raw.next_request(reader)) is not None:
+            if len(raw.requests) == 1:
+                writer.write(answer(body=b"first"))
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for part in (b"data: a\n\n", b"data: b\n\n"):
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            writer.write(b"0\r\n\r\n")
+            assert req is not None
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        await (await client.request("GET")).read()
+        sink = RecordingSink(keep=False)
+        assert client.send_now("POST", body=b"{}", sink=sink) is not None
+        await sink.finished.wait()
+        response = sink.heads[0]
+        assert response.headers.get("content-type") == "text/event-stream"
+        got = [chunk async for chunk in response.iter_chunks()]
+        assert b"".join(got) == b"data: a\n\ndata: b\n\n"
+        assert sink.calls == ["head"], "a sink that declined hears nothing more"
+        assert client.idle, "read to its end: the connection is pooled again"
+
+
+async def test_send_now_failures_reach_the_sink_before_and_during_the_body() -> None:
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await raw.next_request(reader) is not None:
+            if len(raw.ports) == 1 and len(raw.requests) == 1:
+                writer.write(answer(body=b"ok"))
+                continue
+            if len(raw.ports) == 1:
+                return  # closes before answering
+            if len(raw.requests) == 3:
+                writer.write(answer(body=b"ok"))
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            await writer.drain()
+            return  # closes mid-body
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        await (await client.request("GET")).read()
+        before = RecordingSink()
+        assert client.send_now("POST", body=b"{}", sink=before) is not None
+        await before.finished.wait()
+        assert before.calls == ["failed"]
+        assert isinstance(before.errors[0], ConnectionClosed) and before.errors[0].response_started is False
+        assert before.errors[0].reused is True
+        await (await client.request("GET")).read()  # a fresh connection, pooled
+        during = RecordingSink()
+        assert client.send_now("POST", body=b"{}", sink=during) is not None
+        await during.finished.wait()
+        assert during.calls == ["head", "failed"]
+        assert isinstance(during.errors[0], ConnectionClosed) and during.errors[0].response_started is True
+
+
+async def test_send_now_protocol_error_reaches_the_sink() -> None:
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await raw.next_request(reader) is not None:
+            writer.write(answer(body=b"ok") if len(raw.requests) == 1 else b"NOT HTTP AT ALL\r\n\r\n")
+            await writer.drain()
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        await (await client.request("GET")).read()
+        sink = RecordingSink()
+        assert client.send_now("POST", body=b"{}", sink=sink) is not None
+        await sink.finished.wait()
+        assert sink.calls == ["failed"] and isinstance(sink.errors[0], ProtocolError)
+
+
+async def test_closing_a_send_now_connection_abandons_the_request() -> None:
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.next_request(reader)
+        writer.write(answer(body=b"ok"))
+        await raw.next_request(reader)  # never answered
+        await raw.wait_eof(reader)
+
+    async with raw_server(handler) as raw, client_for(raw, max_connections=1) as client, asyncio.timeout(WAIT):
+        await (await client.request("GET")).read()
+        sink = RecordingSink()
+        conn = client.send_now("POST", body=b"{}", sink=sink)
+        assert conn is not None
+        await raw.wait_requests(2)
+        conn.close()
+        await raw.eof_event.wait()
+        await sink.finished.wait()
+        assert sink.calls == ["failed"], "the sink hears of the loss (its owner ignores it once cancelled)"
+        assert client.idle is False and client._open == 0, "the slot is free again"
+
+
+async def test_send_now_refuses_header_injection_and_keeps_the_connection() -> None:
+    async with raw_server(keep_alive(lambda req: answer(body=b"ok"))) as raw:
+        async with client_for(raw) as client, asyncio.timeout(WAIT):
+            await (await client.request("GET")).read()
+            sink = RecordingSink()
+            with pytest.raises(ValueError):
+                client.send_now("POST", headers={"x-evil": "a\r\nInjected: 1"}, body=b"{}", sink=sink)
+            assert client.idle, "nothing was sent and the idle connection stays pooled"
+            assert len(raw.requests) == 1 and sink.calls == []

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admin import build_admin_app
 from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
+from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
 from proxy.policy.store import PolicyStore
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
@@ -46,7 +47,8 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         log_level="warning",
         access_log=False,
         loop="auto",
-        http="auto",
+        # uvicorn's httptools protocol with the response head and body in one write (see there).
+        http=OneWriteHttpToolsProtocol,
         # The proxy never uses the client's address or scheme; X-Forwarded-* parsing per request
         # would be spent for nothing (and trusting it is a deployment decision it does not need).
         proxy_headers=False,

@@ -225,10 +225,14 @@ class Engine:
                     and response.get("error").__class__ is not dict
                 ):
                     ended = self.clock()
-                    if self.telemetry.active:
-                        call_id = f"{self._id_prefix}{next(self._ids):x}"  # new_call_id(), inline
+                    telemetry = self.telemetry
+                    if telemetry.active:
+                        # new_call_id(), inline, and formatted only when an observer reads it (the
+                        # metrics alone do not): the number is still taken, so other calls' ids stay.
+                        number = next(self._ids)
+                        call_id = f"{self._id_prefix}{number:x}" if telemetry.success_ids else ""
                         took = ended - started
-                        self.telemetry.emit(_new_event(CallSucceeded, (call_id, label, took, took)))
+                        telemetry.emit(_new_event(CallSucceeded, (call_id, label, took, took)))
                     return {"jsonrpc": "2.0", "id": request["id"], "result": result}
                 first = outcome_from_response(response)
             call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)

@@ -13,6 +13,10 @@ Contract:
   (`Telemetry.starts`): an observer declares `needs_starts = False` when it does not (metrics
   and the call log read nothing from them; tracing opens its spans on them). Observers without
   the attribute get every event.
+- Likewise `needs_call_ids = False` declares that an observer never reads `call_id`. When no
+  observer that takes `CallSucceeded` needs call ids (`Telemetry.success_ids` is False: the
+  metrics alone, as shipped), a first-attempt success's `call_id` is "" (the engine's id counter
+  still advances, so the ids of other calls are unchanged); otherwise it is the call's id.
 - An observer may route events itself: `handler_for(event_type)` returns the callable that
   takes events of that type, or None for a type it ignores (it is then never called for them);
   without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
@@ -136,6 +140,11 @@ def needs_starts(observer: Observer) -> bool:
     return bool(getattr(observer, "needs_starts", True))
 
 
+def needs_call_ids(observer: Observer) -> bool:
+    """Whether `observer` reads the `call_id` of the events it takes."""
+    return bool(getattr(observer, "needs_call_ids", True))
+
+
 class Tracer(Protocol):
     def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None: ...
 
@@ -174,6 +183,8 @@ class Telemetry:
             pairs = ((o, _handler_for(o, event_type)) for o in self.observers)
             self._routes[event_type] = tuple((o, h) for o, h in pairs if h is not None)
         self._reported: set[tuple[int, type]] = set()
+        # Whether a first-attempt success's call id is read: formatting one costs more than building its event.
+        self.success_ids = any(needs_call_ids(o) for o, _ in self._routes[CallSucceeded])
 
     def emit(self, event: Event) -> None:
         for observer, handler in self._routes.get(event.__class__, ()):

@@ -58,7 +58,7 @@ from proxy.recovery import (
 from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
-from proxy.relay import Outbox, ProgressRelay, Relay, SentFlag, progress_token_of
+from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -187,18 +187,12 @@ class Engine:
             self.antistorm.count_call(label, started)
             # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
             timeout_s = policy.first_timeout_s
-            sent = SentFlag()
             try:
                 response = await relay.attempt(
-                    request,
-                    outbox,
-                    headers,
-                    response_timeout_s=timeout_s,
-                    send_deadline_s=policy.first_send_s,
-                    sent=sent,
+                    request, outbox, headers, response_timeout_s=timeout_s, send_deadline_s=policy.first_send_s
                 )
-            except TimeoutError:
-                first: Outcome = _timed_out(1, timeout_s, sent)
+            except TimeoutError as timeout:
+                first: Outcome = _timed_out(1, timeout_s, timeout)
             except UpstreamFailure as failure:
                 first = TransportError.from_failure(failure)
             except asyncio.CancelledError:
@@ -465,8 +459,8 @@ class _Call:
                     waiting, sent = self._attempt(number, timeout_s, progress, started)
                     try:
                         response = await waiting
-                    except TimeoutError:
-                        outcome = _timed_out(number, timeout_s, sent)
+                    except TimeoutError as timeout:
+                        outcome = _timed_out(number, timeout_s, timeout, sent)
                     except UpstreamFailure as failure:
                         outcome = TransportError.from_failure(failure)
                     else:
@@ -549,9 +543,10 @@ class _Call:
 
     def _attempt(
         self, number: int, timeout_s: float, progress: _Progress | None, now: float
-    ) -> tuple[Awaitable[Message], SentFlag | asyncio.Event]:
-        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and
-        the flag set once its request was handed to the transport."""
+    ) -> tuple[Awaitable[Message], asyncio.Event | None]:
+        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and,
+        with an idle timer, the event set once its request was handed to the transport (without
+        one, the relay's `AttemptTimedOut` says)."""
         e = self.e
         params = self.params
         headers = self.headers
@@ -565,7 +560,7 @@ class _Call:
             telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
         idle_s = self.policy.idle_timeout_s
         idle = idle_s is not None and progress is not None
-        sent = asyncio.Event() if idle else SentFlag()  # the idle timer waits on it; else a flag
+        sent = asyncio.Event() if idle else None  # the idle timer waits on it
         # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
         # timer: a slow cold start must not turn every first call after a crash into a timeout.
         deadline_left_s = self.state.deadline_left_s(now)
@@ -716,8 +711,12 @@ def _is_success(response: Message) -> bool:
     )
 
 
-def _timed_out(number: int, timeout_s: float, sent: SentFlag | asyncio.Event) -> TransportError:
-    if not sent.is_set():
+def _timed_out(
+    number: int, timeout_s: float, timeout: TimeoutError, sent: asyncio.Event | None = None
+) -> TransportError:
+    """A timed-out attempt: not sent (the send deadline) or unanswered. The idle timer's `sent`
+    event says which, else the relay's timer (`AttemptTimedOut`)."""
+    if not (sent.is_set() if sent is not None else isinstance(timeout, AttemptTimedOut) and timeout.sent):
         return TransportError(
             FailureKind.NOT_RUNNING,
             Dispatch.NO,

@@ -144,20 +144,14 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
 
 
-class SentFlag:
-    """Set once an attempt's request was handed to the transport (an `asyncio.Event` without the
-    waiting, for attempts nobody waits on this for)."""
+class AttemptTimedOut(TimeoutError):
+    """`Relay.attempt`'s timer ran out. `sent` says whether the request had been handed to the
+    transport by then (the response timeout) or not (the send deadline): the timer knows, so no
+    flag object is built per attempt to tell."""
 
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
+    def __init__(self, sent: bool) -> None:
+        super().__init__()
+        self.sent = sent
 
 
 class _Deadlines:
@@ -364,17 +358,18 @@ class Relay:
         params: dict[str, Any] | None = None,
         response_timeout_s: float | None = None,
         send_deadline_s: float | None = None,
-        sent: SentFlag | asyncio.Event | None = None,
+        sent: asyncio.Event | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.
 
         Returns the upstream's response message (still under the upstream id). Raises
-        UpstreamFailure, or TimeoutError when no response came within `response_timeout_s` of the
-        request being handed to the transport; handing it over (starting a stdio child,
-        connecting) is bounded by `send_deadline_s` instead, which also caps the response
-        timer (the call's deadline is never passed). `sent` is set once
-        the request was handed over. If the awaiting task is cancelled (the caller cancelled, or
-        a timer fired), the upstream exchange is cancelled as its transport requires.
+        UpstreamFailure, or `AttemptTimedOut` (a TimeoutError) when no response came within
+        `response_timeout_s` of the request being handed to the transport; handing it over
+        (starting a stdio child, connecting) is bounded by `send_deadline_s` instead, which also
+        caps the response timer (the call's deadline is never passed). `sent` is set once the
+        request was handed over (for a caller that waits for that). If the awaiting task is
+        cancelled (the caller cancelled, or a timer fired), the upstream exchange is cancelled as
+        its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
         """
         link = self.link
@@ -427,7 +422,8 @@ class Relay:
             if sent_ex is not None:
                 self._cancel_upstream(sent_ex, "request cancelled by the proxy")
             if timer.fired and timer.task is not None and timer.task.uncancel() == 0:
-                raise TimeoutError from None  # our timer, and nobody else cancelled the task
+                # our timer, and nobody else cancelled the task
+                raise AttemptTimedOut(timer.sent_at is not None) from None
             raise
         finally:
             timer.end()

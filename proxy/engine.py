@@ -129,7 +129,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(3).hex() + "-"  # call ids unique across restarts, cheap per call
         self._policy_cache: dict[str, tuple[PolicySet, dict[str, Any] | None, ToolPolicy]] = {}
-        size = getattr(self.ledger, "__len__", None)  # a ledger that can say it is empty spares a digest
+        # A ledger that can say it is empty spares a digest (the default ledger's `size` is C-level).
+        size = getattr(self.ledger, "size", None) or getattr(self.ledger, "__len__", None)
         self._ledger_size: Callable[[], int] | None = size
 
     def __call__(

@@ -165,7 +165,14 @@ class _Deadlines:
     loop timer armed for the earliest live one. An attempt pushes its due time (a third of the
     cost of setting up and cancelling an event-loop timer on uvloop); an attempt that ends in time
     only marks its entry dead, dropped when its time comes or when the loop timer is re-armed (no
-    wake-up for it), or when dead entries are most of a large heap (so it stays bounded)."""
+    wake-up for it), or when dead entries are most of a large heap (so it stays bounded).
+
+    Each attempt's timer (`_AttemptTimer`) stands, until the request is handed over, for the send
+    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
+    once, at the earliest moment either could end, and re-entered when it comes early. When it is
+    really due it cancels the attempt's task. The relay calls `start` before sending, sets the
+    timer's `sent_at` once the request is handed over (and calls `enter` if its `when` is None),
+    and calls `end` when the attempt is over."""
 
     __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
 
@@ -180,6 +187,42 @@ class _Deadlines:
         self.handle: asyncio.TimerHandle | None = None
         self.armed_at = math.inf
         self.dead = 0
+
+    def start(self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float) -> _AttemptTimer:
+        """The timer of an attempt starting `now`, entered: it cancels `task` when due."""
+        # Built field by field, not by calling the class: on Python 3.11 a class call runs
+        # __init__ in an interpreter frame of its own, the costliest step of an attempt's timer.
+        timer = _new_timer(_AttemptTimer)
+        timer.task = task
+        timer.active = True
+        timer.fired = False
+        timer.response_s = response_s
+        timer.deadline_at = deadline_at
+        timer.sent_at = None
+        when = now + response_s
+        if deadline_at < when:
+            when = deadline_at
+        timer.when = when
+        heapq.heappush(self.heap, (when, next(self.seq), timer))  # add(), inline
+        if when < self.armed_at:
+            self.arm(when)
+        return timer
+
+    def enter(self, timer: _AttemptTimer) -> None:
+        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
+        if timer.active:
+            timer.when = timer.due()
+            self.add(timer.when, timer)
+
+    def end(self, timer: _AttemptTimer) -> None:
+        """The attempt is over: its entry is dead."""
+        timer.task = None  # nothing to cancel any more; the entry must not keep the task alive
+        if timer.active:
+            timer.active = False
+            if timer.when is not None:
+                self.dead += 1
+                if self.dead > len(self.heap) // 2 and len(self.heap) >= self.COMPACT_AT:
+                    self.compact()
 
     def add(self, due: float, timer: _AttemptTimer) -> None:
         heapq.heappush(self.heap, (due, next(self.seq), timer))
@@ -204,7 +247,7 @@ class _Deadlines:
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
             if timer.active:
-                timer.fire()
+                self._fire(timer)
             elif self.dead:
                 self.dead -= 1
         while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
@@ -214,67 +257,43 @@ class _Deadlines:
         if heap:
             self.arm(heap[0][0])
 
+    def _fire(self, timer: _AttemptTimer) -> None:
+        due = timer.due()
+        if timer.when is None or due > timer.when:  # entered for an earlier moment than it stands for
+            timer.when = None
+            if due != math.inf:  # else the relay's `enter()` once sent
+                timer.when = due
+                self.add(due, timer)
+            return
+        timer.active = False
+        task = timer.task
+        if task is not None and not task.done():
+            timer.fired = True
+            task.cancel()
+
 
 class _AttemptTimer:
-    """The one timer of an attempt: until the request is handed over it stands for the send
-    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
-    once, at the earliest moment either could end, and re-enters itself when it comes early.
-    When it is really due it cancels the task. The relay sets `sent_at` once the request is
-    handed over (and calls `enter()` if `when` is None) and `end()` when the attempt is over."""
+    """One attempt's timer (see `_Deadlines`, which builds and runs it): `when` it is entered for
+    (None while it waits to be sent with no send deadline), `active` until it fired or the attempt
+    ended, `fired` once it cancelled `task`."""
 
-    __slots__ = ("active", "deadline_at", "deadlines", "fired", "response_s", "sent_at", "task", "when")
+    __slots__ = ("active", "deadline_at", "fired", "response_s", "sent_at", "task", "when")
 
-    def __init__(
-        self, deadlines: _Deadlines, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float
-    ) -> None:
-        self.deadlines = deadlines
-        self.task = task
-        self.active = True
-        self.fired = False
-        self.response_s = response_s
-        self.deadline_at = deadline_at
-        self.sent_at: float | None = None
-        when = now + response_s
-        if deadline_at < when:
-            when = deadline_at
-        self.when: float | None = when
-        heapq.heappush(deadlines.heap, (when, next(deadlines.seq), self))  # _Deadlines.add, inline
-        if when < deadlines.armed_at:
-            deadlines.arm(when)
-
-    def enter(self) -> None:
-        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
-        if self.active:
-            self.when = self.due()
-            self.deadlines.add(self.when, self)
+    task: asyncio.Task[Any] | None
+    active: bool
+    fired: bool
+    response_s: float
+    deadline_at: float
+    sent_at: float | None
+    when: float | None
 
     def due(self) -> float:
         if self.sent_at is None:
             return self.deadline_at
         return min(self.sent_at + self.response_s, self.deadline_at)
 
-    def fire(self) -> None:
-        due = self.due()
-        if self.when is None or due > self.when:  # entered for an earlier moment than it stands for
-            self.when = None
-            if due != math.inf:  # else the relay's `enter()` once sent
-                self.when = due
-                self.deadlines.add(due, self)
-            return
-        self.active = False
-        if self.task is not None and not self.task.done():
-            self.fired = True
-            self.task.cancel()
 
-    def end(self) -> None:
-        self.task = None  # nothing to cancel any more; the entry must not keep the task alive
-        if self.active:
-            self.active = False
-            if self.when is not None:
-                deadlines = self.deadlines
-                deadlines.dead += 1
-                if deadlines.dead > len(deadlines.heap) // 2 and len(deadlines.heap) >= deadlines.COMPACT_AT:
-                    deadlines.compact()
+_new_timer = object.__new__
 
 
 class Relay:
@@ -414,13 +433,13 @@ class Relay:
         loop = deadlines.loop
         now = loop.time()
         deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = _AttemptTimer(deadlines, _current_task(loop), response_timeout_s, deadline_at, now)
+        timer = deadlines.start(_current_task(loop), response_timeout_s, deadline_at, now)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
-                timer.enter()
+                deadlines.enter(timer)
             if sent is not None:
                 sent.set()
             return await sent_ex.response
@@ -432,7 +451,7 @@ class Relay:
                 raise AttemptTimedOut(timer.sent_at is not None) from None
             raise
         finally:
-            timer.end()
+            deadlines.end(timer)
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
         # The awaiting task's cancellation also cancels the future it awaited; only an actual

@@ -227,7 +227,7 @@ class Engine:
                         number = next(self._ids)
                         call_id = f"{self._id_prefix}{number:x}" if telemetry.success_ids else ""
                         took = ended - started
-                        telemetry.emit(_new_event(CallSucceeded, (call_id, label, took, took)))
+                        telemetry.emit_success(_new_event(CallSucceeded, (call_id, label, took, took)))
                     return {"jsonrpc": "2.0", "id": request["id"], "result": result}
                 first = outcome_from_response(response)
             call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
@@ -529,7 +529,7 @@ class _Call:
             e.ledger.clear(self.op)
         telemetry = e.telemetry
         if telemetry.active:
-            telemetry.emit(
+            telemetry.emit_success(
                 _new_event(CallSucceeded, (self.call_id, self.label, ended - started, ended - self.state.started_at_s))
             )
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}

@@ -27,7 +27,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_DEADLINE_MS, META_PREFIX, Message
+from proxy.jsonrpc import (
+    META_APPROVE_BUDGET,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_DEADLINE_MS,
+    META_LOG_LEVEL,
+    META_PREFIX,
+    META_PROTOCOL_VERSION,
+    Message,
+)
 from proxy.policy.compiled import PolicySet, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
@@ -71,6 +80,12 @@ from proxy.telemetry.events import (
 from proxy.upstream.base import Era
 
 TRACE_KEYS = ("traceparent", "tracestate")
+# `_meta` keys requests commonly carry that are not the proxy's own: a set lookup (the parser hands
+# over its cached key strings) spares the direct path a prefix test per key on every call.
+_FOREIGN_META = frozenset(
+    (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, *TRACE_KEYS)
+)
+assert not any(key.startswith(META_PREFIX) for key in _FOREIGN_META)
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
@@ -157,7 +172,7 @@ class Engine:
                     return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
                 if meta.__class__ is dict and "progressToken" not in meta:
                     for key in meta:
-                        if key.startswith(META_PREFIX):
+                        if key not in _FOREIGN_META and key.startswith(META_PREFIX):
                             break  # an own key (approveBudget, deadlineMs, ...): the whole engine
                     else:
                         return self._direct(relay, request, outbox, headers, params, name, arguments, policy)

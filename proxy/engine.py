@@ -153,11 +153,12 @@ class Engine:
     ) -> Awaitable[Message]:
         """The call's coroutine (the relay awaits it): one coroutine frame per call, not a stack."""
         params = request.get("params")
-        name = params.get("name") if isinstance(params, dict) else None
-        arguments = params.get("arguments") if isinstance(params, dict) else None
-        if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
+        if not isinstance(params, dict):
             return relay.forward(request, outbox, headers)  # malformed: the upstream's answer
-        assert isinstance(params, dict)
+        name = params.get("name")
+        arguments = params.get("arguments")
+        if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
+            return relay.forward(request, outbox, headers)  # malformed too
         tool = relay.catalog.tools.get(name)
         if tool is None:
             return self._after_lookup(relay, request, outbox, headers, name)

@@ -163,7 +163,15 @@ class Engine:
         if tool is None:
             return self._after_lookup(relay, request, outbox, headers, name)
         annotations = tool.get("annotations")
-        policy = self.policy_for(name, annotations if isinstance(annotations, dict) else None)
+        if not isinstance(annotations, dict):
+            annotations = None
+        # policy_for(), its cache hit inline: every call of a listed tool under the same policy set
+        hit = self._policy_cache.get(name)
+        policy = (
+            hit[2]
+            if hit is not None and hit[0] is self.policies() and hit[1] is annotations
+            else self.policy_for(name, annotations)
+        )
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self._ledger_size

@@ -26,6 +26,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from types import FunctionType, MethodType
 from typing import Any, Protocol
 
 from proxy.errors import UpstreamFailure
@@ -309,6 +310,11 @@ class Relay:
         self.era = link.era
         self.catalog = catalog
         self.session_id = session_id
+        # An object handler (the engine) is called through its bound __call__: calling the instance
+        # goes through its type's tp_call, on Python 3.11 an interpreter frame of its own per call,
+        # while a bound method is called like a function.
+        if tool_calls is not None and not isinstance(tool_calls, FunctionType | MethodType):
+            tool_calls = tool_calls.__call__
         self._tool_calls = tool_calls
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
         self._streams: list[Outbox] = []

@@ -213,9 +213,8 @@ class Engine:
             # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
             timeout_s = policy.first_timeout_s
             try:
-                response = await relay.attempt(
-                    request, outbox, headers, response_timeout_s=timeout_s, send_deadline_s=policy.first_send_s
-                )
+                # positional: on Python 3.11 a call with keywords is not specialized (see Relay.attempt)
+                response = await relay.attempt(request, outbox, headers, timeout_s, policy.first_send_s)
             except TimeoutError as timeout:
                 first: Outcome = _timed_out(1, timeout_s, timeout)
             except UpstreamFailure as failure:

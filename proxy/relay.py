@@ -384,11 +384,12 @@ class Relay:
         request: Message,
         outbox: Outbox,
         headers: Mapping[str, str] | None = None,
-        *,
-        progress: ProgressRelay | None = None,
-        params: dict[str, Any] | None = None,
         response_timeout_s: float | None = None,
         send_deadline_s: float | None = None,
+        # No keyword-only parameters: on Python 3.11 they keep every call (the engine's, once per
+        # attempt, positional) off the interpreter's specialized call path.
+        progress: ProgressRelay | None = None,
+        params: dict[str, Any] | None = None,
         sent: asyncio.Event | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.

@@ -27,7 +27,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_DEADLINE_MS, META_PREFIX, Message
+from proxy.jsonrpc import (
+    META_APPROVE_BUDGET,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_DEADLINE_MS,
+    META_LOG_LEVEL,
+    META_PREFIX,
+    META_PROTOCOL_VERSION,
+    Message,
+)
 from proxy.policy.compiled import PolicySet, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
@@ -58,7 +67,7 @@ from proxy.recovery import (
 from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
-from proxy.relay import Outbox, ProgressRelay, Relay, SentFlag, progress_token_of
+from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -71,11 +80,20 @@ from proxy.telemetry.events import (
 from proxy.upstream.base import Era
 
 TRACE_KEYS = ("traceparent", "tracestate")
+# `_meta` keys requests commonly carry that are not the proxy's own: a set lookup (the parser hands
+# over its cached key strings) spares the direct path a prefix test per key on every call.
+_FOREIGN_META = frozenset(
+    (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, *TRACE_KEYS)
+)
+assert not any(key.startswith(META_PREFIX) for key in _FOREIGN_META)
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
 _POLICY_CACHE = 4096
 _IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
+# A NamedTuple's constructor is a Python-level `__new__` (a frame per event); `tuple.__new__` builds
+# the same `CallSucceeded` at half the cost. Once per successful call, so its fields go in positionally.
+_new_event = tuple.__new__
 
 
 class _Progress(ProgressRelay):
@@ -126,7 +144,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(3).hex() + "-"  # call ids unique across restarts, cheap per call
         self._policy_cache: dict[str, tuple[PolicySet, dict[str, Any] | None, ToolPolicy]] = {}
-        size = getattr(self.ledger, "__len__", None)  # a ledger that can say it is empty spares a digest
+        # A ledger that can say it is empty spares a digest (the default ledger's `size` is C-level).
+        size = getattr(self.ledger, "size", None) or getattr(self.ledger, "__len__", None)
         self._ledger_size: Callable[[], int] | None = size
 
     def __call__(
@@ -134,16 +153,25 @@ class Engine:
     ) -> Awaitable[Message]:
         """The call's coroutine (the relay awaits it): one coroutine frame per call, not a stack."""
         params = request.get("params")
-        name = params.get("name") if isinstance(params, dict) else None
-        arguments = params.get("arguments") if isinstance(params, dict) else None
-        if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
+        if not isinstance(params, dict):
             return relay.forward(request, outbox, headers)  # malformed: the upstream's answer
-        assert isinstance(params, dict)
+        name = params.get("name")
+        arguments = params.get("arguments")
+        if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
+            return relay.forward(request, outbox, headers)  # malformed too
         tool = relay.catalog.tools.get(name)
         if tool is None:
             return self._after_lookup(relay, request, outbox, headers, name)
         annotations = tool.get("annotations")
-        policy = self.policy_for(name, annotations if isinstance(annotations, dict) else None)
+        if not isinstance(annotations, dict):
+            annotations = None
+        # policy_for(), its cache hit inline: every call of a listed tool under the same policy set
+        hit = self._policy_cache.get(name)
+        policy = (
+            hit[2]
+            if hit is not None and hit[0] is self.policies() and hit[1] is annotations
+            else self.policy_for(name, annotations)
+        )
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self._ledger_size
@@ -153,7 +181,7 @@ class Engine:
                     return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
                 if meta.__class__ is dict and "progressToken" not in meta:
                     for key in meta:
-                        if key.startswith(META_PREFIX):
+                        if key not in _FOREIGN_META and key.startswith(META_PREFIX):
                             break  # an own key (approveBudget, deadlineMs, ...): the whole engine
                     else:
                         return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
@@ -184,18 +212,11 @@ class Engine:
             self.antistorm.count_call(label, started)
             # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
             timeout_s = policy.first_timeout_s
-            sent = SentFlag()
             try:
-                response = await relay.attempt(
-                    request,
-                    outbox,
-                    headers,
-                    response_timeout_s=timeout_s,
-                    send_deadline_s=policy.first_send_s,
-                    sent=sent,
-                )
-            except TimeoutError:
-                first: Outcome = _timed_out(1, timeout_s, sent)
+                # positional: on Python 3.11 a call with keywords is not specialized (see Relay.attempt)
+                response = await relay.attempt(request, outbox, headers, timeout_s, policy.first_send_s)
+            except TimeoutError as timeout:
+                first: Outcome = _timed_out(1, timeout_s, timeout)
             except UpstreamFailure as failure:
                 first = TransportError.from_failure(failure)
             except asyncio.CancelledError:
@@ -222,16 +243,27 @@ class Engine:
                     and response.get("error").__class__ is not dict
                 ):
                     ended = self.clock()
-                    if self.telemetry.active:
-                        call_id = f"{self._id_prefix}{next(self._ids):x}"  # new_call_id(), inline
-                        self.telemetry.emit(CallSucceeded(call_id, label, ended - started, ended - started))
+                    telemetry = self.telemetry
+                    if telemetry.active:
+                        # new_call_id(), inline, and formatted only when an observer reads it (the
+                        # metrics alone do not): the number is still taken, so other calls' ids stay.
+                        number = next(self._ids)
+                        call_id = f"{self._id_prefix}{number:x}" if telemetry.success_ids else ""
+                        took = ended - started
+                        telemetry.emit_success(_new_event(CallSucceeded, (call_id, label, took, took)))
                     return {"jsonrpc": "2.0", "id": request["id"], "result": result}
                 first = outcome_from_response(response)
             call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
             call.start_after_first(started)
             return await call.attempts_loop(None, (first, started, self.clock()))
         finally:
-            self.left(label)
+            # left(label), inline as the entry above is: a method call more on every call
+            self.in_flight -= 1
+            left = flying[label] - 1
+            if left or len(flying) <= _IN_FLIGHT_KEEP:
+                flying[label] = left
+            else:
+                del flying[label]
 
     async def _after_lookup(
         self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None, name: str
@@ -457,8 +489,8 @@ class _Call:
                     waiting, sent = self._attempt(number, timeout_s, progress, started)
                     try:
                         response = await waiting
-                    except TimeoutError:
-                        outcome = _timed_out(number, timeout_s, sent)
+                    except TimeoutError as timeout:
+                        outcome = _timed_out(number, timeout_s, timeout, sent)
                     except UpstreamFailure as failure:
                         outcome = TransportError.from_failure(failure)
                     else:
@@ -526,7 +558,9 @@ class _Call:
             e.ledger.clear(self.op)
         telemetry = e.telemetry
         if telemetry.active:
-            telemetry.emit(CallSucceeded(self.call_id, self.label, ended - started, ended - self.state.started_at_s))
+            telemetry.emit_success(
+                _new_event(CallSucceeded, (self.call_id, self.label, ended - started, ended - self.state.started_at_s))
+            )
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
     def _admit_first(self, now_s: float) -> Refused | None:
@@ -539,9 +573,10 @@ class _Call:
 
     def _attempt(
         self, number: int, timeout_s: float, progress: _Progress | None, now: float
-    ) -> tuple[Awaitable[Message], SentFlag | asyncio.Event]:
-        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and
-        the flag set once its request was handed to the transport."""
+    ) -> tuple[Awaitable[Message], asyncio.Event | None]:
+        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and,
+        with an idle timer, the event set once its request was handed to the transport (without
+        one, the relay's `AttemptTimedOut` says)."""
         e = self.e
         params = self.params
         headers = self.headers
@@ -555,7 +590,7 @@ class _Call:
             telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
         idle_s = self.policy.idle_timeout_s
         idle = idle_s is not None and progress is not None
-        sent = asyncio.Event() if idle else SentFlag()  # the idle timer waits on it; else a flag
+        sent = asyncio.Event() if idle else None  # the idle timer waits on it
         # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
         # timer: a slow cold start must not turn every first call after a crash into a timeout.
         deadline_left_s = self.state.deadline_left_s(now)
@@ -706,8 +741,12 @@ def _is_success(response: Message) -> bool:
     )
 
 
-def _timed_out(number: int, timeout_s: float, sent: SentFlag | asyncio.Event) -> TransportError:
-    if not sent.is_set():
+def _timed_out(
+    number: int, timeout_s: float, timeout: TimeoutError, sent: asyncio.Event | None = None
+) -> TransportError:
+    """A timed-out attempt: not sent (the send deadline) or unanswered. The idle timer's `sent`
+    event says which, else the relay's timer (`AttemptTimedOut`)."""
+    if not (sent.is_set() if sent is not None else isinstance(timeout, AttemptTimedOut) and timeout.sent):
         return TransportError(
             FailureKind.NOT_RUNNING,
             Dispatch.NO,

@@ -22,9 +22,11 @@ import heapq
 import itertools
 import logging
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from types import FunctionType, MethodType
 from typing import Any, Protocol
 
 from proxy.errors import UpstreamFailure
@@ -35,6 +37,11 @@ log = logging.getLogger("proxy.relay")
 
 BACKLOG_LIMIT = 256
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
+# The task an attempt's timer cancels. On Python 3.11 `asyncio.current_task(loop)` is a Python
+# function around this table (a frame per attempt for one dict lookup); from 3.12 it is C.
+_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
+    asyncio.tasks._current_tasks.get if sys.version_info < (3, 12) else asyncio.current_task  # type: ignore[attr-defined]
+)
 
 
 class Outbox(Protocol):
@@ -144,20 +151,14 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
 
 
-class SentFlag:
-    """Set once an attempt's request was handed to the transport (an `asyncio.Event` without the
-    waiting, for attempts nobody waits on this for)."""
+class AttemptTimedOut(TimeoutError):
+    """`Relay.attempt`'s timer ran out. `sent` says whether the request had been handed to the
+    transport by then (the response timeout) or not (the send deadline): the timer knows, so no
+    flag object is built per attempt to tell."""
 
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
+    def __init__(self, sent: bool) -> None:
+        super().__init__()
+        self.sent = sent
 
 
 class _Deadlines:
@@ -165,7 +166,14 @@ class _Deadlines:
     loop timer armed for the earliest live one. An attempt pushes its due time (a third of the
     cost of setting up and cancelling an event-loop timer on uvloop); an attempt that ends in time
     only marks its entry dead, dropped when its time comes or when the loop timer is re-armed (no
-    wake-up for it), or when dead entries are most of a large heap (so it stays bounded)."""
+    wake-up for it), or when dead entries are most of a large heap (so it stays bounded).
+
+    Each attempt's timer (`_AttemptTimer`) stands, until the request is handed over, for the send
+    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
+    once, at the earliest moment either could end, and re-entered when it comes early. When it is
+    really due it cancels the attempt's task. The relay calls `start` before sending, sets the
+    timer's `sent_at` once the request is handed over (and calls `enter` if its `when` is None),
+    and calls `end` when the attempt is over."""
 
     __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
 
@@ -180,6 +188,42 @@ class _Deadlines:
         self.handle: asyncio.TimerHandle | None = None
         self.armed_at = math.inf
         self.dead = 0
+
+    def start(self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float) -> _AttemptTimer:
+        """The timer of an attempt starting `now`, entered: it cancels `task` when due."""
+        # Built field by field, not by calling the class: on Python 3.11 a class call runs
+        # __init__ in an interpreter frame of its own (measured: 0.3 k instructions an attempt).
+        timer = _new_timer(_AttemptTimer)
+        timer.task = task
+        timer.active = True
+        timer.fired = False
+        timer.response_s = response_s
+        timer.deadline_at = deadline_at
+        timer.sent_at = None
+        when = now + response_s
+        if deadline_at < when:
+            when = deadline_at
+        timer.when = when
+        heapq.heappush(self.heap, (when, next(self.seq), timer))  # add(), inline
+        if when < self.armed_at:
+            self.arm(when)
+        return timer
+
+    def enter(self, timer: _AttemptTimer) -> None:
+        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
+        if timer.active:
+            timer.when = timer.due()
+            self.add(timer.when, timer)
+
+    def end(self, timer: _AttemptTimer) -> None:
+        """The attempt is over: its entry is dead."""
+        timer.task = None  # nothing to cancel any more; the entry must not keep the task alive
+        if timer.active:
+            timer.active = False
+            if timer.when is not None:
+                self.dead += 1
+                if self.dead > len(self.heap) // 2 and len(self.heap) >= self.COMPACT_AT:
+                    self.compact()
 
     def add(self, due: float, timer: _AttemptTimer) -> None:
         heapq.heappush(self.heap, (due, next(self.seq), timer))
@@ -204,7 +248,7 @@ class _Deadlines:
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
             if timer.active:
-                timer.fire()
+                self._fire(timer)
             elif self.dead:
                 self.dead -= 1
         while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
@@ -214,67 +258,43 @@ class _Deadlines:
         if heap:
             self.arm(heap[0][0])
 
+    def _fire(self, timer: _AttemptTimer) -> None:
+        due = timer.due()
+        if timer.when is None or due > timer.when:  # entered for an earlier moment than it stands for
+            timer.when = None
+            if due != math.inf:  # else the relay's `enter()` once sent
+                timer.when = due
+                self.add(due, timer)
+            return
+        timer.active = False
+        task = timer.task
+        if task is not None and not task.done():
+            timer.fired = True
+            task.cancel()
+
 
 class _AttemptTimer:
-    """The one timer of an attempt: until the request is handed over it stands for the send
-    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
-    once, at the earliest moment either could end, and re-enters itself when it comes early.
-    When it is really due it cancels the task. The relay sets `sent_at` once the request is
-    handed over (and calls `enter()` if `when` is None) and `end()` when the attempt is over."""
+    """One attempt's timer (see `_Deadlines`, which builds and runs it): `when` it is entered for
+    (None while it waits to be sent with no send deadline), `active` until it fired or the attempt
+    ended, `fired` once it cancelled `task`."""
 
-    __slots__ = ("active", "deadline_at", "deadlines", "fired", "response_s", "sent_at", "task", "when")
+    __slots__ = ("active", "deadline_at", "fired", "response_s", "sent_at", "task", "when")
 
-    def __init__(
-        self, deadlines: _Deadlines, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float
-    ) -> None:
-        self.deadlines = deadlines
-        self.task = task
-        self.active = True
-        self.fired = False
-        self.response_s = response_s
-        self.deadline_at = deadline_at
-        self.sent_at: float | None = None
-        when = now + response_s
-        if deadline_at < when:
-            when = deadline_at
-        self.when: float | None = when
-        heapq.heappush(deadlines.heap, (when, next(deadlines.seq), self))  # _Deadlines.add, inline
-        if when < deadlines.armed_at:
-            deadlines.arm(when)
-
-    def enter(self) -> None:
-        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
-        if self.active:
-            self.when = self.due()
-            self.deadlines.add(self.when, self)
+    task: asyncio.Task[Any] | None
+    active: bool
+    fired: bool
+    response_s: float
+    deadline_at: float
+    sent_at: float | None
+    when: float | None
 
     def due(self) -> float:
         if self.sent_at is None:
             return self.deadline_at
         return min(self.sent_at + self.response_s, self.deadline_at)
 
-    def fire(self) -> None:
-        due = self.due()
-        if self.when is None or due > self.when:  # entered for an earlier moment than it stands for
-            self.when = None
-            if due != math.inf:  # else the relay's `enter()` once sent
-                self.when = due
-                self.deadlines.add(due, self)
-            return
-        self.active = False
-        if self.task is not None and not self.task.done():
-            self.fired = True
-            self.task.cancel()
 
-    def end(self) -> None:
-        self.task = None  # nothing to cancel any more; the entry must not keep the task alive
-        if self.active:
-            self.active = False
-            if self.when is not None:
-                deadlines = self.deadlines
-                deadlines.dead += 1
-                if deadlines.dead > len(deadlines.heap) // 2 and len(deadlines.heap) >= deadlines.COMPACT_AT:
-                    deadlines.compact()
+_new_timer = object.__new__
 
 
 class Relay:
@@ -290,6 +310,11 @@ class Relay:
         self.era = link.era
         self.catalog = catalog
         self.session_id = session_id
+        # An object handler (the engine) is called through its bound __call__: calling the instance
+        # goes through its type's tp_call, on Python 3.11 an interpreter frame of its own per call,
+        # while a bound method is called like a function.
+        if tool_calls is not None and not isinstance(tool_calls, FunctionType | MethodType):
+            tool_calls = tool_calls.__call__
         self._tool_calls = tool_calls
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
         self._streams: list[Outbox] = []
@@ -359,22 +384,24 @@ class Relay:
         request: Message,
         outbox: Outbox,
         headers: Mapping[str, str] | None = None,
-        *,
-        progress: ProgressRelay | None = None,
-        params: dict[str, Any] | None = None,
         response_timeout_s: float | None = None,
         send_deadline_s: float | None = None,
-        sent: SentFlag | asyncio.Event | None = None,
+        # No keyword-only parameters: on Python 3.11 they keep every call (the engine's, once per
+        # attempt, positional) off the interpreter's specialized call path.
+        progress: ProgressRelay | None = None,
+        params: dict[str, Any] | None = None,
+        sent: asyncio.Event | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.
 
         Returns the upstream's response message (still under the upstream id). Raises
-        UpstreamFailure, or TimeoutError when no response came within `response_timeout_s` of the
-        request being handed to the transport; handing it over (starting a stdio child,
-        connecting) is bounded by `send_deadline_s` instead, which also caps the response
-        timer (the call's deadline is never passed). `sent` is set once
-        the request was handed over. If the awaiting task is cancelled (the caller cancelled, or
-        a timer fired), the upstream exchange is cancelled as its transport requires.
+        UpstreamFailure, or `AttemptTimedOut` (a TimeoutError) when no response came within
+        `response_timeout_s` of the request being handed to the transport; handing it over
+        (starting a stdio child, connecting) is bounded by `send_deadline_s` instead, which also
+        caps the response timer (the call's deadline is never passed). `sent` is set once the
+        request was handed over (for a caller that waits for that). If the awaiting task is
+        cancelled (the caller cancelled, or a timer fired), the upstream exchange is cancelled as
+        its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
         """
         link = self.link
@@ -413,13 +440,13 @@ class Relay:
         loop = deadlines.loop
         now = loop.time()
         deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = _AttemptTimer(deadlines, asyncio.current_task(loop), response_timeout_s, deadline_at, now)
+        timer = deadlines.start(_current_task(loop), response_timeout_s, deadline_at, now)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
-                timer.enter()
+                deadlines.enter(timer)
             if sent is not None:
                 sent.set()
             return await sent_ex.response
@@ -427,10 +454,11 @@ class Relay:
             if sent_ex is not None:
                 self._cancel_upstream(sent_ex, "request cancelled by the proxy")
             if timer.fired and timer.task is not None and timer.task.uncancel() == 0:
-                raise TimeoutError from None  # our timer, and nobody else cancelled the task
+                # our timer, and nobody else cancelled the task
+                raise AttemptTimedOut(timer.sent_at is not None) from None
             raise
         finally:
-            timer.end()
+            deadlines.end(timer)
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
         # The awaiting task's cancellation also cancels the future it awaited; only an actual

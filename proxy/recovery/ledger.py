@@ -107,6 +107,9 @@ class InMemoryLedger:
         self._clock = clock
         self._max = max_entries
         self._entries: OrderedDict[str, ExhaustedEntry] = OrderedDict()
+        # The entry count as a C-level callable: the engine asks "is it empty?" on every call, and
+        # `__len__` is a Python frame.
+        self.size: Callable[[], int] = self._entries.__len__
 
     def __len__(self) -> int:
         return len(self._entries)

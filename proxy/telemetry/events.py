@@ -13,11 +13,16 @@ Contract:
   (`Telemetry.starts`): an observer declares `needs_starts = False` when it does not (metrics
   and the call log read nothing from them; tracing opens its spans on them). Observers without
   the attribute get every event.
+- Likewise `needs_call_ids = False` declares that an observer never reads `call_id`. When no
+  observer that takes `CallSucceeded` needs call ids (`Telemetry.success_ids` is False: the
+  metrics alone, as shipped), a first-attempt success's `call_id` is "" (the engine's id counter
+  still advances, so the ids of other calls are unchanged); otherwise it is the call's id.
 - An observer may route events itself: `handler_for(event_type)` returns the callable that
   takes events of that type, or None for a type it ignores (it is then never called for them);
   without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
 - `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises
-  is logged (once per observer and event type) and never breaks traffic. Observers must be
+  is logged (once per observer and event type) and never breaks traffic. `emit_success` is
+  `emit` for `CallSucceeded` only, its routing resolved when the `Telemetry` is built. Observers must be
   cheap: no I/O on the request path (an exporter's own worker thread is fine).
 - `Telemetry.attempt_context(call_id, number)` asks the tracing observer, if any, for the W3C
   trace-context entries (`traceparent`, `tracestate`) the engine puts into that attempt's
@@ -136,6 +141,11 @@ def needs_starts(observer: Observer) -> bool:
     return bool(getattr(observer, "needs_starts", True))
 
 
+def needs_call_ids(observer: Observer) -> bool:
+    """Whether `observer` reads the `call_id` of the events it takes."""
+    return bool(getattr(observer, "needs_call_ids", True))
+
+
 class Tracer(Protocol):
     def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None: ...
 
@@ -174,16 +184,39 @@ class Telemetry:
             pairs = ((o, _handler_for(o, event_type)) for o in self.observers)
             self._routes[event_type] = tuple((o, h) for o, h in pairs if h is not None)
         self._reported: set[tuple[int, type]] = set()
+        # `emit` for the event nearly every call ends with, routed once here instead of per event
+        # (with one observer taking it, as shipped, a direct call inside the same containment).
+        self.emit_success: Callable[[CallSucceeded], None] = self._emitter(CallSucceeded)
+        # Whether a first-attempt success's call id is read: formatting one costs more than building its event.
+        self.success_ids = any(needs_call_ids(o) for o, _ in self._routes[CallSucceeded])
 
     def emit(self, event: Event) -> None:
         for observer, handler in self._routes.get(event.__class__, ()):
             try:
                 handler(event)
             except Exception:
-                key = (id(observer), type(event))
-                if key not in self._reported:
-                    self._reported.add(key)
-                    log.exception("telemetry observer %r failed on %s", observer, type(event).__name__)
+                self._failed(observer, event)
+
+    def _emitter(self, event_type: type) -> Callable[[Event], None]:
+        """`emit` for events of `event_type` only."""
+        routes = self._routes[event_type]
+        if len(routes) != 1:
+            return self.emit
+        ((observer, handler),) = routes
+
+        def emit_one(event: Event) -> None:
+            try:
+                handler(event)
+            except Exception:
+                self._failed(observer, event)
+
+        return emit_one
+
+    def _failed(self, observer: Observer, event: Event) -> None:
+        key = (id(observer), type(event))
+        if key not in self._reported:
+            self._reported.add(key)
+            log.exception("telemetry observer %r failed on %s", observer, type(event).__name__)
 
     def attempt_context(self, call_id: str, number: int) -> dict[str, str] | None:
         if self.tracer is None:

@@ -229,6 +229,7 @@ class MetricsObserver:
     """
 
     needs_starts = False  # nothing here is read from CallStarted or a first AttemptStarted
+    needs_call_ids = False  # series are per tool, never per call
 
     def __init__(self, registry: CollectorRegistry, *, max_tools: int = 200, max_upstreams: int = 16) -> None:
         self.registry = registry

@@ -92,19 +92,19 @@ async def test_an_unanswered_attempt_times_out_at_its_response_timeout_not_at_th
 
 
 async def test_attempts_that_end_in_time_leave_a_bounded_heap_and_live_ones_still_fire() -> None:
-    from proxy.relay import _AttemptTimer, _Deadlines
+    from proxy.relay import _Deadlines
 
     loop = asyncio.get_running_loop()
     deadlines = _Deadlines(loop)
     for _ in range(5000):  # answered in time: each only marks its entry dead
-        _AttemptTimer(deadlines, None, 30.0, math.inf, loop.time()).end()
+        deadlines.end(deadlines.start(None, 30.0, math.inf, loop.time()))
     assert len(deadlines.heap) < 2 * _Deadlines.COMPACT_AT, "dead entries are compacted away"
     victim = loop.create_task(asyncio.sleep(10))
     started = time.monotonic()
-    early_dead = _AttemptTimer(deadlines, None, 0.05, math.inf, loop.time())
-    live = _AttemptTimer(deadlines, victim, 0.2, math.inf, loop.time())
+    early_dead = deadlines.start(None, 0.05, math.inf, loop.time())
+    live = deadlines.start(victim, 0.2, math.inf, loop.time())
     early_dead.sent_at = live.sent_at = loop.time()  # handed over at once, as the relay records it
-    early_dead.end()
+    deadlines.end(early_dead)
     with contextlib.suppress(asyncio.CancelledError):
         await victim
     assert live.fired and 0.19 <= time.monotonic() - started < 0.2 + 0.3

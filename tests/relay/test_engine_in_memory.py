@@ -205,6 +205,22 @@ async def test_a_first_attempt_success_is_one_event_and_start_events_are_built_o
     (succeeded,) = finished_only.events
     assert type(succeeded).__name__ == "CallSucceeded" and succeeded.tool == "read"
     assert 0 <= succeeded.attempt_s <= succeeded.duration_s
+    assert succeeded.call_id, "an observer that does not declare otherwise reads call ids"
+
+
+class _NoCallIds(_FinishedOnly):
+    needs_call_ids = False  # as the metrics declare
+
+
+async def test_a_success_carries_a_call_id_only_when_an_observer_reads_it_and_ids_keep_counting() -> None:
+    relay, engine = _relay_observed(ScriptedLink([{"content": []}, {"content": []}]), _NoCallIds())
+    await relay.handle_request(REQUEST, Outbox())
+    assert engine.telemetry.success_ids is False and engine.telemetry.observers[0].events[0].call_id == ""
+    assert engine.new_call_id().endswith("-2"), "the success took its number all the same"
+    both = _NoCallIds(), _FinishedOnly()
+    relay, engine = _relay_observed(ScriptedLink([{"content": []}]), *both)
+    await relay.handle_request(REQUEST, Outbox())
+    assert engine.telemetry.success_ids and both[0].events[0].call_id == both[1].events[0].call_id != ""
 
 
 async def test_without_start_listeners_a_recovered_call_still_reports_its_retries_and_attempts() -> None:

@@ -56,3 +56,18 @@ def test_a_failing_observer_is_contained_and_the_others_still_get_the_event(capl
     assert everything.seen == [started, started]
     assert isinstance(started, CallStarted)
     assert sum("observer bug" in r.getMessage() or r.exc_info is not None for r in caplog.records) == 1
+
+
+def test_emit_success_routes_like_emit_and_contains_a_failing_observer(caplog: Any) -> None:
+    succeeded = CallSucceeded("c1", "echo", 0.01, 0.012)
+    finished = FinishedOnly()
+    Telemetry([finished]).emit_success(succeeded)  # the one observer that takes it, called directly
+    assert finished.seen == [succeeded]
+    everything, finished = Everything(), FinishedOnly()
+    Telemetry([everything, finished, Broken()]).emit_success(succeeded)  # several: as emit
+    assert everything.seen == finished.seen == [succeeded]
+    broken = Telemetry([Broken()])
+    broken.emit_success(succeeded)
+    broken.emit_success(succeeded)
+    assert sum(r.exc_info is not None for r in caplog.records) == 2  # once per Telemetry and event type
+    Telemetry([]).emit_success(succeeded)  # nobody takes it

@@ -22,7 +22,6 @@ import heapq
 import itertools
 import logging
 import math
-import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,11 +36,6 @@ log = logging.getLogger("proxy.relay")
 
 BACKLOG_LIMIT = 256
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
-# The task an attempt's timer cancels. On Python 3.11 `asyncio.current_task(loop)` is a Python
-# function around this table (a frame per attempt for one dict lookup); from 3.12 it is C.
-_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
-    asyncio.tasks._current_tasks.get if sys.version_info < (3, 12) else asyncio.current_task  # type: ignore[attr-defined]
-)
 
 
 class Outbox(Protocol):
@@ -440,7 +434,7 @@ class Relay:
         loop = deadlines.loop
         now = loop.time()
         deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = deadlines.start(_current_task(loop), response_timeout_s, deadline_at, now)
+        timer = deadlines.start(asyncio.current_task(loop), response_timeout_s, deadline_at, now)
         sent_ex: Exchange | None = None
         try:
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import sys
 from typing import Any
@@ -133,6 +134,7 @@ async def serve_stdio(service: Service) -> None:
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout.buffer)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
     await service.start()
+    gc.freeze()  # the start-up heap out of the collector's reach (see McpHttpApp._lifespan)
     try:
         await StdioFrontend(service).run(reader, writer)
     finally:

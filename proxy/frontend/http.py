@@ -50,9 +50,10 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PING_INTERVAL_S = 15.0
-# A POST's disconnect watcher starts only once its request has run this long: most calls are
-# answered sooner, and a watcher is a task plus a wait on uvicorn's receive event per request.
-WATCH_AFTER_S = 0.02
+# A POST's disconnect watcher starts only once its request has run this long (up to half as long
+# again): most calls are answered sooner, and a watcher is a task plus a wait on uvicorn's receive
+# event per request. A client's disconnect is noticed that much later at most.
+WATCH_AFTER_S = 0.05
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -232,7 +233,7 @@ class _LateWatches:
 
     A request answered sooner never gets one (nothing to watch: its answer is written next); a
     client that disconnects before then is noticed at that point, which only delays the
-    cancellation of a 2026 request by at most `WATCH_AFTER_S`. Pending requests are kept in
+    cancellation of a 2026 request by at most 1.5 x `WATCH_AFTER_S`. Pending requests are kept in
     arrival order (their due times increase), and one loop timer is armed for the oldest."""
 
     __slots__ = ("_app", "_handle", "_loop", "_pending", "_started")
@@ -265,7 +266,9 @@ class _LateWatches:
             stream = next(iter(pending))
             due, receive, cancel = pending[stream]
             if due > horizon:
-                self._handle = self._loop.call_at(due, self._sweep)
+                # A sweep for a batch of requests, not one a request: a watcher may start up to
+                # half of WATCH_AFTER_S late.
+                self._handle = self._loop.call_at(max(due, horizon + WATCH_AFTER_S / 2), self._sweep)
                 return
             del pending[stream]
             self._started[stream] = self._loop.create_task(self._app._watch_disconnect(receive, stream, cancel))

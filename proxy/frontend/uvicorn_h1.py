@@ -5,9 +5,10 @@ with `http.response.body`: two `send()` calls per answer, and on loopback each o
 receiver's half of TCP in the sender's system call too. In the proxy's relay benchmark these
 writes were the largest single share of the frontend's CPU. This protocol gives uvicorn a
 transport that holds a response head until the next write (the body, in the same event-loop step
-for every JSON answer) and writes both at once; a head with nothing after it in that step (a
-stream that starts before its first event) goes out at the loop's next iteration, so nothing
-waits longer than one step. Everything else passes straight through.
+for every JSON answer) and writes both at once. A head with a `content-length` waits for its body
+(a client cannot use one without the other); any other head (a stream that starts before its
+first event) goes out at the loop's next iteration at the latest. A close flushes what is held;
+everything else passes straight through.
 
 Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
 (true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
@@ -40,7 +41,11 @@ class _HeadHolding:
             self._transport.write(held + bytes(data))
         elif data[:7] == b"HTTP/1." and not self._transport.is_closing():
             self._held = bytes(data)
-            self._loop.call_soon(self.flush)
+            # A head with a length waits for its body (the client cannot use one without the
+            # other; uvicorn writes header names in lower case); a streamed one goes out at the
+            # next loop step at the latest.
+            if b"\r\ncontent-length: " not in data:
+                self._loop.call_soon(self.flush)
         else:
             self._transport.write(data)
 
@@ -65,7 +70,24 @@ class _HeadHolding:
         self._held = None
         self._transport.abort()
 
-    def __getattr__(self, name: str) -> Any:  # everything else: the real transport's
+    # What uvicorn calls on its transport, passed on directly (a `__getattr__` fallback would raise
+    # and catch an AttributeError on every call first).
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def __getattr__(self, name: str) -> Any:  # anything else: the real transport's
         return getattr(self._transport, name)
 
 

@@ -51,6 +51,10 @@ __all__ = [
 
 # Above this many buffered, unconsumed body bytes the socket stops being read; below LOW it resumes.
 HIGH_WATER: Final = 256 * 1024
+# A response's status line and headers larger than this fail the request (a peer sending an
+# endless head must not grow the proxy's memory); checked after each read, so the bound is this
+# plus one read.
+MAX_HEAD_BYTES: Final = 64 * 1024
 LOW_WATER: Final = 64 * 1024
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
@@ -408,6 +412,10 @@ class _ChunkIterator:
 # ---------------------------------------------------------------------------------------------
 # connection
 # ---------------------------------------------------------------------------------------------
+class _HeadTooLarge(Exception):
+    """The answer's head grew past `MAX_HEAD_BYTES` (reported as a ProtocolError)."""
+
+
 class _Unexpected(Exception):
     """Raised inside a parser callback: the peer sent a response nobody asked for."""
 
@@ -422,6 +430,7 @@ class _Connection(asyncio.Protocol):
     never retrieved" behind."""
 
     __slots__ = (
+        "_head_bytes",
         "_head_fut",
         "_head_only",
         "_interim",
@@ -455,6 +464,7 @@ class _Connection(asyncio.Protocol):
         self._head_fut: asyncio.Future[Response | ClientError] | None = None
         self._sink: Sink | None = None  # instead of `_head_fut`, for a request sent with `send_now`
         self._head_only = False
+        self._head_bytes = 0  # read while the head of the current answer is incomplete
         self._interim = False
         self._items: list[tuple[str, str]] = []
         self._reason = ""
@@ -529,6 +539,11 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail_protocol(exc)
+            return
+        if self.response is None and (self._head_fut is not None or self._sink is not None):  # head incomplete
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail_protocol(_HeadTooLarge(f"the response head exceeds {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         if self.response is None and self._head_fut is None and self._sink is None:
@@ -591,6 +606,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._started = True
+        self._head_bytes = 0
         parser = self._parser
         status = parser.get_status_code()
         if status < 200:  # an interim answer (103 Early Hints...): the real one follows

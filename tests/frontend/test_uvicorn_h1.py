@@ -1,4 +1,4 @@
-"""The frontend's uvicorn protocol: one write per JSON answer, nothing held past a loop step.
+"""The frontend's uvicorn protocol: one write per JSON answer; a streamed head held one loop step at most.
 
 The unit tests record what reaches a transport (a recording stand-in for the socket transport:
 counting write calls is the point); the last test runs the protocol in a real uvicorn server on
@@ -57,7 +57,18 @@ async def test_a_head_and_its_body_go_out_in_one_write() -> None:
     assert len(rec.writes) == 2
 
 
-async def test_a_head_alone_goes_out_at_the_next_loop_step() -> None:
+async def test_a_head_with_a_length_waits_for_its_body() -> None:
+    rec = Recording()
+    t = _HeadHolding(rec, asyncio.get_running_loop())  # type: ignore[arg-type]
+    t.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert rec.writes == []
+    t.write(b"{}")
+    assert rec.writes == [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"]
+
+
+async def test_a_streamed_head_alone_goes_out_at_the_next_loop_step() -> None:
     rec = Recording()
     t = _HeadHolding(rec, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")

@@ -1099,3 +1099,44 @@ async def test_send_now_refuses_header_injection_and_keeps_the_connection() -> N
                 client.send_now("POST", headers={"x-evil": "a\r\nInjected: 1"}, body=b"{}", sink=sink)
             assert client.idle, "nothing was sent and the idle connection stays pooled"
             assert len(raw.requests) == 1 and sink.calls == []
+
+
+async def test_an_endless_response_head_fails_the_request_and_stays_bounded() -> None:
+    from proxy.upstream.h1 import MAX_HEAD_BYTES
+
+    written: list[int] = []
+    ended = asyncio.Event()
+
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.next_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Long: ")
+        try:
+            for _ in range(64):  # 4 MiB of one header value, unless the client hangs up first
+                writer.write(b"a" * 65536)
+                await writer.drain()
+                written.append(65536)
+        finally:
+            ended.set()
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        with pytest.raises(ProtocolError) as info:
+            await client.request("GET")
+        assert str(MAX_HEAD_BYTES) in str(info.value)
+        await ended.wait()  # the client hung up: the server's writes failed
+        assert sum(written) < 4 * 1024 * 1024
+
+
+async def test_a_large_answer_in_one_read_is_not_mistaken_for_a_large_head() -> None:
+    body = b"x" * (3 * 65536)
+
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await raw.next_request(reader) is not None:
+            writer.write(answer(body=body))
+            await writer.drain()
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        assert await (await client.request("GET")).read() == body
+        sink = RecordingSink()
+        assert client.send_now("GET", sink=sink) is not None
+        await sink.finished.wait()
+        assert sink.calls == ["head", "done"] and sink.bodies == [body]

@@ -745,8 +745,13 @@ def _timed_out(
     number: int, timeout_s: float, timeout: TimeoutError, sent: asyncio.Event | None = None
 ) -> TransportError:
     """A timed-out attempt: not sent (the send deadline) or unanswered. The idle timer's `sent`
-    event says which, else the relay's timer (`AttemptTimedOut`)."""
-    if not (sent.is_set() if sent is not None else isinstance(timeout, AttemptTimedOut) and timeout.sent):
+    event says which, else the relay's timer (`AttemptTimedOut`); a timeout of any other origin
+    counts as sent (dispatch unknown), the side that never repeats a state-changing call."""
+    if sent is not None:
+        was_sent = sent.is_set()
+    else:
+        was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
+    if not was_sent:
         return TransportError(
             FailureKind.NOT_RUNNING,
             Dispatch.NO,

@@ -296,10 +296,7 @@ class Response:
             if self._error is not None:
                 raise self._error
             await self._wait(want)
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
+        data = self._drain()
         if limit is not None and len(data) > limit:
             data = data[:limit]
             self._close()
@@ -314,11 +311,16 @@ class Response:
         connection goes back to the pool."""
         if not self.complete:
             raise ClientError("the response body is not complete")
+        data = self._drain()
+        self.release()
+        return data
+
+    def _drain(self) -> bytes:
+        """Everything buffered, as one bytes object (the one chunk as is, in the common case)."""
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
-        self.release()
         return data
 
     def iter_chunks(self) -> AsyncIterator[bytes]:

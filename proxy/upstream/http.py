@@ -344,12 +344,9 @@ class _HttpLink(LinkBase):
                 ex.written = True
                 ex.transport_state = flight
                 return ex
-        loop = ex.response.get_loop()  # the table's loop, asked once (get_running_loop is a getpid() on 3.11)
-        sent: asyncio.Future[None] = loop.create_future()
-        task = loop.create_task(self._run_exchange(ex, message, dict(headers or {}), sent))
-        ex.transport_state = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # the table's loop, asked once (get_running_loop is a getpid() on 3.11)
+        sent: asyncio.Future[None] = ex.response.get_loop().create_future()
+        task = self._spawn_exchange(ex, message, dict(headers or {}), sent)
         try:
             await asyncio.shield(sent)
         except UpstreamFailure:
@@ -398,6 +395,21 @@ class _HttpLink(LinkBase):
         self._pending.fail_all(FailureKind.CLOSED, "the proxy closed the upstream link")
         await self._close_session()
         self._upstream._forget(self)
+
+    def _spawn_exchange(
+        self,
+        ex: Exchange,
+        message: Message,
+        extra: dict[str, str],
+        sent: asyncio.Future[None],
+        first: _First | None = None,
+    ) -> asyncio.Task[None]:
+        """The exchange task of `ex`, kept (and cancelled by `cancel`/`aclose`) by the link."""
+        task = ex.response.get_loop().create_task(self._run_exchange(ex, message, extra, sent, first))
+        ex.transport_state = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _opened(self) -> None:
         """Requests wait (bounded) until the standalone GET stream is open: a server sends what is
@@ -640,16 +652,9 @@ class _Flight:
         if 200 <= status < 300 and status != 202 and content_type(response) == "application/json":
             return True
         self.conn = None  # the task owns the response now: cancelling it closes the connection
-        link = self.link
-        ex = self.ex
-        loop = ex.response.get_loop()
-        sent: asyncio.Future[None] = loop.create_future()
-        sent.set_result(None)
-        first = (response, self.headers)
-        task = loop.create_task(link._run_exchange(ex, self.message, dict(self.extra or {}), sent, first))
-        ex.transport_state = task
-        link._tasks.add(task)
-        task.add_done_callback(link._tasks.discard)
+        sent: asyncio.Future[None] = self.ex.response.get_loop().create_future()
+        sent.set_result(None)  # the request went out in `send_request`
+        self.link._spawn_exchange(self.ex, self.message, dict(self.extra or {}), sent, (response, self.headers))
         return False
 
     def done(self, response: Response) -> None:

@@ -71,10 +71,14 @@ class _Stream:
     """An Outbox feeding one HTTP response: messages queue up and wake the single writer.
 
     Cheaper than an asyncio.Queue plus asyncio.wait per message: one future at a time, resolved
-    by `send` or by the handler finishing (`wake`), awaited with a ping timeout.
+    by `send`, by `finish` (the handler is over) or by `close`, awaited with a ping timeout.
+
+    `on_stream`, when set, is called once, on the first message that is not the answer to
+    `down_id` itself: the POST's handler runs in the request's own task, so the response only
+    needs a writer task of its own when it turns into an event stream.
     """
 
-    __slots__ = ("_closed", "_items", "_keep", "_loop", "_waiter")
+    __slots__ = ("_closed", "_items", "_keep", "_loop", "_waiter", "down_id", "finished", "on_stream")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, keep_after_close: bool = False) -> None:
         self._loop = loop  # passed in: on Python 3.11 each get_running_loop() is a getpid() syscall
@@ -82,10 +86,17 @@ class _Stream:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._keep = keep_after_close  # 2025: a disconnected client may resume the stream
+        self.finished = False  # the handler is over: no message follows what is queued
+        self.down_id: Any = None
+        self.on_stream: Callable[[], None] | None = None
 
     def send(self, message: Message) -> None:
         if not self._closed or self._keep:
             self._items.append(message)
+            start = self.on_stream
+            if start is not None and not (message.get("id") == self.down_id and jsonrpc.is_response(message)):
+                self.on_stream = None
+                start()
             self.wake()
 
     def wake(self, *_: object) -> None:
@@ -114,6 +125,11 @@ class _Stream:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def finish(self) -> None:
+        self.finished = True
+        self.on_stream = None
+        self.wake()
 
     def close(self) -> None:
         self._closed = True
@@ -558,52 +574,99 @@ class McpHttpApp:
     ) -> bool:
         """Run one request through the relay and write its answer (JSON, or SSE once it streams).
 
+        The relay runs in this request's own task: a request is written upstream, and its answer
+        written back, without waiting for a second task to be scheduled behind every other request
+        of the same burst. Only a response that becomes an event stream gets a writer task (the
+        handler goes on producing while the writer waits on the socket). Cancelling the request
+        (2026: the client closed its POST; 2025: `notifications/cancelled` or the session ended)
+        cancels this task while the handler runs; that cancellation ends here.
+
         Returns whether a successful result was written (initialize keeps its session only then).
         """
         loop = asyncio.get_running_loop()  # once per request (a getpid() syscall on Python 3.11)
+        task = asyncio.current_task(loop)
+        assert task is not None
         stream = _Stream(loop, keep_after_close=not modern)
-        handler = loop.create_task(relay.handle_request(request, stream, forward_headers, by_id=not modern))
-        handler.add_done_callback(stream.wake)
+        down_id = stream.down_id = request["id"]
+        extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
+        writer: asyncio.Task[bool] | None = None
+
+        def start_writer() -> None:
+            nonlocal writer
+            writer = loop.create_task(self._write_stream(stream, down_id, send, extra, modern, session_id))
+
+        stream.on_stream = start_writer
         watches = self._watches
         if watches is None:
             watches = self._watches = _LateWatches(self, loop)
-        watches.add(stream, receive, handler if modern else None)
-        extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
-        down_id = request["id"]
-        ok = False
+        watches.add(stream, receive, task if modern else None)
+        failed = False
         try:
-            first = await self._next(stream, handler)
+            try:
+                await relay.handle_request(request, stream, forward_headers, by_id=not modern)
+            except asyncio.CancelledError:
+                if task.uncancel() > 0:
+                    raise  # not (only) the request's cancellation: the server stops this task
+            except Exception:
+                log.exception("relaying %s failed", request.get("method"))
+                failed = True
+            # Nothing may cancel this task once the handler is over (a stray cancellation while
+            # the answer is written would reach uvicorn as an application error).
+            watches.end(stream)
+            stream.finish()
+            if writer is not None:
+                return await writer
+            first = stream.pop()
             if first is None:
-                if handler.done() and not handler.cancelled() and handler.exception() is not None:
-                    log.error("relaying %s failed", request.get("method"), exc_info=handler.exception())
+                if failed:
                     await _respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
                     return False
                 # Cancelled: a cancelled request gets no response; its stream just ends.
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return False
-            if jsonrpc.is_response(first) and first.get("id") == down_id:
-                ok = "result" in first
-                await _respond_json(send, _status_for(first, modern), first, extra)
-                return ok
+            ok = "result" in first
+            await _respond_json(send, _status_for(first, modern), first, extra)
+            return ok
+        finally:
+            watches.end(stream)
+            stream.close()
+            if writer is not None and not writer.done():
+                writer.cancel()
+
+    async def _write_stream(
+        self,
+        stream: _Stream,
+        down_id: Any,
+        send: Send,
+        extra: list[tuple[bytes, bytes]],
+        modern: bool,
+        session_id: str | None,
+    ) -> bool:
+        """The response as an event stream: what the handler sends, then its answer; keep-alive
+        comments meanwhile. Returns whether a successful result was written."""
+        try:
+            first = stream.pop()
+            assert first is not None
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
             if not modern and session_id is not None:
-                return await self._stream_resumable(stream, handler, first, down_id, send, session_id)
+                return await self._stream_resumable(stream, first, down_id, send, session_id)
+            ok = False
             message: Message | None = first
             while message is not None:
                 await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
                 if jsonrpc.is_response(message) and message.get("id") == down_id:
                     ok = "result" in message
                     break
-                message = await self._next(stream, handler, ping=send)
+                message = await self._next(stream, ping=send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return ok
-        finally:
-            watches.end(stream)
-            stream.close()
+        except BaseException:
+            stream.close()  # nobody reads what the handler still sends
+            raise
 
     async def _stream_resumable(
-        self, stream: _Stream, handler: asyncio.Task[None], first: Message, down_id: Any, send: Send, session_id: str
+        self, stream: _Stream, first: Message, down_id: Any, send: Send, session_id: str
     ) -> bool:
         """A 2025 SSE response whose events carry ids, so a client that lost it can resume it."""
         if len(self._replays) >= 1024:  # bounded: forget the oldest
@@ -621,7 +684,7 @@ class McpHttpApp:
                 if jsonrpc.is_response(message) and message.get("id") == down_id:
                     ok = "result" in message
                     break
-                message = await self._next(stream, handler, ping=replay.write_ping)
+                message = await self._next(stream, ping=replay.write_ping)
         finally:
             replay.finished.set()
             asyncio.get_running_loop().call_later(_Replay.GRACE_S, self._replays.pop, replay.key, None)
@@ -659,19 +722,16 @@ class McpHttpApp:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    async def _next(self, stream: _Stream, handler: asyncio.Task[None], ping: Send | None = None) -> Message | None:
+    async def _next(self, stream: _Stream, ping: Send) -> Message | None:
         """The next message for this response; None once the handler ended without one more."""
         while True:
             message = stream.pop()
             if message is not None:
                 return message
-            if handler.done():
+            if stream.finished:
                 return None
-            if ping is None:  # nothing to keep alive yet (the answer may still be plain JSON)
-                await stream.wait(None)
-                continue
             await stream.wait(PING_INTERVAL_S)
-            if stream._items or handler.done():
+            if stream._items or stream.finished:
                 continue
             await ping({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
 

@@ -135,6 +135,12 @@ async def test_a_caller_timeout_cancels_the_upstream_attempt(proxy: ProxyProcess
                 await client.call_tool("hang", {"seconds": 30, "call_id": f"c-{mode}"}, read_timeout_seconds=0.5)
             # Still inside the session: the cancellation, not the session's end, stopped the handler.
             await journal.await_for(lambda j: j.events(tool="hang", event="cancelled", call=f"c-{mode}"), timeout_s=10)
+            # The cancelled request's own HTTP task ended quietly, and the session goes on serving.
+            assert text_of(await client.call_tool("echo", {"text": "still here"})) == "still here"
+    log = proxy.log_tail(100_000)
+    assert "Exception in ASGI application" not in log
+    assert "unexpected error" not in log
+    assert "Traceback" not in log
 
 
 async def test_malformed_input_gets_json_rpc_errors_and_the_proxy_keeps_serving(proxy: ProxyProcess) -> None:

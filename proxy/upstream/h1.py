@@ -97,6 +97,14 @@ class ProtocolError(ClientError):
     """The peer answered something that is not a valid HTTP/1.1 response."""
 
 
+class BodyTooLarge(ProtocolError):
+    """The answer's body (decoded, if it came compressed) grew past its `Response.max_body`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the upstream's answer body exceeds {limit} bytes")
+        self.limit = limit
+
+
 class ConnectionClosed(ClientError):
     """The peer closed or reset the connection before the response was complete.
 
@@ -247,12 +255,14 @@ class Response:
         "_decoder",
         "_error",
         "_read_all",
+        "_received",
         "_sink",
         "_until_eof",
         "_waiter",
         "_want",
         "complete",
         "headers",
+        "max_body",
         "reason",
         "status",
     )
@@ -272,6 +282,12 @@ class Response:
         self._decoder: zlib._Decompress | None = None
         self._until_eof = False
         self._sink: Sink | None = None  # takes the complete body (`HttpClient.send_now`)
+        self._received = 0  # body bytes so far, decoded
+        # A bound on the decoded body (the request's `max_body`; a reader may change it once it has
+        # the head): past it the response fails with BodyTooLarge and the connection is closed. A
+        # compressed answer is never decoded beyond it. None: no bound (an event stream is bounded
+        # per event by its reader instead).
+        self.max_body: int | None = None
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.reason!r} complete={self.complete}>"
@@ -437,6 +453,7 @@ class _Connection(asyncio.Protocol):
         "_head_only",
         "_interim",
         "_items",
+        "_max_body",
         "_parser",
         "_reason",
         "_sink",
@@ -466,6 +483,7 @@ class _Connection(asyncio.Protocol):
         self._head_fut: asyncio.Future[Response | ClientError] | None = None
         self._sink: Sink | None = None  # instead of `_head_fut`, for a request sent with `send_now`
         self._head_only = False
+        self._max_body: int | None = None  # the bound the current request gives its answer's body
         self._head_bytes = 0  # read while the head of the current answer is incomplete
         self._interim = False
         self._items: list[tuple[str, str]] = []
@@ -481,11 +499,13 @@ class _Connection(asyncio.Protocol):
         head_only: bool,
         keep_alive: bool,
         on_write: Callable[[], None] | None,
+        max_body: int | None,
     ) -> None:
         self.served += 1
         self._head_fut = fut
         self._sink = None
         self._head_only = head_only
+        self._max_body = max_body
         self.keep_alive = keep_alive
         self._started = False
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -495,12 +515,13 @@ class _Connection(asyncio.Protocol):
             on_write()
         self.transport.write(data)
 
-    def send_to(self, data: bytes, sink: Sink, keep_alive: bool) -> None:
+    def send_to(self, data: bytes, sink: Sink, keep_alive: bool, max_body: int | None) -> None:
         """`send` for `HttpClient.send_now`: the answer goes to `sink` (the connection is usable)."""
         self.served += 1
         self._head_fut = None
         self._sink = sink
         self._head_only = False
+        self._max_body = max_body
         self.keep_alive = keep_alive
         self._started = False
         self.transport.write(data)  # type: ignore[union-attr]
@@ -616,6 +637,7 @@ class _Connection(asyncio.Protocol):
             return
         headers = Headers(self._items)
         response = Response(self, status, self._reason, headers)
+        response.max_body = self._max_body
         first = headers._first
         encoding = first.get("content-encoding")
         if encoding is not None and encoding.strip().lower() in _DECODED_ENCODINGS:
@@ -649,13 +671,21 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, data: bytes) -> None:
         response = self.response
-        if response is None or response.complete:
-            return  # a HEAD answer's body, or a response abandoned meanwhile
+        if response is None or response.complete or response._error is not None:
+            return  # a HEAD answer's body, or a response abandoned or failed meanwhile
         decoder = response._decoder
+        limit = response.max_body
         if decoder is not None:
-            data = decoder.decompress(data)
+            # Bounded, so that a small compressed chunk cannot expand to gigabytes at once: at
+            # most one byte past the limit is produced (then the response fails below).
+            room = None if limit is None else limit - response._received + 1
+            data = decoder.decompress(data) if room is None else decoder.decompress(data, room)
             if not data:
                 return
+        received = response._received = response._received + len(data)
+        if limit is not None and received > limit:
+            self._too_large(response, limit)
+            return
         response._chunks.append(data)
         buffered = response._buffered = response._buffered + len(data)
         if response._waiter is not None and buffered >= response._want:
@@ -680,6 +710,10 @@ class _Connection(asyncio.Protocol):
         decoder = response._decoder
         if decoder is not None:
             tail = decoder.flush()
+            limit = response.max_body
+            if tail and limit is not None and response._received + len(tail) > limit:
+                self._too_large(response, limit)
+                return
             if tail:
                 response._chunks.append(tail)
                 response._buffered += len(tail)
@@ -689,6 +723,18 @@ class _Connection(asyncio.Protocol):
         if sink is not None:
             response._sink = None
             sink.done(response)
+
+    def _too_large(self, response: Response, limit: int) -> None:
+        """The body outgrew its bound: fail the response, drop what arrived, close (the rest of
+        the body would be read as the next answer)."""
+        error = BodyTooLarge(limit)
+        self.keep_alive = False
+        response._error = error
+        response._chunks.clear()
+        response._buffered = 0
+        response._wake()
+        _fail_sink(response, error)
+        self.close()
 
     def _fail_protocol(self, exc: Exception) -> None:
         self.keep_alive = False
@@ -825,11 +871,14 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         body: bytes | None = None,
         on_write: Callable[[], None] | None = None,
+        max_body: int | None = None,
     ) -> Response:
         """Send one request and return once the answer's status line and headers are parsed.
 
         `on_write` runs synchronously right before the single write that carries the request: if
-        it has not run, nothing of the request reached the peer. Raises `ValueError` (nothing
+        it has not run, nothing of the request reached the peer. `max_body` bounds the answer's
+        decoded body from its first byte on (`Response.max_body`; the reader may lift it once it
+        sees the head, e.g. for an event stream it bounds per event). Raises `ValueError` (nothing
         sent) for a header name or value with CR, LF or NUL, `ConnectError` while establishing the
         connection, `ConnectionClosed`/`ProtocolError` after the request was written."""
         data, keep_alive = self._head(method, target, headers, body)
@@ -850,7 +899,7 @@ class HttpClient:
             conn = await self._new_connection(loop)
         fut: asyncio.Future[Response | ClientError] = loop.create_future()
         try:
-            conn.send(data, fut, method == "HEAD", keep_alive, on_write)
+            conn.send(data, fut, method == "HEAD", keep_alive, on_write, max_body)
             result = await fut
         except BaseException:
             conn.close()  # cancelled (or on_write failed): this connection's state is unknown
@@ -865,7 +914,13 @@ class HttpClient:
         return bool(self._idle)
 
     def send_now(
-        self, method: str, *, headers: Mapping[str, str] | None = None, body: bytes | None = None, sink: Sink
+        self,
+        method: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        sink: Sink,
+        max_body: int | None = None,
     ) -> Connection | None:
         """Write a request at once on an idle pooled connection; its answer goes to `sink`.
 
@@ -873,7 +928,8 @@ class HttpClient:
         queued for one: the caller uses `request` then. Otherwise the connection, once the request
         was handed to its transport (from then on it may have reached the peer); `close()` on it
         abandons the request, as long as the sink has not had its answer. The cheapest way
-        through: no task, no future, no await. Raises `ValueError` (nothing sent) as `request` does."""
+        through: no task, no future, no await. Raises `ValueError` (nothing sent) as `request` does;
+        `max_body` as in `request`."""
         idle = self._idle
         if not idle or self._closed or self._waiters:
             return None
@@ -881,7 +937,7 @@ class HttpClient:
         while idle:
             conn = idle.popitem()[0]
             if conn.is_usable():
-                conn.send_to(data, sink, keep_alive)
+                conn.send_to(data, sink, keep_alive, max_body)
                 return conn
             conn.close()
         return None

@@ -61,7 +61,16 @@ from proxy.jsonrpc import (
     meta_of,
 )
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
-from proxy.upstream.h1 import ClientError, ConnectError, Connection, Headers, HttpClient, InvalidURL, Response
+from proxy.upstream.h1 import (
+    BodyTooLarge,
+    ClientError,
+    ConnectError,
+    Connection,
+    Headers,
+    HttpClient,
+    InvalidURL,
+    Response,
+)
 from proxy.upstream.sse_parse import SseError, SseParser
 
 log = logging.getLogger(__name__)
@@ -139,6 +148,12 @@ def translate_exception(exc: BaseException, written: bool, what: str = "request"
         )
     if isinstance(exc, InvalidURL):
         return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, bounded_detail(f"bad upstream URL ({name})"))
+    if isinstance(exc, BodyTooLarge):
+        return UpstreamFailure(
+            FailureKind.PROTOCOL,
+            Dispatch.UNKNOWN if written else Dispatch.NO,
+            f"upstream answer rejected: its body exceeds {exc.limit} bytes",
+        )
     if isinstance(exc, SseError):
         return UpstreamFailure(
             FailureKind.PROTOCOL,
@@ -216,7 +231,10 @@ class StreamState:
 async def iter_sse_messages(
     response: Response, state: StreamState, max_event_bytes: int | None
 ) -> AsyncIterator[Message]:
-    """Parse `message` events of an SSE response into JSON-RPC messages (invalid JSON is skipped)."""
+    """Parse `message` events of an SSE response into JSON-RPC messages (invalid JSON is skipped).
+
+    A stream's whole body has no bound (it lasts as long as the session may); each event has."""
+    response.max_body = None
     parser = SseParser(max_event_bytes)
     async for chunk in response.iter_chunks():
         for ev in parser.feed(chunk):
@@ -255,6 +273,7 @@ def json_messages(raw: bytes) -> list[Message]:
 
 
 async def iter_json_messages(response: Response) -> AsyncIterator[Message]:
+    """The answer's messages; its size is bounded by the request's `max_body`."""
     for item in json_messages(await response.read()):
         yield item
 
@@ -336,7 +355,9 @@ class _HttpLink(LinkBase):
             h.update(self._request_headers(message))
             flight = _Flight(self, ex, message, h, headers)
             try:
-                flight.conn = self._client.send_now("POST", headers=h, body=dumps(message), sink=flight)
+                flight.conn = self._client.send_now(
+                    "POST", headers=h, body=dumps(message), sink=flight, max_body=self._upstream.max_event_bytes
+                )
             except ValueError:
                 self._pending.discard(ex)
                 raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a request header is not valid") from None
@@ -502,7 +523,13 @@ class _HttpLink(LinkBase):
         state = StreamState()
         try:
             if first is None:
-                response = await self._client.request("POST", headers=headers, body=dumps(message), on_write=on_write)
+                response = await self._client.request(
+                    "POST",
+                    headers=headers,
+                    body=dumps(message),
+                    on_write=on_write,
+                    max_body=self._upstream.max_event_bytes,
+                )
             else:
                 response = first[0]
             async with response:
@@ -593,7 +620,7 @@ class _HttpLink(LinkBase):
         flag = _Written()
         try:
             async with await self._client.request(
-                "POST", headers=h, body=dumps(message), on_write=flag.mark
+                "POST", headers=h, body=dumps(message), on_write=flag.mark, max_body=MAX_ERROR_BODY
             ) as response:
                 return _SmallAnswer(response, await read_bounded(response))
         except CLIENT_ERRORS as exc:
@@ -1035,7 +1062,7 @@ class HttpUpstream(HttpClientOwner):
         flag = _Written()
         try:
             async with await self.client.request(
-                "POST", headers=h, body=dumps(message), on_write=flag.mark
+                "POST", headers=h, body=dumps(message), on_write=flag.mark, max_body=self.max_event_bytes
             ) as response:
                 if not 200 <= response.status < 300:
                     raise await status_failure(response, message.get("id"))

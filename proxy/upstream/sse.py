@@ -27,9 +27,11 @@ from proxy.jsonrpc import Message, dumps, is_response, loads
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
 from proxy.upstream.http import (
     CLIENT_ERRORS,
+    MAX_ERROR_BODY,
     HttpClientOwner,
     _Written,
     bounded_detail,
+    read_bounded,
     status_failure,
     translate_exception,
 )
@@ -320,7 +322,12 @@ class SseLegacyLink(LinkBase):
         h = {"content-type": "application/json", **(headers or {})}
         try:
             async with await self._client.request(
-                "POST", target=_target(endpoint), headers=h, body=dumps(message), on_write=on_write
+                "POST",
+                target=_target(endpoint),
+                headers=h,
+                body=dumps(message),
+                on_write=on_write,
+                max_body=MAX_ERROR_BODY,
             ) as response:
                 status = response.status
                 if status == 404:
@@ -330,7 +337,7 @@ class SseLegacyLink(LinkBase):
                     return status
                 if not 200 <= status < 300:
                     raise await status_failure(response, message.get("id"))
-                await response.read()
+                await read_bounded(response)  # "Accepted", or whatever the server says: not needed
                 return status
         except CLIENT_ERRORS as exc:
             raise translate_exception(exc, flag.written) from None

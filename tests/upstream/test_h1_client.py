@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from proxy.upstream.h1 import (
     HIGH_WATER,
+    BodyTooLarge,
     ClientClosed,
     ClientError,
     ConnectError,
@@ -1140,3 +1141,60 @@ async def test_a_large_answer_in_one_read_is_not_mistaken_for_a_large_head() -> 
         assert client.send_now("GET", sink=sink) is not None
         await sink.finished.wait()
         assert sink.calls == ["head", "done"] and sink.bodies == [body]
+
+
+async def test_a_body_past_its_bound_fails_the_response_and_the_connection_is_not_reused() -> None:
+    small, big = b"x" * 1000, b"y" * 300_000
+
+    def respond(req: Req) -> bytes:
+        return answer(body=big if req.headers.get("x-size") == "big" else small)
+
+    async with raw_server(keep_alive(respond)) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        resp = await client.request("GET", max_body=1000)
+        assert resp.max_body == 1000
+        assert await resp.read() == small, "exactly the bound is fine"
+        resp = await client.request("GET", headers={"x-size": "big"}, max_body=100_000)
+        with pytest.raises(BodyTooLarge) as caught:
+            await resp.read()
+        assert caught.value.limit == 100_000 and "100000 bytes" in str(caught.value)
+        assert isinstance(caught.value, ProtocolError)
+        assert resp._received <= 100_001 + 65536 and not resp._chunks, "what arrived was dropped"
+        # A sink (send_now) hears `failed` instead of `done`.
+        await (await client.request("GET")).read()
+        sink = RecordingSink()
+        assert client.send_now("GET", headers={"x-size": "big"}, sink=sink, max_body=100_000) is not None
+        await sink.finished.wait()
+        assert sink.calls == ["head", "failed"] and isinstance(sink.errors[0], BodyTooLarge)
+        # The rest of that body was never read as the next answer: a fresh connection serves it.
+        before = len(set(raw.ports))
+        assert await (await client.request("GET")).read() == small
+        assert len(set(raw.ports)) == before + 1
+        # No bound given, none applies; a reader may also lift one once it has the head.
+        assert len(await (await client.request("GET", headers={"x-size": "big"})).read()) == len(big)
+        # (lifted in time: the bound holds from the first byte, and one read is at most 256 KiB)
+        resp = await client.request("GET", headers={"x-size": "big"}, max_body=270_000)
+        resp.max_body = None
+        assert len(await resp.read()) == len(big)
+
+
+async def test_a_compressed_answer_is_never_decoded_past_its_bound() -> None:
+    bomb = gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9)  # 64 MiB of zeros, ~64 KiB on the wire
+    assert len(bomb) < 200_000
+
+    def respond(req: Req) -> bytes:
+        if "x-plain" in req.headers:
+            return answer(body=b"plain")
+        return answer(body=bomb, headers=(("Content-Encoding", "gzip"),))
+
+    async with raw_server(keep_alive(respond)) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        resp = await client.request("GET", max_body=1024 * 1024)
+        with pytest.raises(BodyTooLarge):
+            await resp.read()
+        # At most one byte past the bound was ever produced by the decoder.
+        assert resp._received == 1024 * 1024 + 1
+        sink = RecordingSink()
+        await (await client.request("GET", headers={"x-plain": "1"})).read()  # the first one was closed
+        assert client.send_now("GET", sink=sink, max_body=1024 * 1024) is not None
+        await sink.finished.wait()
+        assert sink.calls == ["head", "failed"] and isinstance(sink.errors[0], BodyTooLarge)
+        assert sink.heads[0]._received == 1024 * 1024 + 1

@@ -589,3 +589,28 @@ async def test_legacy_broken_response_stream_is_resumed_with_last_event_id() -> 
         await up.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_json_answer_over_the_message_bound_fails_the_call_on_both_paths() -> None:
+    """The first call goes through an exchange task (no pooled connection yet), later ones are
+    written at once and answered from the connection's callbacks: both bound the answer."""
+
+    async def endpoint(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        size = body["params"]["arguments"]["size"]
+        result = {"content": [{"type": "text", "text": "x" * size}], "isError": False}
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp", max_event_bytes=64 * 1024)
+        try:
+            link = await up.open(Era.MODERN)
+            for _ in range(2):
+                f = await failure_of(await link.send_request(call(link, "big", {"size": 200_000}, MODERN_META)))
+                assert f.kind is FailureKind.PROTOCOL and f.dispatched is Dispatch.UNKNOWN
+                assert "exceeds 65536 bytes" in f.detail
+                ok = await answer(await link.send_request(call(link, "small", {"size": 1000}, MODERN_META)))
+                assert len(text_of(ok)) == 1000
+        finally:
+            await up.aclose()

@@ -526,6 +526,10 @@ class _Call:
                             telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
                         await asyncio.sleep(delay)
                         self.backoff_s += delay
+                        if self.outbox.closed:
+                            # A 2025 client that disconnected during the backoff: no new attempt.
+                            partials = progress.notes if progress is not None else []
+                            return self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)
                         self.state = state = state.retried()
                         timeout_s = attempt_timeout_s(policy, state, e.clock())
                     case GiveUp():

@@ -20,7 +20,7 @@ class StopReason(StrEnum):
     CIRCUIT_OPEN = "circuit_open"  # admission: the breaker of this upstream and tool is open
     OVERLOADED = "overloaded"  # admission: the proxy's own concurrency limit (before attempt 1)
     LEDGER_EXHAUSTED = "ledger_exhausted"  # before attempt 1: this operation's budget ran out earlier
-    CANCELLED = "cancelled"  # the caller cancelled; no response is sent
+    CANCELLED = "cancelled"  # the caller cancelled (no response is sent), or a 2025 caller disconnected
 
 
 BUDGET_EXHAUSTED: Final = frozenset(

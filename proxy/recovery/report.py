@@ -325,7 +325,9 @@ def _why(reason: StopReason, policy: ToolPolicy, c: Classified | None, attempts:
         case StopReason.LEDGER_EXHAUSTED:
             return "Not attempted: an identical call already exhausted its budget; the upstream was not called again."
         case StopReason.CANCELLED:
-            return "Cancelled by the caller."
+            # Only a 2025 HTTP caller that disconnected reads this (a resumed stream): a caller
+            # that cancelled gets no response at all.
+            return "Stopped: the caller disconnected; the attempt in flight was finished and no new one was started."
 
 
 def _message(

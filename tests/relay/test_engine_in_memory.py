@@ -46,12 +46,12 @@ class ScriptedLink(MemoryLink):
 Outbox = RecordingOutbox
 
 
-def relay_for(link: ScriptedLink) -> Relay:
+def relay_for(link: ScriptedLink, rand: float = 0.0) -> Relay:
     catalog = ToolCatalog()
     catalog.observe(
         {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
     )
-    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 0.0)
+    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: rand)
     return Relay(link, catalog=catalog, tool_calls=engine)  # type: ignore[arg-type]
 
 
@@ -67,6 +67,31 @@ async def test_a_legacy_client_that_disconnected_gets_no_new_attempt() -> None:
     link = ScriptedLink([TRANSIENT, {"content": []}], on_send=disconnect_after_first)
     await relay_for(link).handle_request(REQUEST, outbox)
     assert len(link.sent) == 1, "the attempt in flight finished; no new one started"
+
+
+async def test_a_legacy_client_that_disconnected_during_the_backoff_gets_no_new_attempt() -> None:
+    outbox = Outbox()
+    loop = asyncio.get_running_loop()
+
+    def disconnect_soon(count: int) -> None:
+        if count == 1:  # attempt 1 is answered at once; the backoff (0.2 s, rand 1.0) is running then
+            loop.call_later(0.05, setattr, outbox, "closed", True)
+
+    link = ScriptedLink([TRANSIENT, {"content": []}], on_send=disconnect_soon)
+    catalog = ToolCatalog()
+    catalog.observe(
+        {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    )
+    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 1.0)
+    relay = Relay(link, catalog=catalog, tool_calls=engine)  # type: ignore[arg-type]
+    async with asyncio.timeout(5):
+        await relay.handle_request(REQUEST, outbox)
+    assert len(link.sent) == 1, "the backoff ended with the client gone: no attempt 2"
+    (answer,) = outbox.messages  # kept for a client that resumes the stream
+    report = answer["result"]["structuredContent"]
+    assert report["stopReason"] == "cancelled", report
+    text = answer["result"]["content"][0]["text"]
+    assert "disconnected" in text and "Cancelled by the caller" not in text
 
 
 async def test_every_attempt_has_a_fresh_upstream_id_and_the_answer_keeps_the_callers_id() -> None:

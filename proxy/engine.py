@@ -658,6 +658,10 @@ class _Call:
         if error is not None and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(error):
             self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
             return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
+        # With `jsonrpc_errors_as_results: false` a call whose last attempt was answered with a
+        # JSON-RPC error gets that error as it came, whatever stopped the retries (the ledger still
+        # records a spent budget below).
+        forward = error is not None and not policy.jsonrpc_errors_as_results
         result = unresolved_result(
             policy,
             stop,
@@ -676,6 +680,10 @@ class _Call:
             e.ledger.record_exhausted(
                 self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(structured)
             )
+        if forward:
+            assert error is not None
+            self._finished("tool_error", stop.reason, structured.get("errorCategory"), False)
+            return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
         if self.relay.era is Era.MODERN:
             result["resultType"] = "complete"
         if stop.reason is StopReason.CANCELLED:

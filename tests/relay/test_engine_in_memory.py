@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.engine import Engine
+from proxy.policy.compile import load_policy_dir
 from proxy.policy.compiled import PolicySet
 from proxy.relay import Relay, ToolCatalog
 from proxy.upstream.base import Exchange, OnMessage
@@ -333,3 +335,49 @@ async def test_calls_that_need_the_whole_engine_get_the_same_answers_and_events(
     assert direct_out.messages == full_out.messages
     kinds = [(type(e).__name__, getattr(e, "number", None)) for e in direct_seen.events]
     assert kinds == [(type(e).__name__, getattr(e, "number", None)) for e in full_seen.events]
+
+
+class ErrorLink(MemoryLink):
+    """Answers every request with the same JSON-RPC error."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__()
+        self.code = code
+
+    async def send_request(
+        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        error = {"jsonrpc": "2.0", "id": ex.upstream_id, "error": {"code": self.code, "message": "upstream broke"}}
+        asyncio.get_running_loop().call_soon(self.pending.resolve, error)
+        return ex
+
+
+@pytest.mark.parametrize(
+    ("annotations", "sent", "reason"),
+    [
+        ({"readOnlyHint": True}, 3, "attempts_exhausted"),  # retried, budget spent
+        ({}, 1, "outcome_unknown"),  # state-changing: never repeated
+    ],
+)
+async def test_jsonrpc_errors_as_results_off_forwards_the_error_as_it_came_whatever_stopped_the_call(
+    tmp_path: Path, annotations: dict[str, Any], sent: int, reason: str
+) -> None:
+    (tmp_path / "t.yaml").write_text("tools: [t]\njsonrpc_errors_as_results: false\nbackoff:\n  initial: 1ms\n")
+    policies = load_policy_dir(tmp_path)
+    catalog = ToolCatalog()
+    catalog.observe({"tools": [{"name": "t", "inputSchema": {"type": "object"}, "annotations": annotations}]})
+    engine = Engine(policies=lambda: policies, rand=lambda: 0.0)  # backoffs of 0 s
+    link = ErrorLink(-32603)
+    request = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    outbox = Outbox()
+    await Relay(link, catalog=catalog, tool_calls=engine).handle_request(request, outbox)  # type: ignore[arg-type]
+    assert len(link.sent) == sent
+    (answer,) = outbox.messages
+    assert answer == {"jsonrpc": "2.0", "id": 4, "error": {"code": -32603, "message": "upstream broke"}}
+    if reason == "attempts_exhausted":
+        # The spent budget is still in the ledger: the same call is refused without an attempt.
+        again = Outbox()
+        await Relay(link, catalog=catalog, tool_calls=engine).handle_request(request, again)  # type: ignore[arg-type]
+        assert len(link.sent) == sent, "refused by the ledger"
+        assert again.messages[0]["result"]["structuredContent"]["stopReason"] == "ledger_exhausted"

@@ -89,6 +89,7 @@ assert not any(key.startswith(META_PREFIX) for key in _FOREIGN_META)
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
+LOOKUP_TIMEOUT_S = 5.0  # listing tools for a call whose tool the catalog lacks, at most (and within its deadline)
 _POLICY_CACHE = 4096
 _IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
 # A NamedTuple's constructor is a Python-level `__new__` (a frame per event); `tuple.__new__` builds
@@ -269,10 +270,21 @@ class Engine:
         self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None, name: str
     ) -> Message:
         """A tool the catalog lacks: list tools first (its annotations decide its side-effect class).
-        `request` was checked by `__call__`: its params are an object with a valid name and arguments."""
-        await relay.lookup_tool(name, request)
+        `request` was checked by `__call__`: its params are an object with a valid name and arguments.
+
+        The listing is part of the call: counted in its elapsed time, and bounded so that at least
+        the minimum useful attempt time of its deadline is left for attempt 1 (annotations cannot
+        change either: they only decide the side-effect class)."""
+        began = self.clock()
         params = request["params"]
-        return await _Call(self, relay, request, outbox, headers, params, name, params.get("arguments")).run()
+        meta = params.get("_meta")
+        caller_ms = meta.get(META_DEADLINE_MS) if isinstance(meta, dict) else None
+        policy = self.policy_for(name, None)
+        room = CallState.start(policy, now_s=began, caller_deadline_ms=caller_ms).deadline_left_s(began)
+        await relay.lookup_tool(name, request, max(0.0, min(LOOKUP_TIMEOUT_S, room - policy.min_attempt_s)))
+        call = _Call(self, relay, request, outbox, headers, params, name, params.get("arguments"))
+        call.began = began
+        return await call.run()
 
     def left(self, label: str) -> None:
         """A call of `label` is over: the in-flight counts (entered where the call starts)."""
@@ -322,6 +334,7 @@ class _Call:
         "arguments",
         "attempts",
         "backoff_s",
+        "began",
         "call_id",
         "e",
         "headers",
@@ -372,6 +385,7 @@ class _Call:
         self._budget_id: str | None = None
         self.state: CallState
         self.approved_id: str | None = None
+        self.began: float | None = None  # set when the call began before `run` (a tool lookup)
 
     @property
     def op(self) -> str:
@@ -432,7 +446,11 @@ class _Call:
             size = e._ledger_size
             entry = e.ledger.check(self.op, now) if size is None or size() else None
             approved = entry is not None and isinstance(approval, str) and e.ledger.approve(self.op, approval, now)
-            state = CallState.start(policy, now_s=now, caller_deadline_ms=meta.get(META_DEADLINE_MS) if meta else None)
+            state = CallState.start(
+                policy,
+                now_s=now if self.began is None else self.began,
+                caller_deadline_ms=meta.get(META_DEADLINE_MS) if meta else None,
+            )
             self.state = state
             self.approved_id = approval if approved else None
             if telemetry.starts:
@@ -475,7 +493,8 @@ class _Call:
         (outcome, started, ended) when the direct path already made it."""
         e, policy, label, state = self.e, self.policy, self.label, self.state
         telemetry = e.telemetry
-        timeout_s = attempt_timeout_s(policy, state, state.started_at_s)
+        # attempt 1's timeout: from now when the call began earlier (a tool lookup)
+        timeout_s = attempt_timeout_s(policy, state, state.started_at_s if self.began is None else e.clock())
         try:
             while True:
                 number = len(self.attempts) + 1

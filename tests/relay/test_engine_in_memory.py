@@ -381,3 +381,46 @@ async def test_jsonrpc_errors_as_results_off_forwards_the_error_as_it_came_whate
         await Relay(link, catalog=catalog, tool_calls=engine).handle_request(request, again)  # type: ignore[arg-type]
         assert len(link.sent) == sent, "refused by the ledger"
         assert again.messages[0]["result"]["structuredContent"]["stopReason"] == "ledger_exhausted"
+
+
+class SilentListLink(ScriptedLink):
+    """Never answers tools/list (an upstream that hangs on it); tools/call as scripted, or never
+    (`results` empty)."""
+
+    async def send_request(
+        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        if message.get("method") == "tools/list" or not self.results:
+            self.sent.append(message)
+            return self.pending.add(message, on_message)
+        return await super().send_request(message, on_message=on_message, headers=headers)
+
+
+@pytest.mark.parametrize("answers", [True, False])
+async def test_listing_tools_for_an_unlisted_tool_leaves_attempt_1_room_within_the_deadline(
+    tmp_path: Path, answers: bool
+) -> None:
+    # deadline 400 ms, attempt timeout 300 ms: the minimum useful attempt is 75 ms, so the listing
+    # may take 325 ms at most (it used to wait 5 s, outside the deadline)
+    (tmp_path / "t.yaml").write_text("tools: [t]\ndeadline: 400ms\nattempt_timeout: 300ms\n")
+    policies = load_policy_dir(tmp_path)
+    engine = Engine(policies=lambda: policies, rand=lambda: 0.0)
+    link = SilentListLink([{"content": [{"type": "text", "text": "ok"}]}] if answers else [])
+    relay = Relay(link, catalog=ToolCatalog(), tool_calls=engine)  # type: ignore[arg-type]
+    request = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    outbox = Outbox()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    async with asyncio.timeout(3):
+        await relay.handle_request(request, outbox)
+    took = loop.time() - began
+    assert [m["method"] for m in link.sent] == ["tools/list", "tools/call"]
+    (answer,) = outbox.messages
+    if answers:
+        assert 0.3 <= took < 0.6, took
+        assert answer["result"]["content"][0]["text"] == "ok"
+    else:
+        assert 0.39 <= took < 0.7, f"attempt 1 ended with the deadline: {took:.2f}s"
+        report = answer["result"]["structuredContent"]
+        assert report["elapsedMs"] >= 390, "the listing's time is part of the call's"
+        assert report["attemptCount"] == 1

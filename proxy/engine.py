@@ -579,6 +579,7 @@ class _Call:
             e.antistorm.record(self.label, policy, None, ended)
         if self.approved_id is not None:
             e.ledger.clear(self.op)
+            result = with_attempts_meta(result, 1, self.approved_id)  # RECOVERY §4: the approval shows
         telemetry = e.telemetry
         if telemetry.active:
             telemetry.emit_success(
@@ -663,9 +664,12 @@ class _Call:
     def _deliver(self, outcome: Outcome) -> Message:
         assert isinstance(outcome, Success)
         n = len(self.attempts)
-        result = with_attempts_meta(outcome.result, n) if n > 1 else outcome.result
-        if self.approved_id is not None:
+        approved = self.approved_id
+        if approved is not None:
             self.e.ledger.clear(self.op)
+            result = with_attempts_meta(outcome.result, n, approved)  # RECOVERY §4: the approval shows
+        else:
+            result = with_attempts_meta(outcome.result, n) if n > 1 else outcome.result
         self._finished("recovered" if n > 1 else "success", None, None, False)
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 

@@ -44,6 +44,7 @@ META_PREFIX: Final = "io.mcp-recovery-proxy/"
 META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
 META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
 META_ATTEMPTS: Final = META_PREFIX + "attempts"
+META_APPROVED_BUDGET: Final = META_PREFIX + "approvedBudgetId"  # on a success that used an approval
 
 
 def loads(data: bytes | str) -> Any:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.errors import Dispatch
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_ATTEMPTS
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_APPROVED_BUDGET, META_ATTEMPTS
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import tool_error_text
 from proxy.recovery.decide import GiveUp
@@ -151,11 +151,17 @@ def rpc_error_as_result(error: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def with_attempts_meta(result: Mapping[str, Any], attempts: int) -> dict[str, Any]:
-    """The same result with `_meta["io.mcp-recovery-proxy/attempts"] = attempts` added."""
+def with_attempts_meta(
+    result: Mapping[str, Any], attempts: int, approved_budget_id: str | None = None
+) -> dict[str, Any]:
+    """The same result with `_meta["io.mcp-recovery-proxy/attempts"] = attempts` added, and the
+    approved budget it ran under (`approvedBudgetId`), if any: all a success ever gains."""
     out = dict(result)
     meta = result.get("_meta")
-    out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_ATTEMPTS: attempts}
+    ours: dict[str, Any] = {META_ATTEMPTS: attempts}
+    if approved_budget_id is not None:
+        ours[META_APPROVED_BUDGET] = approved_budget_id
+    out["_meta"] = {**(meta if isinstance(meta, dict) else {}), **ours}
     return out
 
 

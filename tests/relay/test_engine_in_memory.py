@@ -424,3 +424,30 @@ async def test_listing_tools_for_an_unlisted_tool_leaves_attempt_1_room_within_t
         report = answer["result"]["structuredContent"]
         assert report["elapsedMs"] >= 390, "the listing's time is part of the call's"
         assert report["attemptCount"] == 1
+
+
+async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_used() -> None:
+    link = ScriptedLink([TRANSIENT, TRANSIENT, TRANSIENT, {"content": [{"type": "text", "text": "ok"}]}])
+    relay = relay_for(link)
+    first = Outbox()
+    await relay.handle_request(REQUEST, first)
+    spent = first.messages[0]["result"]["structuredContent"]
+    assert spent["stopReason"] == "attempts_exhausted" and len(link.sent) == 3
+    approved = {
+        **REQUEST,
+        "params": {
+            **REQUEST["params"],
+            "_meta": {"io.mcp-recovery-proxy/approveBudget": spent["operation"]["budgetId"]},
+        },
+    }
+    second = Outbox()
+    await relay.handle_request(approved, second)
+    (answer,) = second.messages
+    assert answer["result"]["content"][0]["text"] == "ok" and len(link.sent) == 4
+    assert answer["result"]["_meta"] == {
+        "io.mcp-recovery-proxy/attempts": 1,
+        "io.mcp-recovery-proxy/approvedBudgetId": spent["operation"]["budgetId"],
+    }
+    plain = Outbox()  # the approval was used up: the ledger entry is gone, a plain call just succeeds
+    await relay.handle_request(REQUEST, plain)
+    assert "_meta" not in plain.messages[0]["result"]

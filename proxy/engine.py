@@ -67,6 +67,8 @@ from proxy.recovery import (
 from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
+from proxy.recovery.redact import bound
+from proxy.recovery.report import PARTIAL_TEXT_LIMIT
 from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -112,7 +114,14 @@ class _Progress(ProgressRelay):
         self.last_at = time.monotonic()
         params = message.get("params")
         if isinstance(params, dict) and params.get("message") and len(self.notes) < _PROGRESS_NOTES:
-            note = {k: params[k] for k in ("progress", "total", "message") if k in params}
+            # Bounded: a note is echoed back in the result; numbers and a cut message only.
+            note: dict[str, Any] = {
+                k: params[k]
+                for k in ("progress", "total")
+                if isinstance(params.get(k), (int, float)) and not isinstance(params[k], bool)
+            }
+            text = params["message"]
+            note["message"] = bound(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bound(str(text), 80)
             self.notes.append(PartialResult("progress", self.attempt, note))
         if self.token is None:
             return None  # the caller asked for no progress: observed for the idle timer only

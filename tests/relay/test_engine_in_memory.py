@@ -451,3 +451,21 @@ async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_use
     plain = Outbox()  # the approval was used up: the ledger entry is gone, a plain call just succeeds
     await relay.handle_request(REQUEST, plain)
     assert "_meta" not in plain.messages[0]["result"]
+
+
+def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
+    from proxy.engine import _PROGRESS_NOTES, _Progress
+
+    progress = _Progress("caller-token", 0.0)
+    huge = {"progressToken": "up-1", "progress": 1, "total": ["x"] * 1000, "message": "m" * 100_000}
+    progress.rewrite({"jsonrpc": "2.0", "method": "notifications/progress", "params": huge})
+    odd = {"progressToken": "up-1", "progress": True, "message": {"nested": "x" * 1000}}
+    progress.rewrite({"jsonrpc": "2.0", "method": "notifications/progress", "params": odd})
+    first, second = (note.content for note in progress.notes)
+    assert first == {"progress": 1, "message": "m" * 999 + "…"}, "numbers only, the message cut at 1,000"
+    assert set(second) == {"message"} and len(second["message"]) <= 80
+    for _ in range(2 * _PROGRESS_NOTES):
+        progress.rewrite(
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 2, "message": "m"}}
+        )
+    assert len(progress.notes) == _PROGRESS_NOTES

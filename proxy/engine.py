@@ -23,6 +23,7 @@ import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -108,12 +109,13 @@ class _Progress(ProgressRelay):
         super().__init__(token)
         self.attempt = 1
         self.last_at = now_s
-        self.notes: list[PartialResult] = []
+        # the latest notes (the furthest a failed call got), across its attempts
+        self.notes: deque[PartialResult] = deque(maxlen=_PROGRESS_NOTES)
 
     def rewrite(self, message: Message) -> Message | None:
         self.last_at = time.monotonic()
         params = message.get("params")
-        if isinstance(params, dict) and params.get("message") and len(self.notes) < _PROGRESS_NOTES:
+        if isinstance(params, dict) and params.get("message"):
             # Bounded: a note is echoed back in the result; numbers and a cut message only.
             note: dict[str, Any] = {
                 k: params[k]
@@ -556,12 +558,12 @@ class _Call:
                         self.backoff_s += delay
                         if self.outbox.closed:
                             # A 2025 client that disconnected during the backoff: no new attempt.
-                            partials = progress.notes if progress is not None else []
+                            partials = list(progress.notes) if progress is not None else []
                             return self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)
                         self.state = state = state.retried()
                         timeout_s = attempt_timeout_s(policy, state, e.clock())
                     case GiveUp():
-                        partials = progress.notes if progress is not None else []
+                        partials = list(progress.notes) if progress is not None else []
                         return self._give_up(decision, partials=partials)
         except asyncio.CancelledError:
             self._finished("cancelled", StopReason.CANCELLED, None, False)

@@ -2,10 +2,11 @@
 and the active policy set.
 
 - `/healthz`: the process is alive and its event loop answers (always 200 when it answers at all).
-- `/readyz`: 200 while the upstream answers (a stdio upstream once it answered: its children are
-  supervised; an HTTP or SSE upstream is re-probed every `--ready-check-interval-s`) and a policy
-  set is loaded; 503 with the reason otherwise. Kubernetes readiness probes and the Docker
-  HEALTHCHECK use it; a change of reachability is also reported as `mcp_recovery_upstream_up`.
+- `/readyz`: 200 while the upstream answers and a policy set is loaded; 503 with the reason
+  otherwise. "Answers" is the upstream's health, the same verdict as `mcp_recovery_upstream_up`
+  (proxy/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
+  upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and
+  the Docker HEALTHCHECK use it.
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
 """

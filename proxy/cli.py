@@ -1,7 +1,10 @@
 """The command line: `serve`, `policies check|explain`, `demo`.
 
 Every `serve` flag also reads from `MCP_RECOVERY_<FLAG>` (pydantic-settings); a flag given on the
-command line wins over the environment. The command after `--` is a stdio upstream
+command line wins over the environment. A repeatable flag's variable is named after the plural
+setting and holds a JSON list (`--upstream-header` → `MCP_RECOVERY_UPSTREAM_HEADERS`,
+`--allowed-host` → `MCP_RECOVERY_ALLOWED_HOSTS`, `--allowed-origin` →
+`MCP_RECOVERY_ALLOWED_ORIGINS`). The command after `--` is a stdio upstream
 (`MCP_RECOVERY_UPSTREAM_COMMAND` holds it as one shell-quoted string).
 """
 

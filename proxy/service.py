@@ -4,6 +4,11 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
 - `start()` probes the upstream (bounded); until a probe succeeds, a background loop retries it
   with backoff and `/readyz` says why it is not ready. Requests are not refused meanwhile: a legacy
   `initialize` still opens a link (a stdio child may start fine later).
+- After that, the upstream's `health` (kept by its adapter from the traffic it relays: up on any
+  answer, down when nothing can answer) is `mcp_recovery_upstream_up` and decides `/readyz`. While
+  it is down, a background loop re-checks the upstream with backoff (0.5 s doubling to 30 s), so
+  the gauge and readiness come back without waiting for traffic; an HTTP or SSE upstream is also
+  re-probed by `/readyz` every `ready_check_interval_s`, so an idle one that went away is noticed.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
 """
@@ -27,6 +32,8 @@ log = logging.getLogger("proxy.service")
 
 PROBE_TIMEOUT_S = 15.0
 READY_PROBE_TIMEOUT_S = 3.0
+RECHECK_FIRST_S = 0.5
+RECHECK_MAX_S = 30.0
 
 
 def build_upstream(settings: Settings) -> Upstream:
@@ -64,8 +71,8 @@ class Service:
         self.settings = settings
         self.upstream = upstream
         self.telemetry = telemetry or Telemetry()
-        if hasattr(upstream, "on_status"):
-            upstream.on_status = self._upstream_status
+        self.health = upstream.health
+        self.health.on_report = self._health_reported
         self.catalog = ToolCatalog()
         self.tool_calls = tool_calls
         self.capabilities: Capabilities | None = None
@@ -73,7 +80,8 @@ class Service:
         self.sessions: dict[str, Relay] = {}
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
-        self._reachable = True
+        self._recheck: asyncio.Task[None] | None = None
+        self._stopping = False
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
         self._tasks: list[asyncio.Task[None]] = []
@@ -89,6 +97,9 @@ class Service:
         self._tasks.append(asyncio.create_task(self._reap_idle_sessions()))
 
     async def aclose(self) -> None:
+        self._stopping = True
+        if self._recheck is not None:
+            self._tasks.append(self._recheck)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -101,34 +112,38 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return self.capabilities is not None and self._reachable
+        return self.capabilities is not None and self.health.up is not False
 
     async def readiness(self) -> tuple[bool, str | None]:
-        """For /readyz: the upstream answered a probe, and — for a network upstream — still answers.
+        """For /readyz: the upstream answered a probe, and its health is not down; the same verdict
+        as `mcp_recovery_upstream_up`.
 
-        A stdio upstream is supervised (a dead child is respawned on the next call), so once it
-        answered it stays ready. An HTTP or SSE upstream is probed again when the last check is
-        older than `ready_check_interval_s`, bounded in time; the result is cached in between.
+        A stdio upstream's health follows its children (see proxy/upstream/stdio.py). An HTTP or
+        SSE upstream is also probed again when the last check is older than
+        `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
+        flowed is noticed; the verdict is cached in between.
         """
         if self.capabilities is None:
             return False, self.probe_error or "upstream not probed yet"
-        if self._supervised:
-            return True, None
-        now = time.monotonic()
-        if now - self._checked_at >= self.settings.ready_check_interval_s:
-            async with self._probe_lock:
-                if now - self._checked_at >= self.settings.ready_check_interval_s:
-                    try:
-                        await asyncio.wait_for(self.upstream.probe(), READY_PROBE_TIMEOUT_S)
-                        reachable, self.probe_error = True, None
-                    except (UpstreamFailure, TimeoutError, OSError) as exc:
-                        reachable = False
-                        self.probe_error = f"upstream not answering: {exc or type(exc).__name__}"
-                    if reachable != self._reachable:
-                        self._upstream_status(reachable)
-                    self._reachable = reachable
-                    self._checked_at = time.monotonic()
-        return self._reachable, None if self._reachable else self.probe_error
+        if not self._supervised:
+            now = time.monotonic()
+            if now - self._checked_at >= self.settings.ready_check_interval_s:
+                async with self._probe_lock:
+                    if now - self._checked_at >= self.settings.ready_check_interval_s:
+                        await self._check(READY_PROBE_TIMEOUT_S)
+                        self._checked_at = time.monotonic()
+        if self.health.up is False:
+            return False, f"upstream not answering: {self.health.why or 'no answer'}"
+        return True, None
+
+    async def _check(self, timeout_s: float) -> None:
+        """Ask the upstream now; its adapter updates `health` from the answer or the failure."""
+        try:
+            await asyncio.wait_for(self.upstream.check(), timeout_s)
+        except TimeoutError:
+            self.health.failed(f"no answer within {timeout_s:g} s")
+        except UpstreamFailure as failure:
+            log.debug("upstream check failed: %s", failure.detail)
 
     async def ensure_probed(self, *, raise_on_failure: bool = True) -> Capabilities | None:
         if self.capabilities is not None:
@@ -139,11 +154,11 @@ class Service:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), PROBE_TIMEOUT_S)
                     self.probe_error = None
                     log.info("upstream %s: %s", self.upstream.description, self.capabilities)
-                    self._upstream_status(True)
+                    self.health.answered()
                 except (UpstreamFailure, TimeoutError, OSError) as exc:
                     self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
                     log.warning("%s", self.probe_error)
-                    self._upstream_status(False)
+                    self.health.failed(self.probe_error)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
@@ -155,9 +170,25 @@ class Service:
             delay_s = min(delay_s * 2, 10.0)
             await self.ensure_probed(raise_on_failure=False)
 
-    def _upstream_status(self, up: bool) -> None:
-        restarts = int(getattr(self.upstream, "restarts", 0))
-        self.telemetry.emit(UpstreamStatus(self.upstream.description, up, restarts))
+    def _health_reported(self) -> None:
+        health = self.health
+        self.telemetry.emit(UpstreamStatus(self.upstream.description, health.up is True, health.restarts))
+        if health.up is False and self.capabilities is not None and not self._stopping:
+            if self._recheck is None or self._recheck.done():
+                self._recheck = asyncio.get_running_loop().create_task(self._recheck_until_up())
+
+    async def _recheck_until_up(self) -> None:
+        """While the upstream is down, ask it again with backoff, until something answers (this
+        check or any traffic). Before the first successful probe, `_probe_until_ready` does this."""
+        delay_s = RECHECK_FIRST_S
+        while self.health.up is False:
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RECHECK_MAX_S)
+            if self.health.up is not False:
+                break
+            async with self._probe_lock:
+                await self._check(PROBE_TIMEOUT_S)
+                self._checked_at = time.monotonic()
 
     # -- relays ---------------------------------------------------------------------------------
     async def modern_relay(self) -> Relay | None:

@@ -1,4 +1,6 @@
-"""Process configuration (pydantic-settings): flags of `serve`, each also `MCP_RECOVERY_<FLAG>`.
+"""Process configuration (pydantic-settings): flags of `serve`, each also `MCP_RECOVERY_<FIELD>`
+(a repeatable flag's field is plural and its variable a JSON list: `--allowed-host` →
+`MCP_RECOVERY_ALLOWED_HOSTS='["a", "b"]'`).
 
 Only how the process runs lives here; per-tool recovery behaviour lives in the policy files.
 """

@@ -36,6 +36,38 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
     assert settings.max_sessions == 7 and settings.allowed_hosts == ["mcp.internal:*"]
 
 
+def test_a_repeatable_flags_variable_has_the_plural_name_and_holds_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.cli import build_parser
+
+    monkeypatch.setenv("MCP_RECOVERY_UPSTREAM_HEADERS", '["X-Api-Key: k"]')
+    monkeypatch.setenv("MCP_RECOVERY_ALLOWED_ORIGINS", '["https://app.example"]')
+    settings = Settings()
+    assert settings.upstream_headers == ["X-Api-Key: k"] and settings.allowed_origins == ["https://app.example"]
+    args = build_parser().parse_args(
+        ["serve", "--upstream-header", "A: 1", "--allowed-host", "h", "--allowed-origin", "o"]
+    )
+    for field in ("upstream_headers", "allowed_hosts", "allowed_origins"):
+        assert field in Settings.model_fields and len(getattr(args, field)) == 1, "the flag fills the plural field"
+
+
+def test_the_open_host_warning_names_a_flag_and_a_variable_that_exist(caplog: pytest.LogCaptureFixture) -> None:
+    import re
+
+    from proxy.cli import build_parser
+    from proxy.frontend.http import McpHttpApp
+    from proxy.service import Service
+    from proxy.upstream.stdio import StdioUpstream
+
+    settings = Settings(listen="http://0.0.0.0:8080/mcp", upstream_command="x")
+    with caplog.at_level("WARNING", logger="proxy.frontend.http"):
+        McpHttpApp(Service(settings, StdioUpstream(["x"])), settings)
+    (message,) = [r.getMessage() for r in caplog.records if "any Host header" in r.getMessage()]
+    (flag,) = re.findall(r"--[a-z-]+", message)
+    assert build_parser().parse_args(["serve", flag, "mcp.internal"]).allowed_hosts == ["mcp.internal"]
+    (variable,) = re.findall(r"MCP_RECOVERY_[A-Z_]+", message)
+    assert variable.removeprefix("MCP_RECOVERY_").lower() in Settings.model_fields
+
+
 def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MCP_RECOVERY_MAX_SESSIONS", "7")
     assert Settings(max_sessions=3).max_sessions == 3

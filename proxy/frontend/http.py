@@ -341,7 +341,9 @@ class McpHttpApp:
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
         self.allowed_origins = _AllowList(origins)
         if not loopback and not settings.allowed_hosts:
-            log.warning("listening on %s without --allowed-hosts: any Host header is accepted", host)
+            log.warning(
+                "listening on %s without --allowed-host (MCP_RECOVERY_ALLOWED_HOSTS): any Host header is accepted", host
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -84,12 +84,59 @@ class UpstreamLink(Protocol):
     async def aclose(self) -> None: ...
 
 
+class UpstreamHealth:
+    """Whether the upstream answers, as its adapter sees it in the traffic it relays; the source of
+    `mcp_recovery_upstream_up` and of `/readyz` after the start-up probe.
+
+    `up` is None until the first verdict, then True from any answer (a JSON-RPC response, result or
+    error) until a failure that shows nothing answers any more: for stdio, losing the last child
+    that had answered (it exited, or a new one could not be started); for HTTP and SSE, a
+    connection that cannot be established. Hot paths compare the flag and call `answered()` only
+    when it is not already True, so an answer costs one attribute check. Every change of `up`, and
+    every unexpected exit of a supervised child (`restarts`, cumulative), is reported once to
+    `on_report`.
+    """
+
+    __slots__ = ("on_report", "restarts", "up", "why")
+
+    def __init__(self) -> None:
+        self.up: bool | None = None
+        self.why: str | None = None  # what the last failure was, while down
+        self.restarts = 0
+        self.on_report: Callable[[], None] | None = None
+
+    def answered(self) -> None:
+        if self.up is True:
+            return
+        self.up, self.why = True, None
+        self.report()
+
+    def failed(self, why: str) -> bool:
+        """Nothing answers any more. True if that was news (and was reported)."""
+        self.why = why
+        if self.up is False:
+            return False
+        self.up = False
+        self.report()
+        return True
+
+    def report(self) -> None:
+        if self.on_report is not None:
+            self.on_report()
+
+
 class Upstream(Protocol):
-    """A configured upstream server: it probes, and opens links."""
+    """A configured upstream server: it probes, opens links, and keeps its `health`."""
 
     description: str
+    health: UpstreamHealth
 
     async def probe(self) -> Capabilities: ...
+
+    async def check(self) -> None:
+        """Ask the upstream something now, bounded by the adapter's own timeouts. Its answer marks
+        `health` up; no answer marks it down and raises `UpstreamFailure` with the reason."""
+        ...
 
     async def open(self, era: Era) -> UpstreamLink:
         """A new link for one legacy session, or the shared modern link (same object every time)."""

@@ -93,6 +93,11 @@ class ConnectTimeout(ConnectError):
     """No connection within `connect_timeout_s` (waiting for a pool slot, TCP connect, TLS)."""
 
 
+class PoolTimeout(ConnectTimeout):
+    """Every pooled connection stayed busy for `connect_timeout_s`: the upstream is slow or the
+    pool too small, which is not the same as an upstream nobody can reach."""
+
+
 class ProtocolError(ClientError):
     """The peer answered something that is not a valid HTTP/1.1 response."""
 
@@ -1057,7 +1062,7 @@ class HttpClient:
         if handed is _TIMED_OUT:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
-            raise ConnectTimeout(
+            raise PoolTimeout(
                 f"no connection to {self.host}:{self.port} freed up within {self.connect_timeout_s} s "
                 f"({self.max_connections} in use)"
             )

@@ -17,6 +17,12 @@ body in one write and calls `on_write` right before it), so anything failing fro
 dispatch unknown; before it, only establishing the connection can fail, and that is dispatch no.
 Header values are never logged nor put in failure details.
 
+Health (`UpstreamHealth`, the `mcp_recovery_upstream_up` gauge, shared with sse.py): a JSON-RPC
+response marks the upstream up (one flag compare per answer); a connection that cannot be
+established (refused, DNS, TLS, connect timeout; not a full pool) marks it down. HTTP error
+statuses and connections lost mid-answer change nothing: the upstream was reached, or a pooled
+keep-alive connection was closing.
+
 Why a client of our own (measured with `bench/relay.py` and `bench/h1client.py`, see
 docs/benchmarks.md): httpx first cost 2.5 to 4.7 ms of proxy CPU per relayed HTTP→HTTP call
 against a target of 1.5 ms (its pool walks every pooled connection per request,
@@ -60,7 +66,16 @@ from proxy.jsonrpc import (
     loads,
     meta_of,
 )
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
+from proxy.upstream.base import (
+    Capabilities,
+    Era,
+    Exchange,
+    Handshake,
+    LinkBase,
+    OnMessage,
+    PendingTable,
+    UpstreamHealth,
+)
 from proxy.upstream.h1 import (
     BodyTooLarge,
     ClientError,
@@ -69,6 +84,7 @@ from proxy.upstream.h1 import (
     Headers,
     HttpClient,
     InvalidURL,
+    PoolTimeout,
     Response,
 )
 from proxy.upstream.sse_parse import SseError, SseParser
@@ -325,6 +341,7 @@ class _HttpLink(LinkBase):
 
     def __init__(self, upstream: HttpUpstream, prefix: str) -> None:
         self._upstream = upstream
+        self._health = upstream.health
         self._client = upstream.client
         self._pending = PendingTable(prefix=prefix)
         self._unsolicited: OnMessage = _drop
@@ -570,7 +587,7 @@ class _HttpLink(LinkBase):
                 return
             if state.last_event_id is not None and await self._resume(ex, state):
                 return
-            raise translate_exception(exc, ex.written) from None
+            raise self._upstream.translate(exc, ex.written) from None
         if ex.cancelled or ex.response.done():
             return
         if state.last_event_id is not None and await self._resume(ex, state):
@@ -592,6 +609,8 @@ class _HttpLink(LinkBase):
                     msg = {**msg, "id": ex.upstream_id}
                 self._on_response(ex, response, msg)
                 self._pending.resolve(msg)
+                if not self._health.up:  # the one check an answer pays for the gauge
+                    self._health.answered()
                 return True
             self._pending.resolve(msg)  # another exchange's (a resumed stream); unknown ids are dropped
             return False
@@ -624,7 +643,7 @@ class _HttpLink(LinkBase):
             ) as response:
                 return _SmallAnswer(response, await read_bounded(response))
         except CLIENT_ERRORS as exc:
-            raise translate_exception(exc, flag.written, what) from None
+            raise self._upstream.translate(exc, flag.written, what) from None
 
 
 @dataclass(slots=True)
@@ -985,6 +1004,7 @@ class HttpClientOwner:
         self._headers = dict(headers or {})
         self._max_connections = max_connections
         self._client: HttpClient = self._new_client()  # here: a bad URL or header fails at start-up
+        self.health = UpstreamHealth()
 
     def _new_client(self) -> HttpClient:
         return HttpClient(
@@ -1002,6 +1022,27 @@ class HttpClientOwner:
 
     async def _close_client(self) -> None:
         await self._client.aclose()
+
+    async def probe(self) -> Capabilities:
+        raise NotImplementedError
+
+    async def check(self) -> None:
+        """Probe again: an upstream that answers the probe is up, one that refuses the connection
+        (or the proxy's credentials) is down."""
+        try:
+            await self.probe()
+        except UpstreamFailure as failure:
+            self.health.failed(failure.detail)
+            raise
+        self.health.answered()
+
+    def translate(self, exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
+        """`translate_exception`, and a connection that could not be established marks the
+        upstream down (a full pool does not: the upstream is busy, not gone)."""
+        failure = translate_exception(exc, written, what)
+        if failure.kind is FailureKind.CONNECT_FAILED and not isinstance(exc, PoolTimeout):
+            self.health.failed(failure.detail)
+        return failure
 
 
 class HttpUpstream(HttpClientOwner):
@@ -1079,11 +1120,13 @@ class HttpUpstream(HttpClientOwner):
                     )
                 async for msg in messages:
                     if "method" not in msg and msg.get("id") in (message.get("id"), None):
+                        if not self.health.up:
+                            self.health.answered()
                         return response.headers, msg
                     if on_other is not None:
                         on_other(msg)
         except (*CLIENT_ERRORS, SseError) as exc:
-            raise translate_exception(exc, flag.written) from None
+            raise self.translate(exc, flag.written) from None
         raise UpstreamFailure(
             FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the stream before the response arrived"
         )

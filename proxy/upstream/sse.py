@@ -33,7 +33,6 @@ from proxy.upstream.http import (
     bounded_detail,
     read_bounded,
     status_failure,
-    translate_exception,
 )
 from proxy.upstream.sse_parse import SseError, SseParser
 
@@ -71,6 +70,7 @@ class SseLegacyLink(LinkBase):
 
     def __init__(self, upstream: SseUpstream) -> None:
         self._upstream = upstream
+        self._health = upstream.health
         self._client = upstream.client
         self._pending = PendingTable()
         self._handshake = Handshake()
@@ -256,7 +256,7 @@ class SseLegacyLink(LinkBase):
                             self._on_data(ev.data)
         except (*CLIENT_ERRORS, SseError) as exc:
             if not conn.endpoint.done():
-                conn.endpoint.set_exception(translate_exception(exc, False, "SSE connect"))
+                conn.endpoint.set_exception(up.translate(exc, False, "SSE connect"))
                 conn.endpoint.exception()
             log.debug("SSE upstream stream broke: %s", type(exc).__name__)
         finally:
@@ -289,6 +289,8 @@ class SseLegacyLink(LinkBase):
             conn.endpoint.exception()
             return
         conn.endpoint.set_result(target)
+        if not self._health.up:  # the server speaks: it announced where to POST
+            self._health.answered()
 
     def _on_data(self, data: bytes) -> None:
         try:
@@ -300,6 +302,8 @@ class SseLegacyLink(LinkBase):
             return
         if is_response(message):
             self._pending.resolve(message)
+            if not self._health.up:  # the one check an answer pays for the gauge
+                self._health.answered()
             return
         if message.get("method") == "notifications/progress" and self._pending.route_progress(message):
             return
@@ -340,7 +344,7 @@ class SseLegacyLink(LinkBase):
                 await read_bounded(response)  # "Accepted", or whatever the server says: not needed
                 return status
         except CLIENT_ERRORS as exc:
-            raise translate_exception(exc, flag.written) from None
+            raise self._upstream.translate(exc, flag.written) from None
 
 
 class SseUpstream(HttpClientOwner):

@@ -10,6 +10,11 @@
   client's `initialize` and `notifications/initialized` first. Replaying is not an attempt.
 - Quick successive deaths back off (a crash loop): while the backoff lasts, a request fails at
   once with `NOT_RUNNING` (dispatch no) and the remaining wait as `retry_after_s`.
+- Health (`UpstreamHealth`, the `mcp_recovery_upstream_up` gauge): up from any child's answer, on
+  any link; down when a child exits unasked, or cannot be started, and no other live child has
+  answered. Every child that exits unasked counts once in `health.restarts`, whether or not its
+  link ever needs a new one. Exits the proxy asked for (a session's end, shutdown, a start-up
+  exchange it gave up on) are neither. `check()` starts a throwaway child and asks it `initialize`.
 - Messages are newline-delimited JSON; stdout lines that are not JSON are logged and skipped;
   stderr is logged line by line (bounded), never treated as an error signal.
 """
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
+    LATEST_LEGACY,
     LATEST_MODERN,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
@@ -38,7 +44,16 @@ from proxy.jsonrpc import (
     dumps,
     loads,
 )
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
+from proxy.upstream.base import (
+    Capabilities,
+    Era,
+    Exchange,
+    Handshake,
+    LinkBase,
+    OnMessage,
+    PendingTable,
+    UpstreamHealth,
+)
 
 log = logging.getLogger("proxy.upstream.stdio")
 stderr_log = logging.getLogger("proxy.upstream.stderr")
@@ -163,6 +178,7 @@ class _Child:
         self.on_exit = on_exit
         self.started_at = time.monotonic()
         self.answered = False
+        self.stopping = False  # the proxy ended it: its exit is no crash
         self.exited = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
         protocol.child = self
@@ -193,6 +209,7 @@ class _Child:
 
     async def terminate(self) -> None:
         """Close stdin, wait, then SIGTERM the group, then SIGKILL it (the spec's shutdown order)."""
+        self.stopping = True
         if self.returncode is None:
             with contextlib.suppress(Exception):
                 stdin = self.transport.get_pipe_transport(0)
@@ -214,9 +231,11 @@ class _Child:
 class StdioLink(LinkBase):
     """A message-level link to one upstream child (respawned as needed)."""
 
-    def __init__(self, upstream: StdioUpstream, era: Era) -> None:
+    def __init__(self, upstream: StdioUpstream, era: Era, *, takes_spare: bool = True) -> None:
         self.era = era
         self._upstream = upstream
+        self._health = upstream.health
+        self._takes_spare = takes_spare and era is Era.LEGACY
         self._pending = PendingTable()
         self._handshake = Handshake()
         self._child: _Child | None = None
@@ -225,8 +244,6 @@ class StdioLink(LinkBase):
         self._quick_deaths = 0
         self._next_spawn_at = 0.0
         self._closed = False
-        self._spawns = 0
-        self.restarts = 0
 
     # -- UpstreamLink -------------------------------------------------------------------------
 
@@ -302,21 +319,19 @@ class StdioLink(LinkBase):
                     f"upstream process is restarting after repeated crashes (next start in {wait_s:.1f}s)",
                     retry_after_s=wait_s,
                 )
-            if self.era is Era.LEGACY:
-                child = await self._upstream._child_for(self)
-            else:
-                child = await self._upstream._spawn(self._on_line, self._on_exit)
-            self._spawns += 1
-            if self._spawns > 1:
-                self.restarts += 1
-                self._upstream.restarts += 1
+            try:
+                if self._takes_spare:
+                    child = await self._upstream._child_for(self)
+                else:
+                    child = await self._upstream._spawn(self._on_line, self._on_exit)
+            except UpstreamFailure as failure:
+                self._upstream._lost(None, failure.detail)
+                raise
             self._child = child
             if self.era is Era.MODERN:
                 await self._await_ready(child)
             elif message.get("method") != "initialize" and self._handshake.initialize is not None:
                 await self._replay_handshake(child)
-            if self._spawns > 1:
-                self._upstream._status(True)
             return child
 
     async def _await_ready(self, child: _Child) -> None:
@@ -366,10 +381,13 @@ class StdioLink(LinkBase):
         if "method" not in message:
             if "id" in message:
                 if self._pending.resolve(message):
-                    if not child.answered and self.era is Era.LEGACY:
-                        self._upstream._replenish()  # this command works: warm the next session's child
-                    child.answered = True
+                    if not child.answered:
+                        if self.era is Era.LEGACY:
+                            self._upstream._replenish()  # this command works: warm the next session's child
+                        child.answered = True
                     self._quick_deaths = 0
+                    if not self._health.up:  # the one check an answer pays for the gauge
+                        self._health.answered()
             return
         if self._pending.route_related(message):
             return
@@ -379,9 +397,9 @@ class StdioLink(LinkBase):
         if self._child is child:
             self._child = None
         detail = f"upstream process exited with code {code}"
-        if not self._closed:
+        if not self._closed and not child.stopping:
             log.warning("%s: %s", child.name, detail)
-            self._upstream._status(False)
+            self._upstream._lost(child, f"{child.name}: {detail}", crashed=True)
         self._pending.fail_all(FailureKind.CLOSED, detail)
         lived_s = time.monotonic() - child.started_at
         if child.answered and lived_s > 5.0:
@@ -396,7 +414,7 @@ class StdioLink(LinkBase):
 class StdioUpstream:
     """A stdio server command; spawns one child per legacy link plus one shared modern child."""
 
-    supervised = True  # a dead child is respawned on demand: readiness need not re-probe it
+    supervised = True  # a dead child is respawned on demand: readiness follows `health`, no re-probe
 
     def __init__(
         self,
@@ -427,8 +445,7 @@ class StdioUpstream:
         self._spare_task: asyncio.Task[None] | None = None
         self._closed = False
         self._spawned = 0
-        self.restarts = 0  # respawns after a child died, all links together
-        self.on_status: Callable[[bool], None] | None = None  # up/down, for telemetry
+        self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it or does not answer is legacy-only."""
@@ -476,9 +493,57 @@ class StdioUpstream:
         self._links.add(link)
         return link
 
-    def _status(self, up: bool) -> None:
-        if self.on_status is not None:
-            self.on_status(up)
+    async def check(self) -> None:
+        """Start a throwaway child (never the warm spare) and ask it a 2025 `initialize`, which
+        every stdio server answers; its answer marks the upstream up (in `_on_line`). Raises
+        `UpstreamFailure` when the child exits or stays silent."""
+        link = StdioLink(self, Era.LEGACY, takes_spare=False)
+        message: Message = {
+            "jsonrpc": "2.0",
+            "id": link.new_id(),
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LATEST_LEGACY,
+                "capabilities": {},
+                "clientInfo": {"name": "mcp-recovery-proxy", "version": "0"},
+            },
+        }
+        try:
+            ex = await link.send_request(message)
+            try:
+                await asyncio.wait_for(ex.response, self.handshake_timeout_s)
+            except TimeoutError:
+                raise UpstreamFailure(
+                    FailureKind.TIMEOUT, Dispatch.NO, "a fresh upstream process did not answer initialize"
+                ) from None
+        except UpstreamFailure as failure:
+            self._lost(None, failure.detail)  # (a child that exited was counted as it went)
+            raise
+        finally:
+            await link.aclose()
+
+    def _lost(self, child: _Child | None, why: str, *, crashed: bool = False) -> None:
+        """A child exited unasked (`crashed`), or none could be started: down unless another live
+        child has answered (one that serves a session still works)."""
+        health = self.health
+        if crashed:
+            health.restarts += 1
+        if self._working_child(but=child) is None and health.failed(why):
+            return
+        if crashed:
+            health.report()  # the restart, with the state unchanged
+
+    def _working_child(self, *, but: _Child | None) -> _Child | None:
+        links = list(self._links)
+        if self._modern is not None:
+            links.append(self._modern)
+        for link in links:
+            child = link._child
+            if child is None or child is but or child.protocol.overflow:
+                continue
+            if child.answered and child.alive:
+                return child
+        return None
 
     def _forget(self, link: StdioLink) -> None:
         self._links.discard(link)

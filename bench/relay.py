@@ -520,6 +520,29 @@ def print_table(legs: list[Leg]) -> None:
         )
 
 
+def print_medians(legs: list[Leg]) -> None:
+    """With several runs: each proxied leg's median change of calls/s against its own run's direct
+    leg, and the throughput verdict on that median. One 8-second leg moves a couple of points
+    either way on a shared two-core VM; the median of interleaved runs is the steadier reading."""
+    runs = {x.run for x in legs}
+    if len(runs) < 2:
+        return
+    direct = {(x.run, x.wait_ms, x.concurrency): x for x in legs if x.leg == "direct"}
+    changes: dict[tuple[float, str, int], list[float]] = collections.defaultdict(list)
+    for x in legs:
+        d = direct.get((x.run, x.wait_ms, x.concurrency))
+        if x.leg != "direct" and d is not None and d.calls_per_s:
+            changes[(x.wait_ms, x.leg, x.concurrency)].append(x.calls_per_s / d.calls_per_s - 1)
+    print(f"\nmedian over {len(runs)} runs (calls/s against the same run's direct leg):")
+    for (wait, leg, conc), values in sorted(changes.items()):
+        values.sort()
+        mid = len(values) // 2
+        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        spread = ", ".join(f"{100 * v:+.1f}%" for v in values)
+        verdict = f"  thr≥-10%: {'PASS' if median >= -THROUGHPUT_TARGET else 'FAIL'}" if wait > 0 else ""
+        print(f"  {wait:>4g}ms {leg:<10} c={conc:<3} median {100 * median:+.1f}%  ({spread}){verdict}")
+
+
 # --------------------------------------------------------------------------- profile
 
 
@@ -741,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                         legs += run_once(run, wait_ms, args, wrk, lua, procs, workdir)
                 print()
                 print_table(legs)
+                print_medians(legs)
                 print(f"\nload average after: {_loadavg()}")
                 if args.json:
                     args.json.write_text(json.dumps([asdict(x) for x in legs], indent=1, ensure_ascii=False))

@@ -714,12 +714,6 @@ class _Call:
             e.ledger.record_exhausted(
                 self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(structured)
             )
-        if forward:
-            assert error is not None
-            self._finished("tool_error", stop.reason, structured.get("errorCategory"), False)
-            return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
-        if self.relay.era is Era.MODERN:
-            result["resultType"] = "complete"
         if stop.reason is StopReason.CANCELLED:
             outcome = "cancelled"  # a 2025 HTTP client that disconnected: nobody reads this answer
         elif stop.reason in _TOOL_ERROR_REASONS:
@@ -727,7 +721,13 @@ class _Call:
         else:
             outcome = "unresolved"
         category = structured.get("errorCategory")
+        # the same call outcome for metrics and logs whichever shape the answer takes
         self._finished(outcome, stop.reason, category, bool(structured.get("outcomeUnknown")))
+        if forward:
+            assert error is not None
+            return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
+        if self.relay.era is Era.MODERN:
+            result["resultType"] = "complete"
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
     def _keep_rpc_error(self, error: dict[str, Any]) -> bool:

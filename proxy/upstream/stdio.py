@@ -448,20 +448,24 @@ class StdioUpstream:
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
-        """Ask a child `server/discover`; a server that refuses it or does not answer is legacy-only."""
+        """Ask a child `server/discover`; a server that refuses it is legacy-only. One that does not
+        answer it at all (exits, or stays silent) is legacy-only only if a fresh child answers a
+        2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
         link = await self.open(Era.MODERN)
         try:
             ex = await link.send_request(_discover_message(link.new_id()))
         except UpstreamFailure as failure:
             if failure.kind is not FailureKind.SPAWN_FAILED or "starting" not in failure.detail:
                 raise
-            await self._drop_modern()  # no answer to discover at all: a legacy-only server
+            await self._drop_modern()  # no answer to discover at all: legacy-only, if anything answers
+            await self.check()
             return Capabilities(legacy=True, modern=False, detail="server/discover unanswered: legacy only")
         try:
             response = await asyncio.wait_for(ex.response, self.handshake_timeout_s)
         except TimeoutError:
             await link.cancel(ex)
             await self._drop_modern()
+            await self.check()
             return Capabilities(legacy=True, modern=False, detail="server/discover timed out: legacy only")
         result = response.get("result")
         if isinstance(result, dict):

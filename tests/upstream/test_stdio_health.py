@@ -156,3 +156,52 @@ async def test_a_session_ending_normally_is_neither_a_crash_nor_down(stack: Stac
     assert stack.up() == 1
     assert stack.restarts() == 0
     assert await stack.service.readiness() == (True, None)
+
+
+# A 2025-only server that exits when its first request is not `initialize` (as some do on an
+# unknown method): the start-up `server/discover` kills it, a fresh child answers `initialize`.
+LEGACY_ONLY = textwrap.dedent(
+    """
+    import json, sys
+    first = True
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if first and msg.get("method") != "initialize":
+            sys.exit(4)
+        first = False
+        if "id" in msg and "method" in msg:
+            print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {}}), flush=True)
+    """
+)
+
+
+async def test_a_command_that_crashes_at_once_fails_the_start_up_probe_and_is_not_ready(tmp_path: Path) -> None:
+    broken = tmp_path / "BROKEN"
+    broken.touch()
+    upstream = StdioUpstream([sys.executable, "-c", CHILD, str(broken)], spares=0)
+    settings = Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x")
+    gauges = Gauges(upstream.description)
+    service = Service(settings, upstream, telemetry=gauges.telemetry)
+    await service.start()
+    try:
+        ready, why = await service.readiness()
+        assert not ready and why is not None and "probe failed" in why, why
+        assert gauges.up() == 0
+        broken.unlink()  # the command is mended: the start-up probe's retries find it
+        retrying = service._tasks[0]  # the start-up probe's retry loop: it ends once a probe succeeds
+        await asyncio.wait_for(asyncio.shield(retrying), WAIT_S)
+        assert service.ready
+        assert gauges.up() == 1
+        assert (await service.readiness())[0]
+    finally:
+        await service.aclose()
+
+
+async def test_a_legacy_server_that_exits_on_discover_is_still_legacy_only_and_ready(tmp_path: Path) -> None:
+    upstream = StdioUpstream([sys.executable, "-c", LEGACY_ONLY], spares=0)
+    try:
+        caps = await upstream.probe()
+        assert caps.legacy and not caps.modern
+        assert upstream.health.up is True
+    finally:
+        await upstream.aclose()

@@ -689,6 +689,8 @@ class _Call:
         now = e.clock()
         last = self.attempts[-1].outcome if self.attempts else None
         error = _rpc_error_of(last)
+        if error is not None:
+            self.relay.protocol_mismatch(error)  # -32020/-32022: the service asks the upstream again
         if error is not None and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(error):
             self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
             return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}

@@ -29,7 +29,16 @@ from types import FunctionType, MethodType
 from typing import Any, Protocol
 
 from proxy.errors import UpstreamFailure
-from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error, valid_id
+from proxy.jsonrpc import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    Message,
+    RequestId,
+    bounded,
+    error,
+    valid_id,
+)
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
@@ -309,6 +318,9 @@ class Relay:
         self._background: set[asyncio.Task[Any]] = set()
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
+        # Called when the upstream answers a 2026 header or version error (the service asks the
+        # upstream again what it speaks); see `protocol_mismatch`.
+        self.on_protocol_mismatch: Callable[[], None] | None = None
         self.last_activity = time.monotonic()
         link.set_unsolicited_handler(self._unsolicited)
 
@@ -346,6 +358,8 @@ class Relay:
                 response = await self.forward(request, outbox, headers)
             outbox.send(response)
         except UpstreamFailure as failure:
+            if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
+                self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))
         finally:
             self._streams.remove(outbox)
@@ -360,6 +374,8 @@ class Relay:
         response = await self.attempt(request, outbox, headers, progress=progress)
         if request.get("method") == "tools/list" and "result" in response:
             self.catalog.observe(response["result"])
+        elif "error" in response:
+            self.protocol_mismatch(response["error"])
         return {**response, "id": request["id"]}
 
     async def attempt(
@@ -442,6 +458,13 @@ class Relay:
             raise
         finally:
             deadlines.end(timer)
+
+    def protocol_mismatch(self, error: Any) -> None:
+        """An upstream's JSON-RPC error: a 2026 header mismatch (-32020) or unsupported version
+        (-32022) means proxy and upstream disagree about the protocol; tell the service."""
+        code = error.get("code") if isinstance(error, dict) else None
+        if (code == HEADER_MISMATCH or code == UNSUPPORTED_PROTOCOL_VERSION) and self.on_protocol_mismatch is not None:
+            self.on_protocol_mismatch()
 
     def _cancel_upstream(self, exchange: Exchange, reason: str) -> None:
         # The awaiting task's cancellation also cancels the future it awaited; only an actual

@@ -81,6 +81,8 @@ class Service:
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
         self._recheck: asyncio.Task[None] | None = None
+        self._renegotiated_at = float("-inf")
+        self._renegotiation: asyncio.Task[None] | None = None
         self._stopping = False
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
@@ -100,6 +102,8 @@ class Service:
         self._stopping = True
         if self._recheck is not None:
             self._tasks.append(self._recheck)
+        if self._renegotiation is not None:
+            self._tasks.append(self._renegotiation)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -137,13 +141,42 @@ class Service:
         return True, None
 
     async def _check(self, timeout_s: float) -> None:
-        """Ask the upstream now; its adapter updates `health` from the answer or the failure."""
+        """Ask the upstream now; its adapter updates `health` from the answer or the failure. A
+        network upstream's answer is a full probe: the eras it speaks now replace the ones learnt
+        before (an upstream redeployed with or without the 2026 revision is served accordingly)."""
         try:
-            await asyncio.wait_for(self.upstream.check(), timeout_s)
+            caps = await asyncio.wait_for(self.upstream.check(), timeout_s)
         except TimeoutError:
             self.health.failed(f"no answer within {timeout_s:g} s")
         except UpstreamFailure as failure:
             log.debug("upstream check failed: %s", failure.detail)
+        else:
+            self._learn(caps)
+
+    def _learn(self, caps: Capabilities | None) -> None:
+        known = self.capabilities
+        if caps is None or known is None or (caps.legacy, caps.modern) == (known.legacy, known.modern):
+            return
+        log.warning("upstream %s now speaks: %s (was: %s)", self.upstream.description, caps, known)
+        self.capabilities = caps
+
+    def renegotiate(self) -> None:
+        """The upstream answered a 2026 header or version error (-32020, -32022): proxy and upstream
+        disagree about the protocol, so ask it again what it speaks (RECOVERY.md §1: renegotiate
+        before further tool calls), at most once per `ready_check_interval_s`."""
+        if self._supervised or self._stopping or self.capabilities is None:
+            return  # a stdio child is asked on every (re)start
+        now = time.monotonic()
+        if now - self._renegotiated_at < self.settings.ready_check_interval_s:
+            return
+        self._renegotiated_at = now
+        if self._renegotiation is None or self._renegotiation.done():
+            self._renegotiation = asyncio.get_running_loop().create_task(self._renegotiate())
+
+    async def _renegotiate(self) -> None:
+        async with self._probe_lock:
+            await self._check(READY_PROBE_TIMEOUT_S)
+            self._checked_at = time.monotonic()
 
     async def ensure_probed(self, *, raise_on_failure: bool = True) -> Capabilities | None:
         if self.capabilities is not None:
@@ -199,6 +232,7 @@ class Service:
         if self._modern is None:
             link = await self.upstream.open(Era.MODERN)
             self._modern = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls)
+            self._modern.on_protocol_mismatch = self.renegotiate
         return self._modern
 
     def legacy_supported(self) -> bool:

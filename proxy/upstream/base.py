@@ -133,9 +133,10 @@ class Upstream(Protocol):
 
     async def probe(self) -> Capabilities: ...
 
-    async def check(self) -> None:
+    async def check(self) -> Capabilities | None:
         """Ask the upstream something now, bounded by the adapter's own timeouts. Its answer marks
-        `health` up; no answer marks it down and raises `UpstreamFailure` with the reason."""
+        `health` up; no answer marks it down and raises `UpstreamFailure` with the reason. Returns
+        the upstream's eras when the check was a full probe (network upstreams), else None."""
         ...
 
     async def open(self, era: Era) -> UpstreamLink:

@@ -1026,15 +1026,16 @@ class HttpClientOwner:
     async def probe(self) -> Capabilities:
         raise NotImplementedError
 
-    async def check(self) -> None:
+    async def check(self) -> Capabilities | None:
         """Probe again: an upstream that answers the probe is up, one that refuses the connection
-        (or the proxy's credentials) is down."""
+        (or the proxy's credentials) is down. Returns what it speaks now."""
         try:
-            await self.probe()
+            caps = await self.probe()
         except UpstreamFailure as failure:
             self.health.failed(failure.detail)
             raise
         self.health.answered()
+        return caps
 
     def translate(self, exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
         """`translate_exception`, and a connection that could not be established marks the

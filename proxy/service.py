@@ -129,29 +129,31 @@ class Service:
         """
         if self.capabilities is None:
             return False, self.probe_error or "upstream not probed yet"
-        if not self._supervised:
-            now = time.monotonic()
-            if now - self._checked_at >= self.settings.ready_check_interval_s:
-                async with self._probe_lock:
-                    if now - self._checked_at >= self.settings.ready_check_interval_s:
-                        await self._check(READY_PROBE_TIMEOUT_S)
-                        self._checked_at = time.monotonic()
+        interval_s = self.settings.ready_check_interval_s
+        if not self._supervised and time.monotonic() - self._checked_at >= interval_s:
+            await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
         return True, None
 
-    async def _check(self, timeout_s: float) -> None:
-        """Ask the upstream now; its adapter updates `health` from the answer or the failure. A
+    async def _check(self, timeout_s: float, *, unless_checked_within_s: float = 0.0) -> None:
+        """Ask the upstream now (one check at a time; skipped if another finished within
+        `unless_checked_within_s`); its adapter updates `health` from the answer or the failure. A
         network upstream's answer is a full probe: the eras it speaks now replace the ones learnt
         before (an upstream redeployed with or without the 2026 revision is served accordingly)."""
-        try:
-            caps = await asyncio.wait_for(self.upstream.check(), timeout_s)
-        except TimeoutError:
-            self.health.failed(f"no answer within {timeout_s:g} s")
-        except UpstreamFailure as failure:
-            log.debug("upstream check failed: %s", failure.detail)
-        else:
-            self._learn(caps)
+        async with self._probe_lock:
+            if time.monotonic() - self._checked_at < unless_checked_within_s:
+                return
+            try:
+                caps = await asyncio.wait_for(self.upstream.check(), timeout_s)
+            except TimeoutError:
+                self.health.failed(f"no answer within {timeout_s:g} s")
+            except UpstreamFailure as failure:
+                log.debug("upstream check failed: %s", failure.detail)
+            else:
+                self._learn(caps)
+            finally:
+                self._checked_at = time.monotonic()
 
     def _learn(self, caps: Capabilities | None) -> None:
         known = self.capabilities
@@ -171,12 +173,7 @@ class Service:
             return
         self._renegotiated_at = now
         if self._renegotiation is None or self._renegotiation.done():
-            self._renegotiation = asyncio.get_running_loop().create_task(self._renegotiate())
-
-    async def _renegotiate(self) -> None:
-        async with self._probe_lock:
-            await self._check(READY_PROBE_TIMEOUT_S)
-            self._checked_at = time.monotonic()
+            self._renegotiation = asyncio.get_running_loop().create_task(self._check(READY_PROBE_TIMEOUT_S))
 
     async def ensure_probed(self, *, raise_on_failure: bool = True) -> Capabilities | None:
         if self.capabilities is not None:
@@ -219,9 +216,7 @@ class Service:
             delay_s = min(delay_s * 2, RECHECK_MAX_S)
             if self.health.up is not False:
                 break
-            async with self._probe_lock:
-                await self._check(PROBE_TIMEOUT_S)
-                self._checked_at = time.monotonic()
+            await self._check(PROBE_TIMEOUT_S)
 
     # -- relays ---------------------------------------------------------------------------------
     async def modern_relay(self) -> Relay | None:

@@ -24,13 +24,40 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import Message, RequestId
+from proxy.jsonrpc import (
+    LATEST_LEGACY,
+    LATEST_MODERN,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    Message,
+    RequestId,
+)
 
 OnMessage = Callable[[Message], None]
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+
+
+CLIENT_INFO: Final = {"name": "mcp-recovery-proxy", "version": "0.1.0"}
+
+
+def discover_request(request_id: RequestId) -> Message:
+    """The proxy's own 2026 `server/discover` (probes, and readying a fresh modern stdio child)."""
+    meta: dict[str, Any] = {
+        META_PROTOCOL_VERSION: LATEST_MODERN,
+        META_CLIENT_CAPABILITIES: {},
+        META_CLIENT_INFO: CLIENT_INFO,
+    }
+    return {"jsonrpc": "2.0", "id": request_id, "method": "server/discover", "params": {"_meta": meta}}
+
+
+def initialize_request(request_id: RequestId) -> Message:
+    """The proxy's own 2025 `initialize` (probes and health checks), which every server answers."""
+    params = {"protocolVersion": LATEST_LEGACY, "capabilities": {}, "clientInfo": CLIENT_INFO}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": params}
 
 
 class Era(StrEnum):

@@ -52,11 +52,8 @@ from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
-    LATEST_LEGACY,
     LATEST_MODERN,
     LEGACY_VERSIONS,
-    META_CLIENT_CAPABILITIES,
-    META_CLIENT_INFO,
     META_PROTOCOL_VERSION,
     MODERN_VERSIONS,
     Message,
@@ -75,6 +72,8 @@ from proxy.upstream.base import (
     OnMessage,
     PendingTable,
     UpstreamHealth,
+    discover_request,
+    initialize_request,
 )
 from proxy.upstream.h1 import (
     BodyTooLarge,
@@ -97,7 +96,6 @@ METHOD_HEADER: Final = "mcp-method"
 NAME_HEADER: Final = "mcp-name"
 LAST_EVENT_ID_HEADER: Final = "last-event-id"
 ACCEPT_BOTH: Final = "application/json, text/event-stream"
-CLIENT_INFO: Final = {"name": "mcp-recovery-proxy", "version": "0.1.0"}
 
 # Refused before processing (RECOVERY.md §1.2): retrying cannot duplicate an effect.
 NOT_DISPATCHED_STATUSES: Final = frozenset({400, 401, 403, 405, 413, 415, 422, 429, 503})
@@ -1136,18 +1134,7 @@ class HttpUpstream(HttpClientOwner):
         """Which eras the upstream speaks: `server/discover` first, then a legacy `initialize`."""
         modern = legacy = False
         notes: list[str] = []
-        discover = {
-            "jsonrpc": "2.0",
-            "id": "probe-discover",
-            "method": "server/discover",
-            "params": {
-                "_meta": {
-                    META_PROTOCOL_VERSION: LATEST_MODERN,
-                    META_CLIENT_CAPABILITIES: {},
-                    META_CLIENT_INFO: CLIENT_INFO,
-                }
-            },
-        }
+        discover = discover_request("probe-discover")
         try:
             async with asyncio.timeout(self.probe_timeout_s):
                 _, answer = await self.rpc_once(discover, modern_headers(discover))
@@ -1171,12 +1158,7 @@ class HttpUpstream(HttpClientOwner):
         return Capabilities(legacy=legacy, modern=modern, detail=bounded_detail("; ".join(notes)))
 
     async def _probe_legacy(self) -> tuple[bool, str]:
-        init = {
-            "jsonrpc": "2.0",
-            "id": "probe-initialize",
-            "method": "initialize",
-            "params": {"protocolVersion": LATEST_LEGACY, "capabilities": {}, "clientInfo": CLIENT_INFO},
-        }
+        init = initialize_request("probe-initialize")
         try:
             async with asyncio.timeout(self.probe_timeout_s):
                 headers, answer = await self.rpc_once(init, {})

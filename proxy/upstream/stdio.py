@@ -34,13 +34,8 @@ from pathlib import Path
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
-    LATEST_LEGACY,
     LATEST_MODERN,
-    META_CLIENT_CAPABILITIES,
-    META_CLIENT_INFO,
-    META_PROTOCOL_VERSION,
     Message,
-    RequestId,
     dumps,
     loads,
 )
@@ -53,6 +48,8 @@ from proxy.upstream.base import (
     OnMessage,
     PendingTable,
     UpstreamHealth,
+    discover_request,
+    initialize_request,
 )
 
 log = logging.getLogger("proxy.upstream.stdio")
@@ -337,7 +334,7 @@ class StdioLink(LinkBase):
     async def _await_ready(self, child: _Child) -> None:
         """A fresh modern child answers one `server/discover` before it gets real work, so that an
         attempt's timer never counts the child's start-up (a cold `npx` can take seconds)."""
-        probe = _discover_message(self._pending.new_id())
+        probe = discover_request(self._pending.new_id())
         await self._exchange_internally(child, probe, "starting the upstream")
 
     async def _exchange_internally(self, child: _Child, message: Message, what: str) -> Message:
@@ -453,7 +450,7 @@ class StdioUpstream:
         2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
         link = await self.open(Era.MODERN)
         try:
-            ex = await link.send_request(_discover_message(link.new_id()))
+            ex = await link.send_request(discover_request(link.new_id()))
         except UpstreamFailure as failure:
             if failure.kind is not FailureKind.SPAWN_FAILED or "starting" not in failure.detail:
                 raise
@@ -502,18 +499,8 @@ class StdioUpstream:
         every stdio server answers; its answer marks the upstream up (in `_on_line`). Raises
         `UpstreamFailure` when the child exits or stays silent."""
         link = StdioLink(self, Era.LEGACY, takes_spare=False)
-        message: Message = {
-            "jsonrpc": "2.0",
-            "id": link.new_id(),
-            "method": "initialize",
-            "params": {
-                "protocolVersion": LATEST_LEGACY,
-                "capabilities": {},
-                "clientInfo": {"name": "mcp-recovery-proxy", "version": "0"},
-            },
-        }
         try:
-            ex = await link.send_request(message)
+            ex = await link.send_request(initialize_request(link.new_id()))
             try:
                 await asyncio.wait_for(ex.response, self.handshake_timeout_s)
             except TimeoutError:
@@ -658,18 +645,3 @@ async def _end_with_output(child: _Child) -> None:
                 await asyncio.wait_for(child.wait(), 5.0)
         child.exited.set()
         child.on_exit(child, child.returncode)
-
-
-def _discover_message(request_id: RequestId) -> Message:
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "method": "server/discover",
-        "params": {
-            "_meta": {
-                META_PROTOCOL_VERSION: LATEST_MODERN,
-                META_CLIENT_CAPABILITIES: {},
-                META_CLIENT_INFO: {"name": "mcp-recovery-proxy", "version": "0"},
-            }
-        },
-    }

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admin import build_admin_app
 from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
-from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
+from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
 from proxy.policy.store import PolicyStore
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
@@ -38,7 +38,16 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
-def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
+def http_limits(settings: Settings) -> HttpLimits:
+    return HttpLimits(
+        max_head_bytes=settings.max_head_bytes,
+        head_timeout_s=settings.head_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=settings.max_connections,
+    )
+
+
+def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
@@ -47,8 +56,9 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         log_level="warning",
         access_log=False,
         loop="auto",
-        # uvicorn's httptools protocol with the response head and body in one write (see there).
-        http=OneWriteHttpToolsProtocol,
+        # uvicorn's httptools protocol with the response head and body in one write, and bounds on
+        # request heads, slow peers and connections (see there).
+        http=LimitedHttpToolsProtocol.with_limits(limits),
         # The proxy never uses the client's address or scheme; X-Forwarded-* parsing per request
         # would be spent for nothing (and trusting it is a deployment decision it does not need).
         proxy_headers=False,
@@ -81,7 +91,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
         admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
-        admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
+        admin_server = uvicorn.Server(
+            _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))
+        )
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio
 
@@ -95,7 +107,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
                     await admin_task
         return 0
     app = McpHttpApp(service, settings)
-    main_server = uvicorn.Server(_uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"))
+    main_server = uvicorn.Server(
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings))
+    )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)

@@ -10,6 +10,10 @@ for every JSON answer) and writes both at once. A head with a `content-length` w
 first event) goes out at the loop's next iteration at the latest. A close flushes what is held;
 everything else passes straight through.
 
+`LimitedHttpToolsProtocol` (what both of the proxy's ports run) adds the bounds on what a peer
+can hold before its request runs: head size (431), head and body read time (408), connections
+(503); see there.
+
 Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
 (true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
 proxy with it.

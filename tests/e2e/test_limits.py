@@ -171,6 +171,21 @@ async def test_sessions_are_capped_per_client_address(tmp_path: Path) -> None:
                 await open_session(two, proxy.url)  # another address still gets one
 
 
+async def test_simultaneous_initialize_calls_cannot_pass_the_cap_together(tmp_path: Path) -> None:
+    """The issue's burst: unauthenticated initialize calls arriving together, each of which would
+    start a stdio child. One address gets its share of sessions; the rest are refused at once,
+    before any child is started for them."""
+    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=20) as http:
+                answers = await asyncio.gather(*(http.post(proxy.url, json=INIT, headers=HEADERS) for _ in range(6)))
+                statuses = sorted(r.status_code for r in answers)
+                assert statuses == [200, 200, 429, 429, 429, 429], [r.text for r in answers]
+                for r in answers:
+                    if r.status_code == 200:
+                        await http.delete(proxy.url, headers={**HEADERS, "mcp-session-id": r.headers["mcp-session-id"]})
+
+
 async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhausted_slots(tmp_path: Path) -> None:
     extra = ["--max-sessions", "2", "--session-init-timeout-s", "0.5"]
     for proxy, _ in proxy_for("stdio", tmp_path, extra):

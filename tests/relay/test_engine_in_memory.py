@@ -471,3 +471,32 @@ def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
             {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 2, "message": "m"}}
         )
     assert len(progress.notes) == _PROGRESS_NOTES
+
+
+@pytest.mark.parametrize(
+    ("text", "category"),
+    [("the frobnicator sulks", "unclassified"), ("read ECONNRESET", "transient"), ("Unknown tool: read", "validation")],
+)
+async def test_metrics_and_logs_count_an_unclassified_failure_as_unclassified_never_as_transient(
+    text: str, category: str
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.telemetry.metrics import MetricsObserver
+
+    registry = CollectorRegistry()
+    finished_only = _FinishedOnly()
+    answer = {"jsonrpc": "2.0", "result": {"isError": True, "content": [{"type": "text", "text": text}]}}
+    relay, _ = _relay_observed(_RawLink(answer), finished_only, MetricsObserver(registry))
+    outbox = Outbox()
+    await relay.handle_request(REQUEST, outbox)
+    attempts = [e for e in finished_only.events if type(e).__name__ == "AttemptFinished"]
+    assert {e.category for e in attempts} == {category}
+    assert finished_only.events[-1].category == category  # the call log's category
+    counted = registry.get_sample_value(
+        "mcp_recovery_attempts_total", {"tool": "read", "result": "tool_error", "category": category}
+    )
+    assert counted == len(attempts)
+    report = outbox.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+    if category == "unclassified":  # the report keeps one of the four, marked as defaulted
+        assert report["errorCategory"] == "business" and report["classification"]["defaulted"] is True

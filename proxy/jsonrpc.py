@@ -11,6 +11,8 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.secret_values import SECRETS
+
 Message = dict[str, Any]
 RequestId = int | str
 
@@ -54,6 +56,12 @@ def loads(data: bytes | str) -> Any:
 
 def dumps(message: Any) -> bytes:
     return orjson.dumps(message)
+
+
+def dumps_out(message: Any) -> bytes:
+    """`dumps` for a message written to a caller: the proxy's own credentials removed
+    (proxy/secret_values.py), whatever the upstream put in a result, error or notification."""
+    return SECRETS.scrub_bytes(orjson.dumps(message))
 
 
 def is_request(m: Message) -> bool:

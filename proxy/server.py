@@ -19,6 +19,7 @@ from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
 from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
 from proxy.policy.store import PolicyStore
+from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
@@ -45,6 +46,9 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         port=port,
         lifespan=lifespan,
         log_level="warning",
+        # uvicorn's own handlers would write its lines ("Exception in ASGI application" with a
+        # traceback) past the proxy's formatter and its secret removal: let them reach the root's.
+        log_config=None,
         access_log=False,
         loop="auto",
         # uvicorn's httptools protocol with the response head and body in one write (see there).
@@ -58,6 +62,8 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
 
 
 async def run(settings: Settings) -> int:
+    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
+    SECRETS.set(settings.header_pairs().values())
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -80,7 +86,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
     admin_server: uvicorn.Server | None = None
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
+        admin_app = build_admin_app(
+            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+        )
         admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio

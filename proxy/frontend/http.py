@@ -142,7 +142,7 @@ class _Stream:
 
 
 def _sse(message: Message) -> bytes:
-    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+    return b"event: message\ndata: " + jsonrpc.dumps_out(message) + b"\n\n"
 
 
 class _Replay:
@@ -203,7 +203,7 @@ async def _respond(
 async def _respond_json(
     send: Send, status: int, message: Message, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await _respond(send, status, jsonrpc.dumps(message), [_JSON, *(headers or [])])
+    await _respond(send, status, jsonrpc.dumps_out(message), [_JSON, *(headers or [])])
 
 
 async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+from collections.abc import Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -37,6 +39,21 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
         max_concurrent_calls=settings.max_concurrent_calls,
     )
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
+    and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
+    logged as "Exception in ASGI application")."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        await super().shutdown(sockets)
 
 
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
@@ -103,7 +120,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
                     await admin_task
         return 0
     app = McpHttpApp(service, settings)
-    main_server = uvicorn.Server(_uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"))
+    main_server = _Server(
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"), on_shutdown=app.close_streams
+    )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)

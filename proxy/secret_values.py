@@ -40,12 +40,13 @@ class SecretValues:
     MIN_LENGTH: Final = 4
     _DEPTH: Final = 64  # deeper JSON values are replaced whole: only an attacker nests that far
 
-    __slots__ = ("_bytes", "_text", "_values")
+    __slots__ = ("_byte_values", "_bytes", "_text", "_values")
 
     def __init__(self) -> None:
         self._values: tuple[str, ...] = ()
         self._text: re.Pattern[str] | None = None
         self._bytes: re.Pattern[bytes] | None = None
+        self._byte_values: tuple[bytes, ...] = ()
 
     def set(self, values: Iterable[str]) -> None:
         """Replace the registry with `values` (the configured header values)."""
@@ -64,6 +65,7 @@ class SecretValues:
         # Longest first: a value that contains another is replaced whole.
         ordered = sorted(variants, key=len, reverse=True)
         self._values = tuple(ordered)
+        self._byte_values = tuple(v.encode() for v in ordered)
         self._text = re.compile("|".join(map(re.escape, ordered))) if ordered else None
         self._bytes = re.compile(b"|".join(re.escape(v.encode()) for v in ordered)) if ordered else None
 
@@ -74,9 +76,13 @@ class SecretValues:
     def active(self) -> bool:
         return self._text is not None
 
+    # A substring test per value (a fast memory search) before the regex: almost every text has
+    # none of them, and a regex alternation walks every position (10x the cost on a 2 KB message).
     def scrub(self, text: str) -> str:
         pattern = self._text
-        return text if pattern is None else pattern.sub(REDACTED, text)
+        if pattern is None or not any(value in text for value in self._values):
+            return text
+        return pattern.sub(REDACTED, text)
 
     def head(self, text: str, n: int) -> str:
         """`text[:n]` scrubbed, cut before a secret that straddles position n (never a prefix of one)."""
@@ -92,7 +98,9 @@ class SecretValues:
 
     def scrub_bytes(self, data: bytes) -> bytes:
         pattern = self._bytes
-        return data if pattern is None else pattern.sub(REDACTED.encode(), data)
+        if pattern is None or not any(value in data for value in self._byte_values):
+            return data
+        return pattern.sub(REDACTED.encode(), data)
 
     def scrub_value(self, value: Any, depth: int = 0) -> Any:
         """A copy of a JSON-like value with every string (keys included) scrubbed."""

@@ -36,11 +36,10 @@ def assert_clean(where: str, text: str) -> None:
         assert canary not in text, f"{canary!r} leaked into {where}: {text[:2000]}"
 
 
-@pytest.fixture
-def echo_upstream() -> Iterator[str]:
+def _echo_upstream(mode: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "header_echo.py"), str(port)],
+        [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "header_echo.py"), str(port), mode],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -50,6 +49,16 @@ def echo_upstream() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         terminate(proc)
+
+
+@pytest.fixture
+def echo_upstream() -> Iterator[str]:
+    yield from _echo_upstream("refuse")
+
+
+@pytest.fixture
+def echo_tools_upstream() -> Iterator[str]:
+    yield from _echo_upstream("tools")
 
 
 def _start_unready(proxy: ProxyProcess) -> None:
@@ -118,4 +127,36 @@ async def test_configured_header_values_never_leave_the_proxy(echo_upstream: str
         proxy.stop()
     log = (tmp_path / "proxy.log").read_text(errors="replace")
     assert "401" in log, log[-2000:]  # the probe failure was logged: the path that leaked ran
+    assert_clean("the proxy's log", log)
+
+
+@pytest.mark.anyio
+async def test_results_and_reports_of_an_echoing_upstream_carry_no_secret(
+    echo_tools_upstream: str, tmp_path: Path
+) -> None:
+    """Through a real SDK client: a tool whose failures (HTTP 503, retried, then reported
+    unresolved) and whose `isError` result repeat the request headers."""
+    extra = [*(arg for header in HEADERS for arg in ("--upstream-header", header)), "--call-log", "all"]
+    proxy = ProxyProcess(upstream_url=echo_tools_upstream, extra=extra, log_path=tmp_path / "proxy.log")
+    proxy.start()
+    try:
+        async with Client(proxy.url, mode="legacy") as client:
+            await client.list_tools()
+            unresolved = await client.call_tool("echo_error", {})
+            tool_error = await client.call_tool("echo_result", {})
+        for name, result in (("the unresolved report", unresolved), ("an isError result", tool_error)):
+            assert result.is_error, result
+            assert_clean(name, result.model_dump_json())
+        # The report is the proxy's, built from the upstream's echo; the tool error is relayed.
+        assert "attempts" in unresolved.model_dump_json()
+        assert "failed; you sent" in tool_error.model_dump_json()
+        async with httpx.AsyncClient(timeout=BOUND_S) as http:
+            for path in ("/readyz", "/metrics", "/policies"):
+                answer = await http.get(proxy.admin + path)
+                assert answer.status_code == 200
+                assert_clean(path, answer.text)
+    finally:
+        proxy.stop()
+    log = (tmp_path / "proxy.log").read_text(errors="replace")
+    assert "echo_error" in log, log[-2000:]  # the call log line of the unresolved call was written
     assert_clean("the proxy's log", log)

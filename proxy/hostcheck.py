@@ -10,9 +10,9 @@ Contract:
 - An allow-list entry is a pattern of the same shape: `host[:port]` for Host, `scheme://host[:port]`
   for Origin. The host part may use `*` for any run of name characters (`*.internal`), or be an
   IPv6 literal in brackets; the port part is a number or `*` (any port, or none). An entry without
-  a port matches only a value without one. Hosts compare case-insensitively, an IPv6 literal by
-  its address (`[::0:1]` is `[::1]`), a DNS name without its trailing dot. Nothing is read as a
-  glob character class: `[::1]` is the IPv6 loopback, not "one of `:` or `1`".
+  a port matches only a value without one; a lone `*` matches any Host. Hosts compare
+  case-insensitively, an IPv6 literal by its address (`[::0:1]` is `[::1]`), a DNS name without
+  its trailing dot. Nothing is read as a glob character class: `[::1]` is the IPv6 loopback, not "one of `:` or `1`".
 - A bad entry is refused when the list is built (`ValueError` naming it), not silently never matched.
 - Verdicts are cached per raw value (bounded): a proxy sees the same few values on every request.
 - The admin port additionally accepts any IP-literal Host (`ip_literals=True`): a DNS-rebinding
@@ -109,6 +109,8 @@ class _HostPattern:
 
     @classmethod
     def parse(cls, text: str) -> _HostPattern:
+        if text.strip() == "*":  # "any Host", as the glob matched before: any name, any port
+            return cls(re.compile(r"[a-z0-9_.:-]*"), "*")
         split = _split(text.strip().lower(), pattern=True)
         if split is None:
             raise ValueError(f"{text!r} is not host[:port] (a port is a number or *)")

@@ -77,6 +77,7 @@ def test_configured_patterns() -> None:
     assert hosts("proxy.ns.svc.cluster.local:8080") and not hosts("proxy.ns.svc.cluster.local:8081")
     assert not hosts("evil.com:1@proxy.ns.svc.cluster.local:8080")
     assert hosts("[2001:db8:0::1]:443") and not hosts("[2001:db8::1]")
+    assert HostAllowList(["*"])("[::1]:80") and HostAllowList(["*"])("a.b:1") and not HostAllowList(["*"])("a@b")
     assert HostAllowList([], ip_literals=True)("10.1.2.3:9464") and not HostAllowList([], ip_literals=True)("a.b")
     with pytest.raises(ValueError, match="not host"):
         HostAllowList(["a:b:c"])

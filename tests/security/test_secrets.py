@@ -70,6 +70,11 @@ def test_every_log_line_is_scrubbed_whichever_logger_wrote_it(
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    # As the proxy runs uvicorn (log_config=None): its loggers have no handler of their own and
+    # propagate to the root's. An in-process uvicorn of another test may have configured them.
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    saved_uvicorn = uvicorn_error.handlers[:], uvicorn_error.propagate, uvicorn_error.level
+    uvicorn_error.handlers[:], uvicorn_error.propagate, uvicorn_error.level = [], True, logging.NOTSET
     try:
         configure(level="info", json_lines=True)
         try:
@@ -80,6 +85,7 @@ def test_every_log_line_is_scrubbed_whichever_logger_wrote_it(
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
+        uvicorn_error.handlers[:], uvicorn_error.propagate, uvicorn_error.level = saved_uvicorn
     err = capfd.readouterr().err
     assert "Exception in ASGI application" in err and "probe failed" in err
     assert_clean("log lines", err)

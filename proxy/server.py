@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+from collections.abc import Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -19,6 +21,7 @@ from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
 from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
 from proxy.policy.store import PolicyStore
+from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
@@ -47,6 +50,21 @@ def http_limits(settings: Settings) -> HttpLimits:
     )
 
 
+class _Server(uvicorn.Server):
+    """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
+    and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
+    logged as "Exception in ASGI application")."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -54,13 +72,16 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
         port=port,
         lifespan=lifespan,
         log_level="warning",
+        # uvicorn's own handlers would write its lines ("Exception in ASGI application" with a
+        # traceback) past the proxy's formatter and its secret removal: let them reach the root's.
+        log_config=None,
         access_log=False,
         loop="auto",
         # uvicorn's httptools protocol with the response head and body in one write, and bounds on
         # request heads, slow peers and connections (see there).
         http=LimitedHttpToolsProtocol.with_limits(limits),
-        # The proxy never uses the client's address or scheme; X-Forwarded-* parsing per request
-        # would be spent for nothing (and trusting it is a deployment decision it does not need).
+        # Per-client limits count the TCP peer's address; X-Forwarded-* is not parsed (any caller
+        # could write it, and trusting it is a deployment decision the proxy does not need).
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=5,
@@ -68,6 +89,8 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
 
 
 async def run(settings: Settings) -> int:
+    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
+    SECRETS.set(settings.header_pairs().values())
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -90,7 +113,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
     admin_server: uvicorn.Server | None = None
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
+        admin_app = build_admin_app(
+            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+        )
         admin_server = uvicorn.Server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))
         )
@@ -107,8 +132,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
                     await admin_task
         return 0
     app = McpHttpApp(service, settings)
-    main_server = uvicorn.Server(
-        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings))
+    main_server = _Server(
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
+        on_shutdown=app.close_streams,
     )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]

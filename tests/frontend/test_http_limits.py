@@ -51,6 +51,9 @@ async def _serve(limits: HttpLimits) -> AsyncIterator[int]:
         http=LimitedHttpToolsProtocol.with_limits(limits),
         lifespan="off",
         log_level="warning",
+        # As the proxy runs it: uvicorn's own logging configuration would replace the process's
+        # logger handlers for every later test.
+        log_config=None,
         access_log=False,
     )
     srv = uvicorn.Server(config)

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Any
 
@@ -27,6 +26,7 @@ from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, class
 from proxy import jsonrpc
 from proxy.frontend.http import _AllowList, _plainly_routable
 from proxy.upstream.sse_parse import SseError, SseEvent, SseParser
+from tests.fuzz.strategies import JSON, jsonrpc_shaped, modern_request
 
 # ---------------------------------------------------------------------------------------------- SSE
 
@@ -152,32 +152,8 @@ def test_sse_parser_only_raises_sse_error_and_only_past_its_bound(stream: bytes,
 
 # ------------------------------------------------------------------------------------------ JSON-RPC
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12,
-)
-_IDS = st.one_of(st.integers(), st.text(max_size=10), st.none(), st.booleans(), st.floats(allow_nan=False), _JSON)
 
-
-@st.composite
-def jsonrpc_shaped(draw: st.DrawFn) -> dict[str, Any]:
-    """Objects close to JSON-RPC messages: every member present or not, of any JSON type."""
-    message: dict[str, Any] = {}
-    for key, values in (
-        ("jsonrpc", st.sampled_from(["2.0", "1.0", 2.0, None]) | _JSON),
-        ("id", _IDS),
-        ("method", st.sampled_from(["tools/call", "initialize", "ping", "tools/list"]) | _JSON),
-        ("params", _JSON),
-        ("result", _JSON),
-        ("error", _JSON),
-    ):
-        if draw(st.booleans()):
-            message[key] = draw(values)
-    return message
-
-
-@given(message=st.one_of(_JSON, jsonrpc_shaped()))
+@given(message=st.one_of(JSON, jsonrpc_shaped(st.sampled_from(["tools/call", "initialize", "ping"]))))
 def test_validate_never_raises_and_accepts_exactly_one_kind(message: Any) -> None:
     problem = jsonrpc.validate(message)
     if problem is None:
@@ -205,53 +181,6 @@ def test_allow_list_never_raises_and_its_cache_does_not_change_verdicts(value: s
 
 
 # --------------------------------------------------------------------------------- 2026 header rules
-
-_METHODS = st.sampled_from(["tools/call", "resources/read", "prompts/get", "tools/list", "custom/thing", "ping"])
-_NAMES = st.one_of(
-    st.text(max_size=12),
-    st.sampled_from(["echo", "=?base64?", "=?base64?bm9wZQ==?=", "a b", " echo", "échö"]),
-    st.text(max_size=8).map(lambda s: "=?base64?" + base64.b64encode(s.encode()).decode() + "?="),
-)
-_VERSIONS = st.sampled_from(["2026-07-28", "2025-11-25", "2025-06-18", "2099-01-01", "", "2026-07-28 "])
-
-
-@st.composite
-def modern_request(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
-    method = draw(_METHODS)
-    key = "uri" if method == "resources/read" else "name"
-    params: dict[str, Any] = {}
-    if draw(st.booleans()):
-        params[key] = draw(_NAMES | _JSON)
-    meta: dict[str, Any] = {}
-    if draw(st.integers(0, 5)):
-        meta[jsonrpc.META_PROTOCOL_VERSION] = draw(_VERSIONS | _JSON)
-    if draw(st.integers(0, 5)):
-        meta[jsonrpc.META_CLIENT_CAPABILITIES] = draw(st.just({}) | _JSON)
-    if draw(st.integers(0, 5)):
-        params["_meta"] = meta if draw(st.integers(0, 5)) else draw(_JSON)
-    message: dict[str, Any] = {"jsonrpc": "2.0", "id": draw(st.integers() | st.text(max_size=5)), "method": method}
-    if draw(st.integers(0, 8)):
-        message["params"] = params
-    # Headers: mostly mirroring the body (the interesting edge), each then perturbed or dropped.
-    headers: dict[str, str] = {}
-    version = meta.get(jsonrpc.META_PROTOCOL_VERSION)
-    mirrors = {
-        "mcp-protocol-version": version if isinstance(version, str) else "2026-07-28",
-        "mcp-method": method,
-    }
-    name = params.get(key)
-    if isinstance(name, str):
-        mirrors["mcp-name"] = name
-    for header, mirror in mirrors.items():
-        choice = draw(st.integers(0, 5))
-        if choice <= 3:
-            headers[header] = mirror
-        elif choice == 4:
-            headers[header] = draw(_VERSIONS | _NAMES | _METHODS)
-    if draw(st.integers(0, 6)) == 0:
-        headers["mcp-name"] = draw(_NAMES)
-    return message, headers
-
 
 Case = tuple[dict[str, Any], dict[str, str]]
 

@@ -217,3 +217,13 @@ def test_pending_hostile_secrets_a_deeply_nested_rule_regex_is_a_problem_not_an_
     with pytest.raises(PolicyError) as caught:
         compile_files([("a.yaml", "policies/a.yaml", content)])
     assert any("text" in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_pending_hostile_secrets_a_recursive_yaml_alias_is_a_problem_not_an_exception() -> None:
+    """PENDING the hostile-secrets fix (issue 13 item 5, YAML without alias expansion). Found by
+    bench/fuzz.py (atheris, policy target): an anchor that refers to itself composes into a cyclic
+    node, and the loader's walk over the nodes (`_collect_lines`) recursed until RecursionError.
+    Minimal input: `a: &a [x, *a]`."""
+    with pytest.raises(PolicyError) as caught:
+        compile_files([("a.yaml", "policies/a.yaml", b"a: &a [x, *a]\n")])
+    assert caught.value.problems

@@ -172,9 +172,12 @@ def modern_call(id_: Any, method: str, params: dict[str, Any]) -> tuple[dict[str
 
 
 @contextlib.contextmanager
-def proxy_rig(tmp: Path, **settings: Any) -> Iterator[Rig]:
-    """Start the service (probing the upstream), open one 2025 session, yield; stop everything."""
-    command = shlex.join([PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(tmp / "journal")])
+def proxy_rig(tmp: Path, argv: list[str] | None = None, policies: Path | None = None, **settings: Any) -> Iterator[Rig]:
+    """Start the service (probing the upstream), open one 2025 session, yield; stop everything.
+
+    `argv`: the stdio upstream's command, by default the scripted SDK server."""
+    argv = argv or [PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(tmp / "journal")]
+    command = shlex.join(argv)
     config = Settings(
         listen="http://127.0.0.1:8080/mcp",
         upstream_command=command,
@@ -184,7 +187,7 @@ def proxy_rig(tmp: Path, **settings: Any) -> Iterator[Rig]:
     )
     loop = asyncio.new_event_loop()
     with capture_logs() as logs:
-        service = build_service(config, PolicyStore(None))
+        service = build_service(config, PolicyStore(policies))
         app = McpHttpApp(service, config)
         rig = Rig(loop, service, app, logs)
         try:

@@ -18,7 +18,7 @@ _COMMON = {
     "print_blob": True,
 }
 settings.register_profile(
-    "ci", max_examples=100, derandomize=True, database=None, deadline=timedelta(seconds=2), **_COMMON
+    "ci", max_examples=75, derandomize=True, database=None, deadline=timedelta(seconds=2), **_COMMON
 )
 settings.register_profile("long", max_examples=2000, deadline=timedelta(seconds=5), **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

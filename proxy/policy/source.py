@@ -1,8 +1,10 @@
 """One policy file read from disk: YAML with line marks, validated against `schema.PolicyFile`.
 
 Contract:
-- `parse_policy_file(display, content)` never raises for bad input; it returns a `ParsedFile` whose
-  `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`.
+- `parse_policy_file(display, content)` never raises for bad input (control characters, numbers
+  Python cannot read, nesting deeper than `MAX_DEPTH` included); it returns a `ParsedFile` whose
+  `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`, one
+  line each, repeating keys and values from the file only up to `SHOWN_CHARS`.
 - `lines` maps every key path (`("backoff", "max")`, `("rules", 0, "text")`) to its 1-based line,
   taken from the YAML nodes' marks, so later checks can point at a line too.
 """

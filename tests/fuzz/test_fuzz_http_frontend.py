@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonrpc
@@ -76,6 +76,7 @@ _BODIES = st.one_of(
 )
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(body=_BODIES, era=st.sampled_from(["legacy", "no-session", "modern-headers"]))
 def test_post_bodies_get_a_clear_answer(rig: Rig, body: bytes, era: str) -> None:
     if era == "legacy":
@@ -91,6 +92,7 @@ def test_post_bodies_get_a_clear_answer(rig: Rig, body: bytes, era: str) -> None
         assert response.status == 200, (response, body[:300])
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(case=modern_request(names=st.sampled_from(["echo", "no_such_tool", "rpc_error"]) | st.text(max_size=6)))
 def test_modern_requests_with_any_routing_headers_get_a_clear_answer(
     rig: Rig, case: tuple[dict[str, Any], dict[str, str]]
@@ -134,6 +136,7 @@ def heads(draw: st.DrawFn) -> tuple[str, dict[str, str]]:
     return method, headers
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(head=heads())
 def test_request_heads_with_any_values_get_a_clear_answer(rig: Rig, head: tuple[str, dict[str, str]]) -> None:
     method, headers = head
@@ -162,6 +165,7 @@ def test_request_heads_with_any_values_get_a_clear_answer(rig: Rig, head: tuple[
         assert response.status == 200 and response.messages()[0].get("result") == {}, response
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(text=st.text(max_size=200), era=st.sampled_from(["legacy", "modern"]), id_=st.integers(0, 2**31) | st.text())
 def test_valid_calls_are_still_answered(rig: Rig, text: str, era: str, id_: Any) -> None:
     if era == "legacy":

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.cli import main as cli_main
@@ -113,6 +113,7 @@ _DOCUMENTS = st.one_of(
 _NAMES = st.sampled_from(["a.yaml", "b.yml", "defaults.yaml", "defaults.yml"])
 
 
+@settings(deadline=None)  # file I/O per example: a wall-clock deadline would flake on a busy machine
 @given(files=st.lists(st.tuples(_NAMES, _DOCUMENTS), min_size=1, max_size=3, unique_by=lambda f: f[0]))
 def test_the_loader_returns_a_policy_set_or_a_policy_error_naming_the_file(files: list[tuple[str, bytes]]) -> None:
     triples = [(name, f"policies/{name}", content) for name, content in files]
@@ -129,6 +130,7 @@ def test_the_loader_returns_a_policy_set_or_a_policy_error_naming_the_file(files
         assert policy_set.resolve(tool, None) is not None
 
 
+@settings(deadline=None)  # file I/O per example: a wall-clock deadline would flake on a busy machine
 @given(files=st.lists(st.tuples(_NAMES, _DOCUMENTS), min_size=1, max_size=2, unique_by=lambda f: f[0]))
 def test_policies_check_answers_ok_or_every_problem_and_never_a_traceback(
     files: list[tuple[str, bytes]], tmp_path_factory: pytest.TempPathFactory

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonrpc
@@ -77,6 +77,7 @@ _LINES = st.one_of(
 )
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(lines=st.lists(_LINES, min_size=1, max_size=6))
 def test_any_lines_get_json_rpc_answers_and_every_request_its_own(rig: Rig, lines: list[bytes]) -> None:
     answers = rig.run(_run_lines(rig, lines))
@@ -97,6 +98,7 @@ def test_any_lines_get_json_rpc_answers_and_every_request_its_own(rig: Rig, line
             assert message["id"] in answered_ids, (message, answers)
 
 
+@settings(deadline=None)  # each example is bounded by Rig.run: a wall-clock deadline would flake on a busy machine
 @given(text=st.text(max_size=100), era=st.sampled_from(["legacy", "modern"]))
 def test_valid_calls_over_stdio_are_still_answered(rig: Rig, text: str, era: str) -> None:
     if era == "legacy":

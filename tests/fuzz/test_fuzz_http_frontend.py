@@ -194,7 +194,7 @@ def _ping_with(rig: Rig, **headers: str) -> Response:
 
 
 def test_an_ipv6_loopback_host_with_a_port_is_accepted(rig: Rig) -> None:
-    """PENDING hostile-secrets (issue 13 item 8): `[::1]` in the allow-list was read as a character
+    """Issue 13 item 8 (fixed): `[::1]` in the allow-list was read as a character
     class, so a normal IPv6 request got 421. Minimal input: `Host: [::1]:8080`."""
     response = _ping_with(rig, host="[::1]:8080")
     rig.logs.take()
@@ -205,10 +205,8 @@ def test_an_ipv6_loopback_host_with_a_port_is_accepted(rig: Rig) -> None:
     ("header", "value", "status"),
     [("host", "1:80", 421), ("origin", "http://127.0.0.1:1@evil.com", 403)],
 )
-def test_lookalike_hosts_and_origins_are_refused(
-    rig: Rig, header: str, value: str, status: int
-) -> None:
-    """PENDING hostile-secrets (issue 13 item 8): the glob patterns accept `Host: 1:80` (via
+def test_lookalike_hosts_and_origins_are_refused(rig: Rig, header: str, value: str, status: int) -> None:
+    """Issue 13 item 8 (fixed): the glob patterns accept `Host: 1:80` (via
     `[::1]:*`) and an Origin whose real host, after userinfo, is evil.com."""
     response = _ping_with(rig, **{header: value})
     rig.logs.take()
@@ -216,7 +214,7 @@ def test_lookalike_hosts_and_origins_are_refused(
 
 
 def test_a_duplicate_host_header_is_refused(rig: Rig) -> None:
-    """PENDING hostile-secrets (issue 13 item 8): with two Host headers the last one wins silently."""
+    """Issue 13 item 8 (fixed): with two Host headers the last one wins silently."""
     headers = [
         (b"host", b"evil.example"),
         (b"host", b"127.0.0.1:8080"),
@@ -231,7 +229,7 @@ def test_a_duplicate_host_header_is_refused(rig: Rig) -> None:
 
 @pytest.mark.parametrize("era", ["legacy", "modern"])
 def test_deep_json_is_a_client_error_not_a_500(rig: Rig, era: str) -> None:
-    """PENDING hostile-secrets (issue 13 item 8): arguments nested 300 deep parse (orjson reads
+    """Issue 13 item 8 (fixed): arguments nested 300 deep parse (orjson reads
     1024 levels) but cannot be written upstream (orjson writes 255): 500 and a traceback per
     request. Minimal input: a tools/call whose arguments hold `{"a": ` 300 times."""
     deep = '{"a":' * 300 + "1" + "}" * 300

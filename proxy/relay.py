@@ -8,9 +8,14 @@ requests (over the shared modern link). It
   attempt;
 - maps server-to-client requests (sampling, elicitation, roots) to ids of its own and their
   answers back to the upstream's ids;
-- routes server messages that belong to no request: to the newest request stream still open
-  (stdio upstreams cannot say which request a log line belongs to), else to the client's listen
-  stream, else to a bounded backlog flushed when one opens;
+- routes server messages that belong to no request. A legacy session's relay has its own upstream
+  link and one client: such a message goes to the newest request stream still open (stdio
+  upstreams cannot say which request a log line belongs to), else to the client's listen stream,
+  else to a bounded backlog flushed when one opens. The modern relay's link is shared by every
+  2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
+  subscription id, or the request stream a server request arrived on) goes to none of them; it
+  is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
+  request dropped so is answered upstream with an error, so the server does not wait for it;
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 """
@@ -39,6 +44,7 @@ from proxy.jsonrpc import (
     error,
     valid_id,
 )
+from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
@@ -297,6 +303,7 @@ class Relay:
         catalog: ToolCatalog,
         tool_calls: ToolCallHandler | None = None,
         session_id: str | None = None,
+        shared: bool | None = None,
     ) -> None:
         self.link = link
         self.era = link.era
@@ -315,6 +322,12 @@ class Relay:
         self._server_ids = itertools.count(1)
         self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
         self._server_requests_rev: dict[RequestId, str] = {}
+        # Shared link: the request stream each server request was delivered on (its later
+        # notifications/cancelled goes there, and nowhere else).
+        self._server_request_streams: dict[str, Outbox] = {}
+        # Several callers share the modern link (unless the service serves one client, on stdio):
+        # what cannot be tied to one of them reaches none.
+        self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
         self._background: set[asyncio.Task[Any]] = set()
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
@@ -530,6 +543,7 @@ class Relay:
             log.info("dropped a client response for an unknown request id")
             return
         self._server_requests_rev.pop(upstream_id, None)
+        self._server_request_streams.pop(down_id, None)
         try:
             await self.link.send_response({**message, "id": upstream_id})
         except UpstreamFailure as failure:
@@ -549,6 +563,8 @@ class Relay:
             if mapped is None:
                 return
             message = mapped
+            if self.shared:
+                self._server_request_streams[mapped["id"]] = outbox
         outbox.send(message)
 
     def _unsolicited(self, message: Message) -> None:
@@ -556,6 +572,9 @@ class Relay:
         if method is None:
             return  # a response nobody waits for (late, or for a cancelled attempt): dropped
         if "id" in message:
+            if self.shared:
+                self._refuse_untied_request(message)
+                return
             mapped = self._map_server_request(message)
             if mapped is None:
                 return
@@ -570,9 +589,25 @@ class Relay:
                 down = self._server_requests_rev.pop(params["requestId"])
                 self._server_requests.pop(down, None)
                 message = {**message, "params": {**params, "requestId": down}}
+                if self.shared:
+                    stream = self._server_request_streams.pop(down, None)
+                    if stream is not None and not stream.closed:
+                        stream.send(message)
+                        return
         elif method == "notifications/progress":
             return  # progress for no request of ours
         self.deliver(message)
+
+    def _refuse_untied_request(self, message: Message) -> None:
+        """A server request on the shared link that came with no request of a caller: nobody may
+        be asked it, and the server is told so rather than left waiting."""
+        SHED.count("dropped_messages", "untied")
+        if not valid_id(message["id"]):
+            return
+        answer = error(message["id"], INTERNAL_ERROR, "the proxy cannot tie this request to one client")
+        task = asyncio.create_task(self.link.send_response(answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _map_server_request(self, message: Message) -> Message | None:
         if not valid_id(message["id"]):
@@ -582,12 +617,18 @@ class Relay:
         if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest
             oldest = next(iter(self._server_requests))
             self._server_requests_rev.pop(self._server_requests.pop(oldest), None)
+            self._server_request_streams.pop(oldest, None)
         self._server_requests[down] = message["id"]
         self._server_requests_rev[message["id"]] = down
         return {**message, "id": down}
 
     def deliver(self, message: Message) -> None:
-        """A message tied to no request: the newest open request stream, else the listen stream."""
+        """A message tied to no request: on the shared link, nobody (dropped, counted); on a
+        session's own link, the newest open request stream, else the listen stream, else the
+        backlog."""
+        if self.shared:
+            SHED.count("dropped_messages", "untied")
+            return
         for outbox in reversed(self._streams):
             if not outbox.closed:
                 outbox.send(message)

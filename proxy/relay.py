@@ -41,6 +41,7 @@ from proxy.jsonrpc import (
     Message,
     RequestId,
     bounded,
+    dumps,
     error,
     valid_id,
 )
@@ -50,6 +51,7 @@ from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 log = logging.getLogger("proxy.relay")
 
 BACKLOG_LIMIT = 256
+BACKLOG_BYTES = 4 * 1024 * 1024
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 
 
@@ -318,7 +320,8 @@ class Relay:
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
         self._streams: list[Outbox] = []
         self._listen: Outbox | None = None
-        self._backlog: deque[Message] = deque(maxlen=BACKLOG_LIMIT)
+        self._backlog: deque[tuple[Message, int]] = deque()
+        self._backlog_bytes = 0
         self._server_ids = itertools.count(1)
         self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
         self._server_requests_rev: dict[RequestId, str] = {}
@@ -328,6 +331,10 @@ class Relay:
         # Several callers share the modern link (unless the service serves one client, on stdio):
         # what cannot be tied to one of them reaches none.
         self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
+        # Backpressure: a link that can pause reading its upstream (a session's own stdio child)
+        # is paused while any of the session's streams holds more than its clients read.
+        self._pause = getattr(link, "pause_reading", None) if not self.shared else None
+        self._pressured = 0
         self._background: set[asyncio.Task[Any]] = set()
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
@@ -361,6 +368,8 @@ class Relay:
         down_id = request["id"]
         self.last_activity = time.monotonic()
         self._streams.append(outbox)
+        if self._pause is not None and hasattr(outbox, "on_pressure"):
+            outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
         task = asyncio.current_task(self._loop()) if by_id else None
         if task is not None:
             self._inflight[down_id] = task
@@ -636,14 +645,27 @@ class Relay:
         if self._listen is not None and not self._listen.closed:
             self._listen.send(message)
             return
-        self._backlog.append(message)
+        size = len(dumps(message))
+        self._backlog.append((message, size))
+        self._backlog_bytes += size
+        while len(self._backlog) > BACKLOG_LIMIT or (self._backlog_bytes > BACKLOG_BYTES and len(self._backlog) > 1):
+            self._backlog_bytes -= self._backlog.popleft()[1]
+            SHED.count("dropped_messages", "backlog_full")
+
+    def _pressure(self, on: bool) -> None:
+        """A stream of this session passed (True) or drained below (False) its watermark."""
+        before = self._pressured
+        self._pressured = max(0, before + (1 if on else -1))
+        if (before == 0) != (self._pressured == 0):
+            self._pause(self._pressured > 0)  # type: ignore[misc]
 
     def attach_listen(self, outbox: Outbox) -> bool:
         if self._listen is not None and not self._listen.closed:
             return False
         self._listen = outbox
-        while self._backlog:
-            outbox.send(self._backlog.popleft())
+        backlog, self._backlog, self._backlog_bytes = self._backlog, deque(), 0
+        for message, _ in backlog:
+            outbox.send(message)
         return True
 
     def detach_listen(self, outbox: Outbox) -> None:

@@ -253,6 +253,17 @@ class _Child:
             raise BrokenPipeError("stdin closed")
         stdin.write(data)  # type: ignore[attr-defined]
 
+    def pause_reading(self, paused: bool) -> None:
+        """Stop (or resume) reading the child's stdout: the child then blocks on its full pipe."""
+        stdout = self.transport.get_pipe_transport(1)
+        if stdout is None or stdout.is_closing():
+            return
+        if paused:
+            stdout.pause_reading()  # type: ignore[attr-defined]
+            SHED.count("upstream_read_pauses")
+        else:
+            stdout.resume_reading()  # type: ignore[attr-defined]
+
     async def drain(self) -> None:
         await self.protocol.drain()
         stdin = self.transport.get_pipe_transport(0)
@@ -343,6 +354,15 @@ class StdioLink(LinkBase):
         if reason:
             params["reason"] = reason
         await self.send_notification({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+    def pause_reading(self, paused: bool) -> None:
+        """Backpressure from this link's one client (a legacy session): while a stream of its
+        holds more than the client reads, the child's stdout is not read, so the child waits on
+        its pipe instead of the proxy buffering what it writes. Never used on the shared modern
+        link (one slow caller must not stall the others)."""
+        child = self._child
+        if child is not None and child.alive:
+            child.pause_reading(paused)
 
     async def aclose(self) -> None:
         self._closed = True

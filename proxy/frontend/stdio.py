@@ -21,8 +21,14 @@ from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.relay import Relay
 from proxy.service import Service
+from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.frontend.stdio")
+
+
+# What may wait in the stdout pipe's write buffer for a client that does not read: past it,
+# notifications and server requests are dropped (counted); responses are always written.
+STDOUT_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class _StdoutOutbox:
@@ -31,8 +37,17 @@ class _StdoutOutbox:
         self._closed = False
 
     def send(self, message: Message) -> None:
-        if not self._closed:
-            self._writer.write(jsonrpc.dumps(message) + b"\n")
+        if self._closed:
+            return
+        transport = getattr(self._writer, "transport", None)
+        if (
+            transport is not None
+            and transport.get_write_buffer_size() > STDOUT_BUFFER_BYTES
+            and not jsonrpc.is_response(message)
+        ):
+            SHED.count("dropped_messages", "stream_full")
+            return
+        self._writer.write(jsonrpc.dumps(message) + b"\n")
 
     @property
     def closed(self) -> bool:

@@ -94,3 +94,35 @@ async def test_resumption_buffers_are_bounded_per_stream_and_in_total_oldest_fir
     assert SHED.get("resumption_evictions", "stream") - stream_before >= 3
     store.forget(one.key)
     assert store.held == sum(r.bytes for r in replays if r.key in store.replays)
+
+
+async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -> None:
+    """A client that resumes after its answer was evicted is told so, not left with a stream that
+    ends as if its request had been cancelled."""
+    from proxy.frontend.http import McpHttpApp
+    from proxy.service import Service
+    from proxy.settings import Settings
+    from proxy.upstream.stdio import StdioUpstream
+
+    settings = Settings()
+    app = McpHttpApp(Service(settings, StdioUpstream(["true"])), settings)
+    app._replays = _Replays(stream_bytes=3 * BOUND, total_bytes=2 * BOUND)
+    lost = app._replays.new("r1", "session", "call-7")
+    await lost.emit(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+    await lost.emit(jsonrpc.dumps({"jsonrpc": "2.0", "id": "call-7", "result": {}}), answer=True)
+    lost.finished.set()
+    for i in range(3):  # newer answers push the old one out of the total bound
+        await app._replays.new(f"r{i + 2}", "session", i).emit(b"z" * BOUND, answer=True)
+    assert not lost.events
+
+    written: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        written.append(message.get("body", b""))
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    await app._resume(send, receive, lost, 0)
+    body = b"".join(written)
+    assert b'"id":"call-7"' in body and b'"error"' in body and b"no longer held" in body

@@ -14,6 +14,10 @@
   comments while nothing happens.
 - Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
   malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
+- Bounded for a client that does not read: every response and listen stream queues at most
+  `STREAM_BUFFER_BYTES` (then a response stream drops what is not its answer and a listen stream
+  is closed, counted), and the buffers kept for resumption are bounded in bytes per response and
+  in total (`_Replays`).
 """
 
 from __future__ import annotations

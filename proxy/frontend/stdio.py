@@ -4,7 +4,9 @@ One client on stdin/stdout, newline-delimited JSON-RPC. `initialize` opens a leg
 its own upstream link; requests carrying the 2026-07-28 envelope go to the shared modern relay
 (a dual-era client probes with `server/discover` first, and falls back to `initialize` when the
 upstream does not speak 2026). Malformed lines get a JSON-RPC error; nothing a client writes
-stops the proxy. stdout carries only MCP messages; logs go to stderr.
+stops the proxy. stdout carries only MCP messages; logs go to stderr. A client that does not read
+its stdout gets no more notifications once `STDOUT_BUFFER_BYTES` wait in the pipe (counted);
+answers are always written.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+from collections.abc import Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -19,6 +21,7 @@ from proxy.engine import Engine
 from proxy.frontend.http import McpHttpApp
 from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
 from proxy.policy.store import PolicyStore
+from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
@@ -38,6 +41,21 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
+class _Server(uvicorn.Server):
+    """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
+    and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
+    logged as "Exception in ASGI application")."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -45,6 +63,9 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         port=port,
         lifespan=lifespan,
         log_level="warning",
+        # uvicorn's own handlers would write its lines ("Exception in ASGI application" with a
+        # traceback) past the proxy's formatter and its secret removal: let them reach the root's.
+        log_config=None,
         access_log=False,
         loop="auto",
         # uvicorn's httptools protocol with the response head and body in one write (see there).
@@ -58,6 +79,8 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
 
 
 async def run(settings: Settings) -> int:
+    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
+    SECRETS.set(settings.header_pairs().values())
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -80,7 +103,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
     admin_server: uvicorn.Server | None = None
     if settings.admin:
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
+        admin_app = build_admin_app(
+            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+        )
         admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio
@@ -95,7 +120,9 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
                     await admin_task
         return 0
     app = McpHttpApp(service, settings)
-    main_server = uvicorn.Server(_uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"))
+    main_server = _Server(
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"), on_shutdown=app.close_streams
+    )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)

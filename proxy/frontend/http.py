@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import gc
 import itertools
 import logging
@@ -47,6 +46,13 @@ from mcp.shared.inbound import (
 
 from proxy import jsonrpc
 from proxy.errors import FailureKind, UpstreamFailure
+from proxy.hostcheck import (
+    LOOPBACK_HOST_PATTERNS,
+    LOOPBACK_ORIGIN_PATTERNS,
+    HostAllowList,
+    OriginAllowList,
+    duplicated,
+)
 from proxy.jsonrpc import Message
 from proxy.relay import Relay
 from proxy.service import Service
@@ -140,7 +146,7 @@ class _Stream:
     def send(self, message: Message) -> None:
         if self._closed and not self._keep:
             return
-        data = jsonrpc.dumps(message)  # once: the writer writes these bytes
+        data = jsonrpc.dumps_out(message)  # once, secrets removed: the writer writes these bytes
         answer = message.get("id") == self.down_id and jsonrpc.is_response(message)
         queued = self._bytes + len(data)
         if queued > self.max_bytes and self._items and not answer:
@@ -215,7 +221,7 @@ class _Stream:
 
 
 def _sse(data: bytes) -> bytes:
-    """One SSE event carrying a serialized message."""
+    """One SSE event carrying a message serialized by `jsonrpc.dumps_out`."""
     return b"event: message\ndata: " + data + b"\n\n"
 
 
@@ -347,7 +353,7 @@ async def _respond(
 async def _respond_json(
     send: Send, status: int, message: Message, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await _respond(send, status, jsonrpc.dumps(message), [_JSON, *(headers or [])])
+    await _respond(send, status, jsonrpc.dumps_out(message), [_JSON, *(headers or [])])
 
 
 async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:
@@ -392,28 +398,6 @@ def _plainly_routable(message: Message, headers: dict[str, str]) -> bool:
         return True
     value = params.get(key)  # type: ignore[union-attr]
     return value is None or (headers.get(MCP_NAME_HEADER) == value and not value.startswith("=?"))
-
-
-class _AllowList:
-    """Host or Origin patterns (fnmatch, case-insensitive), with a bounded cache of verdicts:
-    a proxy sees the same few Host and Origin values on every request."""
-
-    __slots__ = ("_cache", "_patterns")
-    CACHE = 256
-
-    def __init__(self, patterns: list[str]) -> None:
-        self._patterns = [p.lower() for p in patterns]
-        self._cache: dict[str, bool] = {}
-
-    def __call__(self, value: str) -> bool:
-        verdict = self._cache.get(value)
-        if verdict is None:
-            low = value.lower()
-            verdict = any(fnmatch.fnmatchcase(low, p) for p in self._patterns)
-            if len(self._cache) >= self.CACHE:
-                self._cache.clear()
-            self._cache[value] = verdict
-        return verdict
 
 
 class _LateWatches:
@@ -472,18 +456,17 @@ class McpHttpApp:
         hosts = list(settings.allowed_hosts)
         origins = list(settings.allowed_origins)
         if loopback:
-            hosts += ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
-            origins += [
-                f"{s}://{h}{p}"
-                for s in ("http", "https")
-                for h in ("127.0.0.1", "localhost", "[::1]")
-                for p in ("", ":*")
-            ]
-        self.allowed_hosts = _AllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
+            hosts += LOOPBACK_HOST_PATTERNS
+            origins += LOOPBACK_ORIGIN_PATTERNS
+        self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self._replays = _Replays()
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
-        self.allowed_origins = _AllowList(origins)
+        # Open 2025 listen streams: they never end by themselves, so shutdown ends them
+        # (`close_streams`) instead of uvicorn cancelling their tasks after its grace period.
+        self._listening: set[_Stream] = set()
+        self._shutting_down = False
+        self.allowed_origins = OriginAllowList(origins)
         if not loopback and not settings.allowed_hosts:
             log.warning(
                 "listening on %s without --allowed-host (MCP_RECOVERY_ALLOWED_HOSTS): any Host header is accepted", host
@@ -503,6 +486,13 @@ class McpHttpApp:
             log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
             with contextlib.suppress(Exception):
                 await _respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+
+    def close_streams(self) -> None:
+        """The server is shutting down: end every open listen stream (each writes its closing
+        chunk and returns), and open no new one."""
+        self._shutting_down = True
+        for stream in list(self._listening):
+            stream.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -530,7 +520,13 @@ class McpHttpApp:
             return
         # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks);
         # ASGI servers give header names in lower case already.
-        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in scope["headers"]}
+        raw = scope["headers"]
+        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in raw}
+        if len(headers) < len(raw) and (duplicated(raw, b"host") or duplicated(raw, b"origin")):
+            # Two Hosts or Origins: which one a check read and which one a later hop reads may
+            # differ (RFC 9112 asks for 400 on a second Host).
+            await _respond(send, 400, b"Duplicate Host or Origin header", [(b"content-type", b"text/plain")])
+            return
         host = headers.get("host", "")
         if self.allowed_hosts is not None and not self.allowed_hosts(host):
             await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
@@ -583,6 +579,9 @@ class McpHttpApp:
             return
         try:
             message = jsonrpc.loads(body)
+        except jsonrpc.TooDeep as exc:
+            await _respond_error(send, 400, None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
+            return
         except (ValueError, RecursionError):
             await _respond_error(send, 400, None, jsonrpc.PARSE_ERROR, "Parse error: the body is not valid JSON")
             return
@@ -888,7 +887,7 @@ class McpHttpApp:
                     jsonrpc.INTERNAL_ERROR,
                     "the answer is no longer held for resumption (the proxy's resumption buffers are full)",
                 )
-                await send({"type": "http.response.body", "body": _sse(jsonrpc.dumps(note)), "more_body": True})
+                await send({"type": "http.response.body", "body": _sse(jsonrpc.dumps_out(note)), "more_body": True})
             if not replay.finished.is_set():
                 replay.target = send
         if not replay.finished.is_set():
@@ -953,11 +952,15 @@ class McpHttpApp:
         if replay is not None and replay.session_id == session_id and seq.isdigit():
             await self._resume(send, receive, replay, int(seq))
             return
+        if self._shutting_down:
+            await _respond_error(send, 503, None, jsonrpc.INTERNAL_ERROR, "the proxy is shutting down")
+            return
         stream = _Stream(asyncio.get_running_loop(), listen=True)
         if not relay.attach_listen(stream):
             await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return
         gone = asyncio.create_task(self._watch_disconnect(receive, stream, None))
+        self._listening.add(stream)
         try:
             await send(
                 {
@@ -978,6 +981,7 @@ class McpHttpApp:
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            self._listening.discard(stream)
             gone.cancel()
             stream.close()
             relay.detach_listen(stream)

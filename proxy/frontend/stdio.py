@@ -49,7 +49,7 @@ class _StdoutOutbox:
         ):
             SHED.count("dropped_messages", "stream_full")
             return
-        self._writer.write(jsonrpc.dumps(message) + b"\n")
+        self._writer.write(jsonrpc.dumps_out(message) + b"\n")
 
     @property
     def closed(self) -> bool:

@@ -13,12 +13,11 @@ Contract:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 
 class Category(StrEnum):
@@ -48,6 +47,14 @@ class Backoff:
     jitter: Literal["full", "none"] = "full"
 
 
+class TextPattern(Protocol):
+    """A compiled rule regex: what `classify` uses of it (kept here so `recovery/` needs no RE2 import)."""
+
+    pattern: str
+
+    def search(self, text: str) -> object | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One classification rule of a tool's policy. A rule matches when every matcher it sets matches.
@@ -61,7 +68,7 @@ class Rule:
 
     name: str
     category: Category
-    text: re.Pattern[str] | None = None
+    text: TextPattern | None = None  # RE2 (proxy/policy/regex.py): linear time, no backtracking
     path: tuple[str, ...] | None = None
     equals: tuple[Any, ...] | None = None
     jsonrpc_codes: frozenset[int] = frozenset()

@@ -52,5 +52,12 @@ def configure(*, level: str = "info", json_lines: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # uvicorn's loggers get handlers of their own (and stop propagating) wherever uvicorn's default
+    # logging config ran first, e.g. another server in the same process: their lines would then
+    # bypass the scrubbing formatter. Route them through the root handler whatever ran before.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers[:] = []
+        uvicorn_logger.propagate = True
     # The upstream's stderr is its own log: keep it, but one level quieter than ours by default.
     logging.getLogger("proxy.upstream.stderr").setLevel(max(root.level, logging.INFO))

@@ -8,9 +8,14 @@ requests (over the shared modern link). It
   attempt;
 - maps server-to-client requests (sampling, elicitation, roots) to ids of its own and their
   answers back to the upstream's ids;
-- routes server messages that belong to no request: to the newest request stream still open
-  (stdio upstreams cannot say which request a log line belongs to), else to the client's listen
-  stream, else to a bounded backlog flushed when one opens;
+- routes server messages that belong to no request. A legacy session's relay has its own upstream
+  link and one client: such a message goes to the newest request stream still open (stdio
+  upstreams cannot say which request a log line belongs to), else to the client's listen stream,
+  else to a bounded backlog flushed when one opens. The modern relay's link is shared by every
+  2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
+  subscription id, or the request stream a server request arrived on) goes to none of them; it
+  is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
+  request dropped so is answered upstream with an error, so the server does not wait for it;
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
@@ -47,14 +52,17 @@ from proxy.jsonrpc import (
     Message,
     RequestId,
     bounded,
+    dumps,
     error,
     valid_id,
 )
+from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
 
 BACKLOG_LIMIT = 256
+BACKLOG_BYTES = 4 * 1024 * 1024
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
 LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
@@ -362,6 +370,7 @@ class Relay:
         catalog: ToolCatalog,
         tool_calls: ToolCallHandler | None = None,
         session_id: str | None = None,
+        shared: bool | None = None,
         request_timeout_s: float | None = None,
         max_in_flight: int | None = None,
     ) -> None:
@@ -387,10 +396,21 @@ class Relay:
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
         self._streams: list[Outbox] = []
         self._listen: Outbox | None = None
-        self._backlog: deque[Message] = deque(maxlen=BACKLOG_LIMIT)
+        self._backlog: deque[tuple[Message, int]] = deque()
+        self._backlog_bytes = 0
         self._server_ids = itertools.count(1)
         self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
         self._server_requests_rev: dict[RequestId, str] = {}
+        # Shared link: the request stream each server request was delivered on (its later
+        # notifications/cancelled goes there, and nowhere else).
+        self._server_request_streams: dict[str, Outbox] = {}
+        # Several callers share the modern link (unless the service serves one client, on stdio):
+        # what cannot be tied to one of them reaches none.
+        self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
+        # Backpressure: a link that can pause reading its upstream (a session's own stdio child)
+        # is paused while any of the session's streams holds more than its clients read.
+        self._pause = getattr(link, "pause_reading", None) if not self.shared else None
+        self._pressured = 0
         self._background: set[asyncio.Task[Any]] = set()
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
@@ -434,6 +454,8 @@ class Relay:
         if method != "initialize":
             self.initialized = True
         self._streams.append(outbox)
+        if self._pause is not None and hasattr(outbox, "on_pressure"):
+            outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
         task = asyncio.current_task(self._loop()) if by_id else None
         if task is not None:
             self._inflight[down_id] = task
@@ -667,6 +689,7 @@ class Relay:
             log.info("dropped a client response for an unknown request id")
             return
         self._server_requests_rev.pop(upstream_id, None)
+        self._server_request_streams.pop(down_id, None)
         try:
             await self.link.send_response({**message, "id": upstream_id})
         except UpstreamFailure as failure:
@@ -686,6 +709,8 @@ class Relay:
             if mapped is None:
                 return
             message = mapped
+            if self.shared:
+                self._server_request_streams[mapped["id"]] = outbox
         outbox.send(message)
 
     def _unsolicited(self, message: Message) -> None:
@@ -693,6 +718,9 @@ class Relay:
         if method is None:
             return  # a response nobody waits for (late, or for a cancelled attempt): dropped
         if "id" in message:
+            if self.shared:
+                self._refuse_untied_request(message)
+                return
             mapped = self._map_server_request(message)
             if mapped is None:
                 return
@@ -707,9 +735,25 @@ class Relay:
                 down = self._server_requests_rev.pop(params["requestId"])
                 self._server_requests.pop(down, None)
                 message = {**message, "params": {**params, "requestId": down}}
+                if self.shared:
+                    stream = self._server_request_streams.pop(down, None)
+                    if stream is not None and not stream.closed:
+                        stream.send(message)
+                        return
         elif method == "notifications/progress":
             return  # progress for no request of ours
         self.deliver(message)
+
+    def _refuse_untied_request(self, message: Message) -> None:
+        """A server request on the shared link that came with no request of a caller: nobody may
+        be asked it, and the server is told so rather than left waiting."""
+        SHED.count("dropped_messages", "untied")
+        if not valid_id(message["id"]):
+            return
+        answer = error(message["id"], INTERNAL_ERROR, "the proxy cannot tie this request to one client")
+        task = asyncio.create_task(self.link.send_response(answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _map_server_request(self, message: Message) -> Message | None:
         if not valid_id(message["id"]):
@@ -719,12 +763,18 @@ class Relay:
         if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest
             oldest = next(iter(self._server_requests))
             self._server_requests_rev.pop(self._server_requests.pop(oldest), None)
+            self._server_request_streams.pop(oldest, None)
         self._server_requests[down] = message["id"]
         self._server_requests_rev[message["id"]] = down
         return {**message, "id": down}
 
     def deliver(self, message: Message) -> None:
-        """A message tied to no request: the newest open request stream, else the listen stream."""
+        """A message tied to no request: on the shared link, nobody (dropped, counted); on a
+        session's own link, the newest open request stream, else the listen stream, else the
+        backlog."""
+        if self.shared:
+            SHED.count("dropped_messages", "untied")
+            return
         for outbox in reversed(self._streams):
             if not outbox.closed:
                 outbox.send(message)
@@ -732,14 +782,27 @@ class Relay:
         if self._listen is not None and not self._listen.closed:
             self._listen.send(message)
             return
-        self._backlog.append(message)
+        size = len(dumps(message))
+        self._backlog.append((message, size))
+        self._backlog_bytes += size
+        while len(self._backlog) > BACKLOG_LIMIT or (self._backlog_bytes > BACKLOG_BYTES and len(self._backlog) > 1):
+            self._backlog_bytes -= self._backlog.popleft()[1]
+            SHED.count("dropped_messages", "backlog_full")
+
+    def _pressure(self, on: bool) -> None:
+        """A stream of this session passed (True) or drained below (False) its watermark."""
+        before = self._pressured
+        self._pressured = max(0, before + (1 if on else -1))
+        if (before == 0) != (self._pressured == 0):
+            self._pause(self._pressured > 0)  # type: ignore[misc]
 
     def attach_listen(self, outbox: Outbox) -> bool:
         if self._listen is not None and not self._listen.closed:
             return False
         self._listen = outbox
-        while self._backlog:
-            outbox.send(self._backlog.popleft())
+        backlog, self._backlog, self._backlog_bytes = self._backlog, deque(), 0
+        for message, _ in backlog:
+            outbox.send(message)
         return True
 
     def detach_listen(self, outbox: Outbox) -> None:

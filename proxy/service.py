@@ -236,7 +236,11 @@ class Service:
             return None
         if self._modern is None:
             link = await self.upstream.open(Era.MODERN)
-            self._modern = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls, **self._relay_limits())
+            # Shared by every 2026 caller, unless the one client on stdio is the only caller.
+            shared = self.settings.listen != "stdio"
+            self._modern = Relay(
+                link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
+            )
             self._modern.on_protocol_mismatch = self.renegotiate
         return self._modern
 

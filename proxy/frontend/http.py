@@ -14,6 +14,10 @@
   comments while nothing happens.
 - Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
   malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
+- Bounded for a client that does not read: every response and listen stream queues at most
+  `STREAM_BUFFER_BYTES` (then a response stream drops what is not its answer and a listen stream
+  is closed, counted), and the buffers kept for resumption are bounded in bytes per response and
+  in total (`_Replays`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from proxy.jsonrpc import Message
 from proxy.relay import Relay
 from proxy.service import Service
 from proxy.settings import LOOPBACK_HOSTS, Settings
+from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.frontend.http")
 
@@ -72,6 +77,11 @@ _SSE_HEADERS = [
 ]
 _JSON = (b"content-type", b"application/json")
 RETRY_MS = 1000
+# What one response or listen stream may hold for a client that does not read (its writer waits
+# on the socket meanwhile). A single message is always taken when nothing is queued, so any
+# message within the message limit passes; beyond the bound a request stream drops what is not
+# its answer, and a listen stream is closed (the client may open another).
+STREAM_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class ClientGone(Exception):
@@ -79,7 +89,13 @@ class ClientGone(Exception):
 
 
 class _Stream:
-    """An Outbox feeding one HTTP response: messages queue up and wake the single writer.
+    """An Outbox feeding one HTTP response: messages queue up, serialized once, and wake the
+    single writer. The queue is bounded in bytes (`max_bytes`): past the bound a request stream
+    drops what is not its answer (the answer is always taken) and a listen stream is closed, both
+    counted in `mcp_recovery_dropped_messages_total`. `on_pressure(True)` is called when the
+    queue passes half the bound and `on_pressure(False)` when it has drained to a quarter (or the
+    stream closes): the relay of a session with its own stdio child pauses reading the child
+    meanwhile (backpressure instead of buffering).
 
     Cheaper than an asyncio.Queue plus asyncio.wait per message: one future at a time, resolved
     by `send`, by `finish` (the handler is over) or by `close`, awaited with a ping timeout.
@@ -89,11 +105,37 @@ class _Stream:
     needs a writer task of its own when it turns into an event stream.
     """
 
-    __slots__ = ("_closed", "_items", "_keep", "_loop", "_waiter", "down_id", "finished", "on_stream")
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_items",
+        "_keep",
+        "_loop",
+        "_waiter",
+        "down_id",
+        "finished",
+        "listen",
+        "max_bytes",
+        "on_pressure",
+        "on_stream",
+        "pressured",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, keep_after_close: bool = False) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        keep_after_close: bool = False,
+        listen: bool = False,
+        max_bytes: int = STREAM_BUFFER_BYTES,
+    ) -> None:
         self._loop = loop  # passed in: on Python 3.11 each get_running_loop() is a getpid() syscall
-        self._items: deque[Message] = deque()
+        self._items: deque[tuple[Message, bytes]] = deque()
+        self._bytes = 0
+        self.max_bytes = max_bytes
+        self.listen = listen
+        self.on_pressure: Callable[[bool], None] | None = None
+        self.pressured = False
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._keep = keep_after_close  # 2025: a disconnected client may resume the stream
@@ -102,21 +144,50 @@ class _Stream:
         self.on_stream: Callable[[], None] | None = None
 
     def send(self, message: Message) -> None:
-        if not self._closed or self._keep:
-            self._items.append(message)
-            start = self.on_stream
-            if start is not None and not (message.get("id") == self.down_id and jsonrpc.is_response(message)):
-                self.on_stream = None
-                start()
-            self.wake()
+        if self._closed and not self._keep:
+            return
+        data = jsonrpc.dumps_out(message)  # once, secrets removed: the writer writes these bytes
+        answer = message.get("id") == self.down_id and jsonrpc.is_response(message)
+        queued = self._bytes + len(data)
+        if queued > self.max_bytes and self._items and not answer:
+            if self.listen:  # a listen stream nobody reads: closed rather than fed
+                SHED.count("dropped_messages", "listen_closed", len(self._items) + 1)
+                self._items.clear()
+                self._bytes = 0
+                self.close()
+            else:
+                SHED.count("dropped_messages", "stream_full")
+            return
+        self._items.append((message, data))
+        self._bytes = queued
+        if not self.pressured and queued > self.max_bytes // 2 and not self._closed and self.on_pressure is not None:
+            self.pressured = True
+            self.on_pressure(True)
+        start = self.on_stream
+        if start is not None and not answer:
+            self.on_stream = None
+            start()
+        self.wake()
 
     def wake(self, *_: object) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def pop(self) -> Message | None:
-        return self._items.popleft() if self._items else None
+    def pop(self) -> tuple[Message, bytes] | None:
+        """The next message and its serialized form."""
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        self._bytes -= len(item[1])
+        if self.pressured and self._bytes <= self.max_bytes // 4:
+            self._release()
+        return item
+
+    def _release(self) -> None:
+        self.pressured = False
+        if self.on_pressure is not None:
+            self.on_pressure(False)
 
     async def wait(self, timeout_s: float | None) -> None:
         """Until a message arrives or `wake` is called, at most `timeout_s` (None: no limit).
@@ -144,11 +215,14 @@ class _Stream:
 
     def close(self) -> None:
         self._closed = True
+        if self.pressured:
+            self._release()
         self.wake()
 
 
-def _sse(message: Message) -> bytes:
-    return b"event: message\ndata: " + jsonrpc.dumps_out(message) + b"\n\n"
+def _sse(data: bytes) -> bytes:
+    """One SSE event carrying a message serialized by `jsonrpc.dumps_out`."""
+    return b"event: message\ndata: " + data + b"\n\n"
 
 
 class _Replay:
@@ -156,29 +230,46 @@ class _Replay:
 
     The POST writes through `target` while its connection lasts; a client that lost the stream
     reconnects with GET and `Last-Event-ID: <key>:<seq>`, gets what it missed, and becomes the
-    target for the rest. Bounded: the last `KEEP` events, kept `GRACE_S` after the response.
+    target for the rest. Bounded: the last `KEEP` events and `_Replays.stream_bytes`, oldest
+    evicted first, kept `GRACE_S` after the response; all replays together by
+    `_Replays.total_bytes` (see there).
     """
 
     KEEP = 256
     GRACE_S = 30.0
 
-    def __init__(self, key: str, session_id: str) -> None:
+    def __init__(self, key: str, session_id: str, down_id: Any, store: _Replays) -> None:
         self.key = key
         self.session_id = session_id
-        self.events: deque[tuple[int, bytes]] = deque(maxlen=self.KEEP)
+        self.down_id = down_id
+        self.store = store
+        self.events: deque[tuple[int, bytes]] = deque()
+        self.bytes = 0
+        self.evicted_upto = 0  # the highest sequence number evicted
+        self.answer_seq: int | None = None  # the event carrying the request's answer
         self.seq = 0
         self.target: Send | None = None
         self.lock = asyncio.Lock()
         self.finished = asyncio.Event()
 
-    async def emit(self, message: Message) -> None:
-        """Record the message under its id and write it: one step, so a resumption that replays
-        under the same lock neither misses it nor gets it twice."""
+    async def emit(self, message: bytes, *, answer: bool = False) -> None:
+        """Record the serialized message under its id and write it: one step, so a resumption
+        that replays under the same lock neither misses it nor gets it twice."""
         async with self.lock:
             self.seq += 1
+            if answer:
+                self.answer_seq = self.seq
             data = f"id: {self.key}:{self.seq}\n".encode() + _sse(message)
             self.events.append((self.seq, data))
+            self.bytes += len(data)
+            self.store.added(self, len(data))
             await self._write_locked(data)
+
+    def evict(self) -> int:
+        seq, data = self.events.popleft()
+        self.evicted_upto = seq
+        self.bytes -= len(data)
+        return len(data)
 
     async def write_ping(self, message: MutableMapping[str, Any]) -> None:
         await self.write(message["body"])
@@ -194,6 +285,59 @@ class _Replay:
             await self.target({"type": "http.response.body", "body": data, "more_body": True})
         except Exception:  # the reader went away: keep recording for the next resumption
             self.target = None
+
+
+# Resumption buffers: one response may keep its answer (up to the 16 MiB message limit) and some
+# notifications; all of them together hold at most `REPLAY_TOTAL_BYTES` (200 calls with 8 MiB
+# answers held 1.8 GB for 30 s when only the event count was bounded).
+REPLAY_STREAM_BYTES = 17 * 1024 * 1024
+REPLAY_TOTAL_BYTES = 64 * 1024 * 1024
+
+
+class _Replays:
+    """The 2025 response streams kept for resumption: at most `LIMIT` of them (the oldest
+    forgotten), each within `KEEP` events and `stream_bytes`, all within `total_bytes`. Eviction
+    takes the oldest event first: of the stream itself for its own bounds, of the oldest stream
+    holding any for the total. Evictions are counted in
+    `mcp_recovery_resumption_evictions_total{bound}`. A client resuming past an evicted answer is
+    told so with a JSON-RPC error for its request, not left waiting."""
+
+    LIMIT = 1024
+
+    def __init__(self, stream_bytes: int = REPLAY_STREAM_BYTES, total_bytes: int = REPLAY_TOTAL_BYTES) -> None:
+        self.stream_bytes = stream_bytes
+        self.total_bytes = total_bytes
+        self.replays: dict[str, _Replay] = {}
+        self.held = 0
+
+    def get(self, key: str) -> _Replay | None:
+        return self.replays.get(key)
+
+    def new(self, key: str, session_id: str, down_id: Any) -> _Replay:
+        if len(self.replays) >= self.LIMIT:
+            self.forget(next(iter(self.replays)))
+        replay = self.replays[key] = _Replay(key, session_id, down_id, self)
+        return replay
+
+    def forget(self, key: str) -> None:
+        replay = self.replays.pop(key, None)
+        if replay is not None:
+            self.held -= replay.bytes
+            replay.events.clear()
+            replay.bytes = 0
+
+    def added(self, replay: _Replay, size: int) -> None:
+        self.held += size
+        while len(replay.events) > 1 and (replay.bytes > self.stream_bytes or len(replay.events) > _Replay.KEEP):
+            self.held -= replay.evict()
+            SHED.count("resumption_evictions", "stream")
+        if self.held > self.total_bytes:
+            for oldest in list(self.replays.values()):
+                while oldest.events and self.held > self.total_bytes:
+                    self.held -= oldest.evict()
+                    SHED.count("resumption_evictions", "total")
+                if self.held <= self.total_bytes:
+                    break
 
 
 async def _respond(
@@ -321,7 +465,7 @@ class McpHttpApp:
             hosts += LOOPBACK_HOST_PATTERNS
             origins += LOOPBACK_ORIGIN_PATTERNS
         self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
-        self._replays: dict[str, _Replay] = {}
+        self._replays = _Replays()
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
         # Open 2025 listen streams: they never end by themselves, so shutdown ends them
@@ -666,8 +810,8 @@ class McpHttpApp:
             stream.finish()
             if writer is not None:
                 return await writer
-            first = stream.pop()
-            if first is None:
+            item = stream.pop()
+            if item is None:
                 if failed:
                     await _respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
                     return False
@@ -675,8 +819,9 @@ class McpHttpApp:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return False
+            first, data = item
             ok = "result" in first
-            await _respond_json(send, _status_for(first, modern), first, extra)
+            await _respond(send, _status_for(first, modern), data, [_JSON, *extra])
             return ok
         finally:
             watches.end(stream)
@@ -702,13 +847,14 @@ class McpHttpApp:
             if not modern and session_id is not None:
                 return await self._stream_resumable(stream, first, down_id, send, session_id)
             ok = False
-            message: Message | None = first
-            while message is not None:
-                await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
+            item: tuple[Message, bytes] | None = first
+            while item is not None:
+                message, data = item
+                await send({"type": "http.response.body", "body": _sse(data), "more_body": True})
                 if jsonrpc.is_response(message) and message.get("id") == down_id:
                     ok = "result" in message
                     break
-                message = await self._next(stream, ping=send)
+                item = await self._next(stream, ping=send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return ok
         except BaseException:
@@ -716,28 +862,27 @@ class McpHttpApp:
             raise
 
     async def _stream_resumable(
-        self, stream: _Stream, first: Message, down_id: Any, send: Send, session_id: str
+        self, stream: _Stream, first: tuple[Message, bytes], down_id: Any, send: Send, session_id: str
     ) -> bool:
         """A 2025 SSE response whose events carry ids, so a client that lost it can resume it."""
-        if len(self._replays) >= 1024:  # bounded: forget the oldest
-            self._replays.pop(next(iter(self._replays)))
-        replay = _Replay(f"r{next(self._replay_ids)}", session_id)
-        self._replays[replay.key] = replay
+        replay = self._replays.new(f"r{next(self._replay_ids)}", session_id, down_id)
         replay.target = send
         ok = False
         try:
             # SEP-1699: a priming event (an id, no data) and the reconnection delay.
             await replay.write(f"id: {replay.key}:0\nretry: {RETRY_MS}\ndata: \n\n".encode())
-            message: Message | None = first
-            while message is not None:
-                await replay.emit(message)
-                if jsonrpc.is_response(message) and message.get("id") == down_id:
+            item: tuple[Message, bytes] | None = first
+            while item is not None:
+                message, data = item
+                answer = jsonrpc.is_response(message) and message.get("id") == down_id
+                await replay.emit(data, answer=answer)
+                if answer:
                     ok = "result" in message
                     break
-                message = await self._next(stream, ping=replay.write_ping)
+                item = await self._next(stream, ping=replay.write_ping)
         finally:
             replay.finished.set()
-            asyncio.get_running_loop().call_later(_Replay.GRACE_S, self._replays.pop, replay.key, None)
+            asyncio.get_running_loop().call_later(_Replay.GRACE_S, self._replays.forget, replay.key)
         async with replay.lock:
             target, replay.target = replay.target, None
         if target is send:
@@ -752,6 +897,16 @@ class McpHttpApp:
             for seq, data in list(replay.events):
                 if seq > after:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+            lost = replay.answer_seq
+            if lost is not None and after < lost <= replay.evicted_upto:
+                # The answer was evicted to keep the buffers bounded: say so rather than end the
+                # stream as if the request had been cancelled.
+                note = jsonrpc.error(
+                    replay.down_id,
+                    jsonrpc.INTERNAL_ERROR,
+                    "the answer is no longer held for resumption (the proxy's resumption buffers are full)",
+                )
+                await send({"type": "http.response.body", "body": _sse(jsonrpc.dumps_out(note)), "more_body": True})
             if not replay.finished.is_set():
                 replay.target = send
         if not replay.finished.is_set():
@@ -772,12 +927,12 @@ class McpHttpApp:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    async def _next(self, stream: _Stream, ping: Send) -> Message | None:
+    async def _next(self, stream: _Stream, ping: Send) -> tuple[Message, bytes] | None:
         """The next message for this response; None once the handler ended without one more."""
         while True:
-            message = stream.pop()
-            if message is not None:
-                return message
+            item = stream.pop()
+            if item is not None:
+                return item
             if stream.finished:
                 return None
             await stream.wait(PING_INTERVAL_S)
@@ -821,7 +976,7 @@ class McpHttpApp:
         if self._shutting_down:
             await _respond_error(send, 503, None, jsonrpc.INTERNAL_ERROR, "the proxy is shutting down")
             return
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), listen=True)
         if not relay.attach_listen(stream):
             await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return
@@ -836,9 +991,9 @@ class McpHttpApp:
                 }
             )
             while not stream.closed and session_id in self.service.sessions:
-                message = stream.pop()
-                if message is not None:
-                    await send({"type": "http.response.body", "body": _sse(message), "more_body": True})
+                item = stream.pop()
+                if item is not None:
+                    await send({"type": "http.response.body", "body": _sse(item[1]), "more_body": True})
                     continue
                 await stream.wait(PING_INTERVAL_S)
                 if stream.closed or stream._items:

@@ -4,7 +4,9 @@ One client on stdin/stdout, newline-delimited JSON-RPC. `initialize` opens a leg
 its own upstream link; requests carrying the 2026-07-28 envelope go to the shared modern relay
 (a dual-era client probes with `server/discover` first, and falls back to `initialize` when the
 upstream does not speak 2026). Malformed lines get a JSON-RPC error; nothing a client writes
-stops the proxy. stdout carries only MCP messages; logs go to stderr.
+stops the proxy. stdout carries only MCP messages; logs go to stderr. A client that does not read
+its stdout gets no more notifications once `STDOUT_BUFFER_BYTES` wait in the pipe (counted);
+answers are always written.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.relay import Relay
 from proxy.service import Service
+from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.frontend.stdio")
+
+
+# What may wait in the stdout pipe's write buffer for a client that does not read: past it,
+# notifications and server requests are dropped (counted); responses are always written.
+STDOUT_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class _StdoutOutbox:
@@ -31,8 +39,17 @@ class _StdoutOutbox:
         self._closed = False
 
     def send(self, message: Message) -> None:
-        if not self._closed:
-            self._writer.write(jsonrpc.dumps_out(message) + b"\n")
+        if self._closed:
+            return
+        transport = getattr(self._writer, "transport", None)
+        if (
+            transport is not None
+            and transport.get_write_buffer_size() > STDOUT_BUFFER_BYTES
+            and not jsonrpc.is_response(message)
+        ):
+            SHED.count("dropped_messages", "stream_full")
+            return
+        self._writer.write(jsonrpc.dumps_out(message) + b"\n")
 
     @property
     def closed(self) -> bool:

@@ -40,6 +40,7 @@ from proxy.telemetry.events import (
     PolicyReloaded,
     UpstreamStatus,
 )
+from proxy.telemetry.shed import ShedCollector
 
 PREFIX = "mcp_recovery_"
 OTHER = "other"
@@ -325,6 +326,7 @@ class MetricsObserver:
             "calls_in_flight", "tools/call requests being handled now.", self._tool, lambda a, b: a + b
         )
         registry.register(self._in_flight)
+        registry.register(ShedCollector())
 
     def watch_in_flight(self, source: InFlightSource) -> None:
         """Export the calls in flight per tool `source()` gives: the engine's `in_flight_by_tool`."""

@@ -46,10 +46,11 @@ class SseParser:
 
     __slots__ = (
         "_bom_checked",
-        "_buf",
         "_data",
         "_data_len",
         "_event",
+        "_pending",
+        "_pending_len",
         "_pending_retry",
         "_skip_lf",
         "last_event_id",
@@ -61,7 +62,8 @@ class SseParser:
         self.max_event_bytes = max_event_bytes
         self.last_event_id: str | None = None
         self.retry: int | None = None  # the latest reconnection time the server asked for (ms)
-        self._buf = b""
+        self._pending: list[bytes] = []  # the pieces of the line not yet terminated
+        self._pending_len = 0
         self._skip_lf = False
         self._bom_checked = False
         self._event = ""
@@ -70,34 +72,49 @@ class SseParser:
         self._pending_retry: int | None = None
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        """The events `chunk` completes. Linear in the input: only the new chunk is scanned for line
+        ends, and an unterminated line is kept as a list of pieces joined once when it ends (a
+        buffer concatenated and rescanned per chunk made a long line quadratic: 41 s of CPU for
+        15 MiB). Raises SseError once a line or an event exceeds `max_event_bytes`."""
         if not chunk:
             return []
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        buf = self._buf + chunk if self._buf else chunk
+                if not chunk:
+                    return []
         if not self._bom_checked:
-            if len(buf) < 3 and _BOM.startswith(buf):
-                self._buf = buf
+            head = b"".join(self._pending) + chunk  # fewer than 3 bytes were kept back
+            self._pending, self._pending_len = [], 0
+            if len(head) < 3 and _BOM.startswith(head):
+                self._pending, self._pending_len = [head], len(head)
                 return []
             self._bom_checked = True
-            if buf.startswith(_BOM):
-                buf = buf[3:]
+            chunk = head[3:] if head.startswith(_BOM) else head
         events: list[SseEvent] = []
         start = 0
-        for m in _LINE_END.finditer(buf):
+        size = len(chunk)
+        for m in _LINE_END.finditer(chunk):
             end = m.start()
-            if m.group() == b"\r" and m.end() == len(buf):
+            if m.end() == size and end == size - 1 and chunk[end] == 0x0D:
                 self._skip_lf = True  # a LF may follow in the next chunk: same terminator
-            ev = self._line(buf[start:end])
+            if self._pending:
+                self._pending.append(chunk[start:end])
+                line = b"".join(self._pending)
+                self._pending, self._pending_len = [], 0
+            else:
+                line = chunk[start:end]
+            ev = self._line(line)
             if ev is not None:
                 events.append(ev)
             start = m.end()
-        rest = buf[start:]
-        if self.max_event_bytes is not None and len(rest) > self.max_event_bytes:
-            raise SseError(f"an SSE line exceeds {self.max_event_bytes} bytes")
-        self._buf = rest
+        if start < size:
+            self._pending_len += size - start
+            if self.max_event_bytes is not None and self._pending_len > self.max_event_bytes:
+                self._pending, self._pending_len = [], 0
+                raise SseError(f"an SSE line exceeds {self.max_event_bytes} bytes")
+            self._pending.append(chunk[start:] if start else chunk)
         return events
 
     def _line(self, line: bytes) -> SseEvent | None:

@@ -16,7 +16,10 @@
   link ever needs a new one. Exits the proxy asked for (a session's end, shutdown, a start-up
   exchange it gave up on) are neither. `check()` starts a throwaway child and asks it `initialize`.
 - Messages are newline-delimited JSON; stdout lines that are not JSON are logged and skipped;
-  stderr is logged line by line (bounded), never treated as an error signal.
+  stderr is logged line by line, never treated as an error signal. What a child can make the proxy
+  log is bounded: each line to 2000 characters, and per child to a burst of 100 lines, then 20 a
+  second (a token bucket); lines beyond are counted (`mcp_recovery_stderr_lines_dropped_total`)
+  and summed up in one log line.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from proxy.jsonrpc import (
     dumps,
     loads,
 )
+from proxy.telemetry.shed import SHED
 from proxy.upstream.base import (
     Capabilities,
     Era,
@@ -60,6 +64,45 @@ _STDERR_LINE_LIMIT = 2000
 _TERMINATE_GRACE_S = 2.0
 
 
+class _LineBudget:
+    """A token bucket for the log lines one child can cause (its stderr, its non-JSON stdout):
+    `BURST` lines at once, then `RATE` a second. A child writing 200k lines in 2.5 s made as many
+    log lines; what the bucket refuses is counted (`mcp_recovery_stderr_lines_dropped_total`) and
+    summed up in one line when logging resumes or the child's stderr ends."""
+
+    __slots__ = ("at", "dropped", "tokens")
+    BURST = 100
+    RATE = 20.0
+
+    def __init__(self) -> None:
+        self.tokens = float(self.BURST)
+        self.at = time.monotonic()
+        self.dropped = 0
+
+    def take(self, name: str) -> bool:
+        now = time.monotonic()
+        self.tokens = min(float(self.BURST), self.tokens + (now - self.at) * self.RATE)
+        self.at = now
+        if self.tokens < 1.0:
+            self.dropped += 1
+            SHED.count("stderr_lines_dropped")
+            return False
+        self.tokens -= 1.0
+        self.summarize(name)
+        return True
+
+    def summarize(self, name: str) -> None:
+        if self.dropped:
+            stderr_log.warning(
+                "%s: %d output lines not logged (at most %d a second, bursts of %d)",
+                name,
+                self.dropped,
+                int(self.RATE),
+                self.BURST,
+            )
+            self.dropped = 0
+
+
 class _ChildProtocol(asyncio.SubprocessProtocol):
     """The child's pipes, read in the event loop's own callbacks: each stdout line is routed the
     moment its bytes arrive (no reader task to wake per message), stderr is logged line by line,
@@ -71,6 +114,8 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
         self.child: _Child | None = None
         self.exited = asyncio.get_running_loop().create_future()
         self.stdout_closed = asyncio.Event()
+        self.stderr_closed = asyncio.Event()
+        self.log_budget = _LineBudget()
         self._out = bytearray()
         self._err = bytearray()
         self._paused: asyncio.Future[None] | None = None
@@ -127,14 +172,24 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
             end = len(buf)
         complete = bytes(buf[:end])
         del buf[: end + 1]
+        self._log_stderr(complete)
+
+    def _log_stderr(self, complete: bytes) -> None:
         name = self.child.name if self.child is not None else "upstream"
+        budget = self.log_budget
         for line in complete.splitlines():
-            if line.strip():
+            if line.strip() and budget.take(name):
                 stderr_log.info("%s: %s", name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace"))
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 1:
             self.stdout_closed.set()
+        elif fd == 2:
+            if self._err:
+                self._log_stderr(bytes(self._err))
+                self._err.clear()
+            self.log_budget.summarize(self.child.name if self.child is not None else "upstream")
+            self.stderr_closed.set()
         elif fd == 0 and self._paused is not None and not self._paused.done():
             self._paused.set_result(None)  # nothing more will drain: the next write fails instead
 
@@ -197,6 +252,17 @@ class _Child:
         if stdin is None or stdin.is_closing() or self.protocol.overflow:
             raise BrokenPipeError("stdin closed")
         stdin.write(data)  # type: ignore[attr-defined]
+
+    def pause_reading(self, paused: bool) -> None:
+        """Stop (or resume) reading the child's stdout: the child then blocks on its full pipe."""
+        stdout = self.transport.get_pipe_transport(1)
+        if stdout is None or stdout.is_closing():
+            return
+        if paused:
+            stdout.pause_reading()  # type: ignore[attr-defined]
+            SHED.count("upstream_read_pauses")
+        else:
+            stdout.resume_reading()  # type: ignore[attr-defined]
 
     async def drain(self) -> None:
         await self.protocol.drain()
@@ -289,6 +355,15 @@ class StdioLink(LinkBase):
             params["reason"] = reason
         await self.send_notification({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
 
+    def pause_reading(self, paused: bool) -> None:
+        """Backpressure from this link's one client (a legacy session): while a stream of its
+        holds more than the client reads, the child's stdout is not read, so the child waits on
+        its pipe instead of the proxy buffering what it writes. Never used on the shared modern
+        link (one slow caller must not stall the others)."""
+        child = self._child
+        if child is not None and child.alive:
+            child.pause_reading(paused)
+
     async def aclose(self) -> None:
         self._closed = True
         child, self._child = self._child, None
@@ -369,9 +444,10 @@ class StdioLink(LinkBase):
         try:
             message = loads(line)
         except ValueError:
-            stderr_log.info(
-                "%s stdout (not JSON): %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace")
-            )
+            if child.protocol.log_budget.take(child.name):
+                stderr_log.info(
+                    "%s stdout (not JSON): %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace")
+                )
             return
         if not isinstance(message, dict):
             return
@@ -624,7 +700,8 @@ class StdioUpstream:
 
 
 def _spare_line(child: _Child, line: bytes) -> None:
-    stderr_log.info("%s (spare) wrote before any request: %s", child.name, line[:200].decode("utf-8", "replace"))
+    if child.protocol.log_budget.take(child.name):
+        stderr_log.info("%s (spare) wrote before any request: %s", child.name, line[:200].decode("utf-8", "replace"))
 
 
 async def _end_with_output(child: _Child) -> None:

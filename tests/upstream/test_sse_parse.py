@@ -92,3 +92,50 @@ def test_event_size_bound() -> None:
     p = SseParser(max_event_bytes=10)
     with pytest.raises(SseError):
         p.feed(b"data: 0123456789abcdef")  # an unterminated line is bounded too
+
+
+class _CountingPattern:
+    """Stands in for the parser's line-end pattern and adds up how many bytes it was asked to scan."""
+
+    def __init__(self, pattern) -> None:  # type: ignore[no-untyped-def]
+        self.pattern = pattern
+        self.scanned = 0
+
+    def finditer(self, data):  # type: ignore[no-untyped-def]
+        self.scanned += len(data)
+        return self.pattern.finditer(data)
+
+
+def test_a_long_unterminated_line_is_scanned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13 item 7: an upstream dribbling one long line made the parser rescan everything it
+    had kept on every chunk (quadratic: 41 s of CPU for 15 MiB). The work is counted in bytes
+    scanned, not timed: it must stay linear in what was fed."""
+    import proxy.upstream.sse_parse as sse_parse
+
+    counting = _CountingPattern(sse_parse._LINE_END)
+    monkeypatch.setattr(sse_parse, "_LINE_END", counting)
+    parser = SseParser(max_event_bytes=4 * 1024 * 1024)
+    chunk = b"x" * 1024
+    fed = 0
+    parser.feed(b"data: ")
+    for _ in range(2048):  # 2 MiB in 1 KiB chunks, no line end
+        parser.feed(chunk)
+        fed += len(chunk)
+    events = parser.feed(b"\n\n")
+    assert len(events) == 1 and len(events[0].data) == fed
+    assert counting.scanned <= 2 * (fed + 16)
+
+
+def test_an_unterminated_line_over_the_bound_is_refused_and_not_kept() -> None:
+    parser = SseParser(max_event_bytes=10_000)
+    with pytest.raises(SseError):
+        for _ in range(100):
+            parser.feed(b"y" * 1000)
+    assert parser._pending_len == 0 and not parser._pending
+
+
+def test_crlf_at_the_end_of_a_chunk_is_one_terminator() -> None:
+    parser = SseParser()
+    assert parser.feed(b"data: a\r\n") == []
+    assert [e.data for e in parser.feed(b"\r\n")] == [b"a"]
+    assert [e.data for e in feed_all([b"data: b\r", b"\n\r", b"\n"])] == [b"b"]

@@ -32,6 +32,10 @@ CHILD = textwrap.dedent(
         elif method == "noisy":  # noise on stdout and stderr around the answer, all in one write
             sys.stderr.write("a line on stderr\\n"); sys.stderr.flush()
             out.write("not json at all\\n\\n" + reply + "\\n")
+        elif method == "spew":  # 5000 stderr lines, one very long
+            sys.stderr.write("".join(f"stderr line {i}\\n" for i in range(4999)) + "z" * 100000 + "\\n")
+            sys.stderr.flush()
+            out.write(reply + "\\n")
         elif method == "huge":  # a line far over the proxy's limit, never ended
             out.write("x" * 5000)
         else:
@@ -161,3 +165,28 @@ async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
     assert child.alive, "close_session returned without waiting for the child's exit"
     await service.aclose()
     assert not child.alive and child.returncode is not None, "shutdown waited for it"
+
+
+async def test_a_child_flooding_stderr_is_logged_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 13 item 7: every stderr line became a log line (200k lines in 2.5 s). Now a burst of
+    100 lines, then 20 a second, per child; the rest is counted and summed up in one line."""
+    from proxy.telemetry.shed import SHED
+
+    before = SHED.get("stderr_lines_dropped")
+    upstream, link = await _link()
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.upstream"):
+            assert (await _call(link, "spew"))["result"] == {"method": "spew"}
+            protocol = link._child.protocol
+            await link.aclose()  # the child's stderr ends: what it dropped is summed up
+            await asyncio.wait_for(protocol.stderr_closed.wait(), 10)
+        messages = [r.getMessage() for r in caplog.records]
+        logged = [m for m in messages if "stderr line " in m or "zzzz" in m]
+        dropped = SHED.get("stderr_lines_dropped") - before
+        assert len(logged) < 1000, "logging is rate-limited"
+        assert len(logged) + dropped == 5000, "every line is either logged or counted"
+        assert all(len(m) < 2100 for m in logged), "each logged line is bounded"
+        summaries = [r.getMessage() for r in caplog.records if "output lines not logged" in r.getMessage()]
+        assert summaries and sum(int(m.split(": ")[1].split()[0]) for m in summaries) == dropped
+    finally:
+        await upstream.aclose()

@@ -1,0 +1,83 @@
+"""What the proxy sheds to stay bounded, counted: process-wide counters with closed label sets.
+
+Contract:
+- `SHED.count(metric, label)` adds to one of the counters below; a label outside the metric's
+  closed vocabulary is counted as "other", so no peer can grow a series set. Counting never
+  raises and takes no lock (it runs on the event loop's thread, as every reader does).
+- `ShedCollector` exports them on a Prometheus registry (`MetricsObserver` registers one):
+  - `mcp_recovery_dropped_messages_total{reason}`: server messages that reached no client.
+    `untied`: on a link several callers share, a message that cannot be tied to exactly one of
+    them; `stream_full`: a request's response stream held its byte bound (the answer itself is
+    never dropped); `listen_closed`: a listen stream reached its byte bound and was closed;
+    `backlog_full`: the bounded backlog of a session without a listen stream.
+  - `mcp_recovery_resumption_evictions_total{bound}`: events evicted from the buffers kept for
+    SSE resumption, by the bound that evicted them (`stream` or `total`).
+  - `mcp_recovery_upstream_read_pauses_total`: times a stdio child's output was paused because
+    the client it feeds did not read.
+  - `mcp_recovery_stderr_lines_dropped_total`: stdio children's stderr lines not logged (rate
+    limit).
+Counters are process-wide because the parts that shed (frontends, relays, upstream adapters)
+have no telemetry handle; a test reads the difference around what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, Metric
+
+_METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "dropped_messages": (
+        "Server messages that reached no client, by why they were dropped.",
+        "reason",
+        ("untied", "stream_full", "listen_closed", "backlog_full"),
+    ),
+    "resumption_evictions": (
+        "Events evicted from SSE resumption buffers, by the bound that evicted them.",
+        "bound",
+        ("stream", "total"),
+    ),
+    "upstream_read_pauses": ("Times a stdio child's output was paused for a client that did not read.", None, ()),
+    "stderr_lines_dropped": ("stdio children's stderr lines not logged (rate limit).", None, ()),
+}
+OTHER = "other"
+
+
+class Shed:
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, str], int] = {}
+        for name, (_, label, allowed) in _METRICS.items():
+            for value in allowed if label else ("",):
+                self.values[(name, value)] = 0
+
+    def count(self, metric: str, label: str = "", n: int = 1) -> None:
+        key = (metric, label)
+        if key not in self.values:
+            key = (metric, OTHER if label else "")
+        self.values[key] = self.values.get(key, 0) + n
+
+    def get(self, metric: str, label: str = "") -> int:
+        return self.values.get((metric, label), 0)
+
+
+SHED = Shed()
+
+
+class ShedCollector:
+    def __init__(self, shed: Shed = SHED, prefix: str = "mcp_recovery_") -> None:
+        self.shed = shed
+        self.prefix = prefix
+
+    def describe(self) -> Iterator[Metric]:
+        for name, (doc, label, _) in _METRICS.items():
+            yield CounterMetricFamily(self.prefix + name, doc, labels=(label,) if label else ())
+
+    def collect(self) -> Iterator[Metric]:
+        for name, (doc, label, _) in _METRICS.items():
+            family = CounterMetricFamily(self.prefix + name, doc, labels=(label,) if label else ())
+            for (metric, value), n in self.shed.values.items():
+                if metric == name:
+                    family.add_metric([value] if label else [], n)
+            yield family

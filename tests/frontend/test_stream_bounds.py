@@ -1,0 +1,128 @@
+"""The HTTP frontend's per-stream queues and resumption buffers are bounded in bytes (issue 13
+item 3). Before: a 2025 listen stream nobody read grew the proxy from 127 MB to 2.3 GB in 25 s,
+and 200 calls with 8 MiB answers held 1.8 GB for 30 s in resumption buffers bounded by count."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy import jsonrpc
+from proxy.frontend.http import _Replays, _Stream
+from proxy.telemetry.shed import SHED
+
+pytestmark = pytest.mark.anyio
+BOUND = 1024 * 1024
+
+
+def _note(i: int, size: int = 64 * 1024) -> dict:
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {"level": "info", "data": "x" * size, "i": i},
+    }
+
+
+async def test_a_listen_stream_nobody_reads_is_closed_at_its_bound() -> None:
+    before = SHED.get("dropped_messages", "listen_closed")
+    stream = _Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
+    offered = 0
+    while not stream.closed:
+        stream.send(_note(offered))
+        offered += 1
+        assert stream._bytes <= BOUND
+        assert offered < 100, "a stream nobody reads is closed at its bound"
+    assert not stream._items and stream._bytes == 0, "what it held is released"
+    assert SHED.get("dropped_messages", "listen_closed") - before == offered, "each message it did not write is counted"
+
+
+async def test_a_response_stream_nobody_reads_drops_notifications_but_takes_its_answer() -> None:
+    before = SHED.get("dropped_messages", "stream_full")
+    stream = _Stream(asyncio.get_running_loop(), max_bytes=BOUND)
+    stream.down_id = 5
+    for i in range(100):
+        stream.send(_note(i))
+    assert stream._bytes <= BOUND and not stream.closed
+    kept = len(stream._items)
+    assert SHED.get("dropped_messages", "stream_full") - before == 100 - kept
+    answer = {"jsonrpc": "2.0", "id": 5, "result": {"content": [{"type": "text", "text": "y" * 2 * BOUND}]}}
+    stream.send(answer)
+    assert stream._items[-1][0] is answer, "the answer is never dropped"
+    assert stream._items[-1][1] == jsonrpc.dumps(answer), "serialized once, for the writer"
+
+
+async def test_one_message_larger_than_the_bound_still_passes_an_empty_stream() -> None:
+    stream = _Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
+    stream.send(_note(0, size=2 * BOUND))
+    assert len(stream._items) == 1 and not stream.closed
+
+
+async def test_pressure_is_signalled_at_half_the_bound_and_released_at_a_quarter_or_on_close() -> None:
+    stream = _Stream(asyncio.get_running_loop(), max_bytes=BOUND)
+    seen: list[bool] = []
+    stream.on_pressure = seen.append
+    while not seen:
+        stream.send(_note(len(stream._items)))
+    assert seen == [True] and stream._bytes > BOUND // 2
+    while stream._bytes > BOUND // 4:
+        assert stream.pop() is not None
+    assert seen == [True, False]
+    stream.send(_note(0, size=BOUND // 2))
+    stream.send(_note(1, size=BOUND // 4))
+    assert seen == [True, False, True]
+    stream.close()
+    assert seen == [True, False, True, False], "a closed stream holds no pressure"
+
+
+async def test_resumption_buffers_are_bounded_per_stream_and_in_total_oldest_first() -> None:
+    total_before = SHED.get("resumption_evictions", "total")
+    stream_before = SHED.get("resumption_evictions", "stream")
+    store = _Replays(stream_bytes=3 * BOUND, total_bytes=8 * BOUND)
+    big = b"z" * BOUND
+    replays = [store.new(f"r{i}", "session", i) for i in range(20)]
+    for replay in replays:  # 20 answers of 1 MiB each: only the newest 8 MiB stay
+        await replay.emit(big, answer=True)
+        assert store.held <= 8 * BOUND
+    assert store.held == sum(r.bytes for r in replays)
+    assert [bool(r.events) for r in replays] == [False] * 13 + [True] * 7, "the oldest are evicted first"
+    assert SHED.get("resumption_evictions", "total") - total_before == 13
+    one = replays[-1]
+    for _ in range(5):  # one stream over its own bound evicts its own oldest events
+        await one.emit(big)
+    assert one.bytes <= 3 * BOUND and one.evicted_upto >= 1
+    assert SHED.get("resumption_evictions", "stream") - stream_before >= 3
+    store.forget(one.key)
+    assert store.held == sum(r.bytes for r in replays if r.key in store.replays)
+
+
+async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -> None:
+    """A client that resumes after its answer was evicted is told so, not left with a stream that
+    ends as if its request had been cancelled."""
+    from proxy.frontend.http import McpHttpApp
+    from proxy.service import Service
+    from proxy.settings import Settings
+    from proxy.upstream.stdio import StdioUpstream
+
+    settings = Settings()
+    app = McpHttpApp(Service(settings, StdioUpstream(["true"])), settings)
+    app._replays = _Replays(stream_bytes=3 * BOUND, total_bytes=2 * BOUND)
+    lost = app._replays.new("r1", "session", "call-7")
+    await lost.emit(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+    await lost.emit(jsonrpc.dumps({"jsonrpc": "2.0", "id": "call-7", "result": {}}), answer=True)
+    lost.finished.set()
+    for i in range(3):  # newer answers push the old one out of the total bound
+        await app._replays.new(f"r{i + 2}", "session", i).emit(b"z" * BOUND, answer=True)
+    assert not lost.events
+
+    written: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        written.append(message.get("body", b""))
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    await app._resume(send, receive, lost, 0)
+    body = b"".join(written)
+    assert b'"id":"call-7"' in body and b'"error"' in body and b"no longer held" in body

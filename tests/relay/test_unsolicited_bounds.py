@@ -1,0 +1,63 @@
+"""Server messages tied to no request (issue 13 items 2 and 3): a 2025 session keeps them in a
+backlog bounded in bytes as well as count; the shared 2026 relay gives them to nobody. The relay
+is built on a real stdio link (its child is never needed: messages are handed to the relay the
+way the link's reader hands them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy import jsonrpc
+from proxy.jsonrpc import Message
+from proxy.relay import BACKLOG_BYTES, Relay, ToolCatalog
+from proxy.telemetry.shed import SHED
+from proxy.upstream.base import Era
+from proxy.upstream.stdio import StdioUpstream
+
+pytestmark = pytest.mark.anyio
+
+
+class Collected:
+    closed = False
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def send(self, message: Message) -> None:
+        self.messages.append(message)
+
+
+def _log(i: int) -> Message:
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {"level": "info", "data": "x" * 131072, "i": i},
+    }
+
+
+async def test_a_sessions_backlog_is_bounded_in_bytes_and_keeps_the_newest() -> None:
+    upstream = StdioUpstream(["true"])
+    relay = Relay(await upstream.open(Era.LEGACY), catalog=ToolCatalog(), session_id="s")
+    before = SHED.get("dropped_messages", "backlog_full")
+    for i in range(100):  # 12.5 MiB while no stream is open
+        relay._unsolicited(_log(i))
+    listen = Collected()
+    assert relay.attach_listen(listen)
+    delivered = sum(len(jsonrpc.dumps(m)) for m in listen.messages)
+    assert delivered <= BACKLOG_BYTES
+    assert [m["params"]["i"] for m in listen.messages] == list(range(100 - len(listen.messages), 100))
+    assert SHED.get("dropped_messages", "backlog_full") - before == 100 - len(listen.messages)
+    await upstream.aclose()
+
+
+async def test_the_shared_relay_gives_an_untied_message_to_nobody() -> None:
+    upstream = StdioUpstream(["true"])
+    relay = Relay(await upstream.open(Era.MODERN), catalog=ToolCatalog())
+    assert relay.shared
+    stream = Collected()
+    relay._streams.append(stream)  # a caller's request stream is open
+    before = SHED.get("dropped_messages", "untied")
+    relay._unsolicited(_log(0))
+    assert stream.messages == []
+    assert SHED.get("dropped_messages", "untied") - before == 1
+    await upstream.aclose()

@@ -9,6 +9,13 @@ and the active policy set.
   the Docker HEALTHCHECK use it.
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
+
+Safety: the Host header is checked like the MCP port's (proxy/hostcheck.py), so a DNS-rebinding
+page cannot read `/readyz` or `/policies`: loopback names, any IP literal (what Kubernetes probes
+and Prometheus scrapes send; a rebinding page always sends its own domain name) and the
+`--allowed-host` entries are accepted, anything else gets 421. Every answer is passed through the
+secret registry (proxy/secret_values.py): an upstream error echoed into a readiness reason, a
+policy problem or a metric label never carries the proxy's credentials.
 """
 
 from __future__ import annotations
@@ -21,8 +28,46 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
+from proxy.secret_values import SECRETS
 from proxy.service import Service
+
+
+class _ScrubbedJSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return SECRETS.scrub_bytes(super().render(content))
+
+
+class _HostCheck:
+    """The admin app behind the Host allow-list: 421 for a Host it does not allow, 400 for two."""
+
+    def __init__(self, app: ASGIApp, allowed: HostAllowList) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope["headers"]
+            status, reason = 0, b""
+            if duplicated(raw, b"host"):
+                status, reason = 400, b"Duplicate Host header"
+            else:
+                host = next((v.decode("latin-1").strip() for k, v in raw if k == b"host"), "")
+                if not self.allowed(host):
+                    status, reason = 421, b"Invalid Host header"
+            if status:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(reason)).encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": reason})
+                return
+        await self.app(scope, receive, send)
 
 
 def build_admin_app(
@@ -30,9 +75,10 @@ def build_admin_app(
     *,
     registry: CollectorRegistry | None = None,
     policies: Callable[[], dict[str, Any]] | None = None,
-) -> Starlette:
+    allowed_hosts: list[str] | tuple[str, ...] = (),
+) -> ASGIApp:
     async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return _ScrubbedJSON({"status": "ok"})
 
     async def readyz(_: Request) -> Response:
         reasons = []
@@ -44,9 +90,9 @@ def build_admin_app(
             if not snapshot.get("version"):
                 reasons.append("no policy set loaded")
         if reasons:
-            return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
+            return _ScrubbedJSON({"status": "not ready", "reasons": reasons}, status_code=503)
         caps = service.capabilities
-        return JSONResponse(
+        return _ScrubbedJSON(
             {
                 "status": "ready",
                 "upstream": service.upstream.description,
@@ -58,14 +104,14 @@ def build_admin_app(
     async def metrics(_: Request) -> Response:
         if registry is None:
             return PlainTextResponse("", media_type=CONTENT_TYPE_LATEST)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(SECRETS.scrub_bytes(generate_latest(registry)), media_type=CONTENT_TYPE_LATEST)
 
     async def show_policies(_: Request) -> Response:
         if policies is None:
-            return JSONResponse({"error": "no policy store"}, status_code=404)
-        return JSONResponse(policies())
+            return _ScrubbedJSON({"error": "no policy store"}, status_code=404)
+        return _ScrubbedJSON(policies())
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
@@ -73,3 +119,4 @@ def build_admin_app(
             Route("/policies", show_policies),
         ]
     )
+    return _HostCheck(app, HostAllowList([*LOOPBACK_HOST_PATTERNS, *allowed_hosts], ip_literals=True))

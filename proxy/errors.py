@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from proxy.secret_values import SECRETS
+
 
 class Dispatch(StrEnum):
     """Whether the upstream may have started executing an attempt (RECOVERY.md "dispatched")."""
@@ -47,6 +49,12 @@ class UpstreamFailure(ProxyError):
         retry_after_s: float | None = None,
         body: dict[str, Any] | None = None,
     ) -> None:
+        # Every failure is built here, and its detail and body reach /readyz, logs and callers:
+        # the proxy's own credentials go now, whatever the upstream echoed (an upstream answering
+        # 401 with the request headers it received is the case that leaked them).
+        detail = SECRETS.scrub(detail)
+        if body is not None:
+            body = SECRETS.scrub_value(body)
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
         self.dispatched = dispatched

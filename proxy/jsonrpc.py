@@ -11,6 +11,8 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.secret_values import SECRETS
+
 Message = dict[str, Any]
 RequestId = int | str
 
@@ -45,15 +47,60 @@ META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
 META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
 META_ATTEMPTS: Final = META_PREFIX + "attempts"
 META_APPROVED_BUDGET: Final = META_PREFIX + "approvedBudgetId"  # on a success that used an approval
+META_UNRESOLVED: Final = META_PREFIX + "unresolved"  # the unresolved report, on every result the proxy gives up on
+# Revisions whose CallToolResult has `structuredContent` (2025-06-18 introduced it).
+STRUCTURED_CONTENT_VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", *MODERN_VERSIONS})
+
+
+# orjson parses 1024 levels but serialises only about 254: a message between the two was accepted,
+# then failed in `dumps` on its way out (a 500 and a traceback per request). Nothing in MCP nests
+# anywhere near this deep; the margin leaves room for the levels the proxy wraps around a message.
+MAX_DEPTH: Final = 200
+_ORJSON_DEPTH: Final = 254  # the most nested containers orjson.dumps serialises (measured, orjson 3.x)
+
+
+class TooDeep(ValueError):
+    """A JSON value nested deeper than `MAX_DEPTH` levels."""
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON; raises ValueError (orjson.JSONDecodeError) on malformed input."""
-    return orjson.loads(data)
+    """Parse JSON; raises ValueError (orjson.JSONDecodeError, or `TooDeep`) on malformed input.
+
+    Every parsed message can be serialised again: one nested deeper than `MAX_DEPTH` is refused."""
+    value = orjson.loads(data)
+    # Counting brackets is a C-speed scan; only a text with that many brackets needs the walk.
+    if (
+        value.__class__ in (dict, list)
+        and data.count(b"[" if isinstance(data, bytes) else "[") + data.count(b"{" if isinstance(data, bytes) else "{")
+        > MAX_DEPTH
+    ):
+        if _deeper_than(value, MAX_DEPTH):
+            raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` containers, asked of orjson's own serialiser: it
+    refuses more than `_ORJSON_DEPTH` levels, so `value` wrapped in the difference fails exactly
+    when it is too deep. C speed: a Python walk of a 4 MiB body of small lists took seconds."""
+    wrapped = value
+    for _ in range(_ORJSON_DEPTH - limit):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except TypeError:  # a parsed value has nothing else orjson cannot serialise
+        return True
+    return False
 
 
 def dumps(message: Any) -> bytes:
     return orjson.dumps(message)
+
+
+def dumps_out(message: Any) -> bytes:
+    """`dumps` for a message written to a caller: the proxy's own credentials removed
+    (proxy/secret_values.py), whatever the upstream put in a result, error or notification."""
+    return SECRETS.scrub_bytes(orjson.dumps(message))
 
 
 def is_request(m: Message) -> bool:

@@ -1,4 +1,9 @@
-"""Logging set-up: plain lines or JSON lines on stderr (stdout may carry MCP over stdio)."""
+"""Logging set-up: plain lines or JSON lines on stderr (stdout may carry MCP over stdio).
+
+Every line, whichever logger wrote it (ours, uvicorn's, a library's) and including tracebacks
+and `extra` fields, passes one formatter that removes the proxy's own credentials by exact match
+(proxy/secret_values.py) from the finished line: the one place that sees all log text.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from proxy.secret_values import SECRETS
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -27,12 +34,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class SecretScrubbingFormatter(logging.Formatter):
+    """Formats with `inner`, then removes the registered secret values from the whole line."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return SECRETS.scrub(self.inner.format(record))
+
+
 def configure(*, level: str = "info", json_lines: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if json_lines:
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    inner = JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(SecretScrubbingFormatter(inner))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

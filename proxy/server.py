@@ -16,21 +16,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+import uvicorn
 from prometheus_client import CollectorRegistry
 
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
+from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
-
-if TYPE_CHECKING:
-    import uvicorn
 
 log = logging.getLogger("proxy.server")
 
@@ -46,12 +45,22 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
-def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
-    # Imported here, as the HTTP frontend is: `--listen stdio` without an admin port needs
-    # neither, and their imports (the MCP SDK's types above all) were most of a stdio proxy's
-    # start-up, which a local client waits for (bench/stdio_startup.py).
-    import uvicorn
+class _Server(uvicorn.Server):
+    """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
+    and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
+    logged as "Exception in ASGI application")."""
 
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        await super().shutdown(sockets)
+
+
+def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
     from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
 
     return uvicorn.Config(
@@ -60,6 +69,9 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         port=port,
         lifespan=lifespan,
         log_level="warning",
+        # uvicorn's own handlers would write its lines ("Exception in ASGI application" with a
+        # traceback) past the proxy's formatter and its secret removal: let them reach the root's.
+        log_config=None,
         access_log=False,
         loop="auto",
         # uvicorn's httptools protocol with the response head and body in one write (see there).
@@ -73,6 +85,8 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
 
 
 async def run(settings: Settings) -> int:
+    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
+    SECRETS.set(settings.header_pairs().values())
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -112,12 +126,12 @@ async def _serve(
 ) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
-        import uvicorn
-
         from proxy.admin import build_admin_app
 
         host, _, port = settings.admin.rpartition(":")
-        admin_app = build_admin_app(service, registry=registry, policies=policies.snapshot)
+        admin_app = build_admin_app(
+            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+        )
         admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio
@@ -138,12 +152,15 @@ async def _serve(
                 with contextlib.suppress(Exception):
                     await admin_task
         return 0
-    import uvicorn
-
+    # Imported here: `--listen stdio` does not need the HTTP frontend, and its imports (the MCP
+    # SDK's types above all) were most of a stdio proxy's start-up, which a local client waits
+    # for (bench/stdio_startup.py).
     from proxy.frontend.http import McpHttpApp
 
     app = McpHttpApp(service, settings)
-    main_server = uvicorn.Server(_uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"))
+    main_server = _Server(
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"), on_shutdown=app.close_streams
+    )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     stopping = asyncio.create_task(stop.wait())  # a SIGTERM before uvicorn took the signal over

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import gc
 import itertools
 import logging
@@ -43,6 +42,13 @@ from mcp.shared.inbound import (
 
 from proxy import jsonrpc
 from proxy.errors import FailureKind, UpstreamFailure
+from proxy.hostcheck import (
+    LOOPBACK_HOST_PATTERNS,
+    LOOPBACK_ORIGIN_PATTERNS,
+    HostAllowList,
+    OriginAllowList,
+    duplicated,
+)
 from proxy.jsonrpc import Message
 from proxy.relay import Relay
 from proxy.service import Service
@@ -149,7 +155,7 @@ def _primes(version: str | None) -> bool:
 
 
 def _sse(message: Message) -> bytes:
-    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+    return b"event: message\ndata: " + jsonrpc.dumps_out(message) + b"\n\n"
 
 
 class _Replay:
@@ -210,7 +216,7 @@ async def _respond(
 async def _respond_json(
     send: Send, status: int, message: Message, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await _respond(send, status, jsonrpc.dumps(message), [_JSON, *(headers or [])])
+    await _respond(send, status, jsonrpc.dumps_out(message), [_JSON, *(headers or [])])
 
 
 async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:
@@ -255,28 +261,6 @@ def _plainly_routable(message: Message, headers: dict[str, str]) -> bool:
         return True
     value = params.get(key)  # type: ignore[union-attr]
     return value is None or (headers.get(MCP_NAME_HEADER) == value and not value.startswith("=?"))
-
-
-class _AllowList:
-    """Host or Origin patterns (fnmatch, case-insensitive), with a bounded cache of verdicts:
-    a proxy sees the same few Host and Origin values on every request."""
-
-    __slots__ = ("_cache", "_patterns")
-    CACHE = 256
-
-    def __init__(self, patterns: list[str]) -> None:
-        self._patterns = [p.lower() for p in patterns]
-        self._cache: dict[str, bool] = {}
-
-    def __call__(self, value: str) -> bool:
-        verdict = self._cache.get(value)
-        if verdict is None:
-            low = value.lower()
-            verdict = any(fnmatch.fnmatchcase(low, p) for p in self._patterns)
-            if len(self._cache) >= self.CACHE:
-                self._cache.clear()
-            self._cache[value] = verdict
-        return verdict
 
 
 class _LateWatches:
@@ -335,18 +319,17 @@ class McpHttpApp:
         hosts = list(settings.allowed_hosts)
         origins = list(settings.allowed_origins)
         if loopback:
-            hosts += ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
-            origins += [
-                f"{s}://{h}{p}"
-                for s in ("http", "https")
-                for h in ("127.0.0.1", "localhost", "[::1]")
-                for p in ("", ":*")
-            ]
-        self.allowed_hosts = _AllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
+            hosts += LOOPBACK_HOST_PATTERNS
+            origins += LOOPBACK_ORIGIN_PATTERNS
+        self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self._replays: dict[str, _Replay] = {}
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
-        self.allowed_origins = _AllowList(origins)
+        # Open 2025 listen streams: they never end by themselves, so shutdown ends them
+        # (`close_streams`) instead of uvicorn cancelling their tasks after its grace period.
+        self._listening: set[_Stream] = set()
+        self._shutting_down = False
+        self.allowed_origins = OriginAllowList(origins)
         if not loopback and not settings.allowed_hosts:
             log.warning(
                 "listening on %s without --allowed-host (MCP_RECOVERY_ALLOWED_HOSTS): any Host header is accepted", host
@@ -366,6 +349,13 @@ class McpHttpApp:
             log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
             with contextlib.suppress(Exception):
                 await _respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+
+    def close_streams(self) -> None:
+        """The server is shutting down: end every open listen stream (each writes its closing
+        chunk and returns), and open no new one."""
+        self._shutting_down = True
+        for stream in list(self._listening):
+            stream.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -393,7 +383,13 @@ class McpHttpApp:
             return
         # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks);
         # ASGI servers give header names in lower case already.
-        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in scope["headers"]}
+        raw = scope["headers"]
+        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in raw}
+        if len(headers) < len(raw) and (duplicated(raw, b"host") or duplicated(raw, b"origin")):
+            # Two Hosts or Origins: which one a check read and which one a later hop reads may
+            # differ (RFC 9112 asks for 400 on a second Host).
+            await _respond(send, 400, b"Duplicate Host or Origin header", [(b"content-type", b"text/plain")])
+            return
         host = headers.get("host", "")
         if self.allowed_hosts is not None and not self.allowed_hosts(host):
             await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
@@ -446,6 +442,9 @@ class McpHttpApp:
             return
         try:
             message = jsonrpc.loads(body)
+        except jsonrpc.TooDeep as exc:
+            await _respond_error(send, 400, None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
+            return
         except (ValueError, RecursionError):
             await _respond_error(send, 400, None, jsonrpc.PARSE_ERROR, "Parse error: the body is not valid JSON")
             return
@@ -821,11 +820,15 @@ class McpHttpApp:
         if replay is not None and replay.session_id == session_id and seq.isdigit():
             await self._resume(send, receive, replay, int(seq))
             return
+        if self._shutting_down:
+            await _respond_error(send, 503, None, jsonrpc.INTERNAL_ERROR, "the proxy is shutting down")
+            return
         stream = _Stream(asyncio.get_running_loop())
         if not relay.attach_listen(stream):
             await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return
         gone = asyncio.create_task(self._watch_disconnect(receive, stream, None))
+        self._listening.add(stream)
         try:
             await send(
                 {
@@ -846,6 +849,7 @@ class McpHttpApp:
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            self._listening.discard(stream)
             gone.cancel()
             stream.close()
             relay.detach_listen(stream)

@@ -32,7 +32,7 @@ class _StdoutOutbox:
 
     def send(self, message: Message) -> None:
         if not self._closed:
-            self._writer.write(jsonrpc.dumps(message) + b"\n")
+            self._writer.write(jsonrpc.dumps_out(message) + b"\n")
 
     @property
     def closed(self) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from proxy.errors import PolicyError
 from proxy.policy.compiled import Category, IdempotencyKey, Layer, PolicySet, Rule, SideEffect
+from proxy.policy.regex import compile_rule_text
 from proxy.policy.resolve import (
     SETTINGS,
     YAML_KEY,
@@ -207,7 +207,7 @@ def _rule(index: int, model: RuleModel, pf: ParsedFile) -> Rule:
     return Rule(
         name=model.name,
         category=model.category,
-        text=re.compile(model.text) if model.text else None,
+        text=compile_rule_text(model.text) if model.text else None,
         path=tuple(model.path.split(".")) if model.path else None,
         equals=equals,
         jsonrpc_codes=frozenset(model.jsonrpc_codes),

@@ -13,12 +13,11 @@ Contract:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 
 class Category(StrEnum):
@@ -48,6 +47,14 @@ class Backoff:
     jitter: Literal["full", "none"] = "full"
 
 
+class TextPattern(Protocol):
+    """A compiled rule regex: what `classify` uses of it (kept here so `recovery/` needs no RE2 import)."""
+
+    pattern: str
+
+    def search(self, text: str) -> object | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One classification rule of a tool's policy. A rule matches when every matcher it sets matches.
@@ -61,7 +68,7 @@ class Rule:
 
     name: str
     category: Category
-    text: re.Pattern[str] | None = None
+    text: TextPattern | None = None  # RE2 (proxy/policy/regex.py): linear time, no backtracking
     path: tuple[str, ...] | None = None
     equals: tuple[Any, ...] | None = None
     jsonrpc_codes: frozenset[int] = frozenset()
@@ -106,7 +113,7 @@ class ToolPolicy:
     rules: tuple[Rule, ...] = ()
     trust_annotations: bool = True
     trust_error_category: bool = True
-    unclassified: Category = Category.TRANSIENT
+    unclassified: Category = Category.BUSINESS  # a label only: never retried (docs/recovery.md)
     idempotency_key: IdempotencyKey | None = None
     ledger_window_s: float = 60.0
     jsonrpc_errors_as_results: bool = True

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictInt, field_validator
 
 from proxy.policy.compiled import Category, SideEffect
+from proxy.policy.regex import compile_rule_text
 
 MAX_ATTEMPTS = 10
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -108,13 +109,7 @@ class RuleModel(_Strict):
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(
-                    f"{value!r} is not a valid regular expression ({exc}); "
-                    "escape special characters such as ( ) [ ] . * + ? with a backslash"
-                ) from None
+            compile_rule_text(value)  # RE2 (proxy/policy/regex.py): its ValueError names the fix
         return value
 
     @field_validator("path")

@@ -3,6 +3,10 @@
 Contract:
 - `parse_policy_file(display, content)` never raises for bad input; it returns a `ParsedFile` whose
   `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`.
+- YAML anchors and aliases (`&name`, `*name`, and so `<<` merges) are refused where they appear:
+  an alias re-uses a node, so a 500-byte file of nested aliases ("billion laughs") expanded to
+  gigabytes in the line walk and the validation (2+ GB for `policies check` and hot reload).
+  Without them the node count is bounded by the file's size.
 - `lines` maps every key path (`("backoff", "max")`, `("rules", 0, "text")`) to its 1-based line,
   taken from the YAML nodes' marks, so later checks can point at a line too.
 """
@@ -65,6 +69,22 @@ def key_text(loc: Loc) -> str:
     return out
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases as the composer meets them, before any expansion."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:  # type: ignore[override]
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "uses a YAML anchor or alias (&name, *name, <<: *name), which policy files do not allow "
+                "(aliases can expand a small file into gigabytes); write the values out in full",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
 def parse_policy_file(display: str, content: bytes) -> ParsedFile:
     parsed = ParsedFile(display)
     try:
@@ -72,10 +92,17 @@ def parse_policy_file(display: str, content: bytes) -> ParsedFile:
     except UnicodeDecodeError as exc:
         parsed.problem((), f"is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
         return parsed
-    loader = yaml.SafeLoader(text)
+    loader = _NoAliasLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        parsed.problem((), "nests too deeply to be a policy file; a policy is a few levels of key: value lines")
+        return parsed
+    except yaml.composer.ComposerError as exc:
+        mark = exc.problem_mark
+        parsed.problem((), str(exc.problem), line=mark.line + 1 if mark else None)
+        return parsed
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc)

@@ -6,6 +6,9 @@ Contract:
 - `reload()` validates the whole folder in a worker thread, then swaps `current` in one
   assignment. A bad folder keeps the last good set: every problem is logged (logger
   `proxy.policy`) with file and key, `last_error` remembers them, and the reload is counted.
+  A reload that fails for any other reason (an exception in the loader, a RecursionError on a
+  deeply nested file, a MemoryError) is recorded the same way, as one problem naming it: it never
+  escapes unrecorded, and never replaces the last good set.
 - Results: `ok` (a new version is live), `unchanged` (same content hash), `error`. Counters are
   plain ints (`reloads_ok`, `reloads_unchanged`, `reloads_error`); `on_reload(result, version,
   error)` is called after each reload (telemetry subscribes there; a failing hook is logged).
@@ -81,21 +84,25 @@ class PolicyStore:
     async def reload(self, reason: str = "manual") -> ReloadResult:
         """Validate everything off the event loop, then swap atomically (or keep the last good set)."""
         async with self._lock:  # one reload at a time, so an older read never overwrites a newer one
-            try:
-                candidate: PolicySet | Exception = await asyncio.to_thread(self._load)
-            except PolicyError as exc:
-                candidate = exc
-            return self._apply(candidate, reason)
+            return self._apply(await asyncio.to_thread(self._candidate), reason)
 
     def reload_now(self, reason: str = "manual") -> ReloadResult:
         """The same as `reload`, for code without an event loop (tests, one-shot tools)."""
-        try:
-            candidate: PolicySet | Exception = self._load()
-        except PolicyError as exc:
-            candidate = exc
-        return self._apply(candidate, reason)
+        return self._apply(self._candidate(), reason)
 
-    def _apply(self, candidate: PolicySet | Exception, reason: str) -> ReloadResult:
+    def _candidate(self) -> PolicySet | PolicyError:
+        try:
+            return self._load()
+        except PolicyError as exc:
+            return exc
+        except Exception as exc:  # MemoryError and RecursionError included: still a refused reload
+            text = str(exc)
+            text = text if len(text) <= 200 else text[:199] + "…"
+            return PolicyError(
+                [f"{self.folder}: the policy loader failed ({type(exc).__name__}: {text}); fix the folder and reload"]
+            )
+
+    def _apply(self, candidate: PolicySet | PolicyError, reason: str) -> ReloadResult:
         self.last_reload_at = time.time()
         result: ReloadResult
         if isinstance(candidate, PolicyError):
@@ -104,7 +111,7 @@ class PolicyStore:
             self.last_error, self.last_problems = error, tuple(candidate.problems)
             for problem in candidate.problems:
                 log.error("policy reload (%s) refused, keeping version %s: %s", reason, self.current.version, problem)
-        elif isinstance(candidate, PolicySet):
+        else:
             error = None
             self.last_error, self.last_problems = None, ()
             if candidate.version == self.current.version:
@@ -122,8 +129,6 @@ class PolicyStore:
                     candidate.version,
                     ", ".join(candidate.files) or "no files",
                 )
-        else:
-            raise candidate
         if self.on_reload is not None:
             try:
                 self.on_reload(result, self.current.version, error)

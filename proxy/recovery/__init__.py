@@ -1,7 +1,7 @@
 """The functional core of recovery: classify outcomes, decide, back off, keep budgets, report.
 
 No I/O, no asyncio, no sleeping here: time and randomness are arguments. Only the standard
-library and `proxy.policy.compiled`, `proxy.errors`, `proxy.jsonrpc` may be imported
+library and `proxy.policy.compiled`, `proxy.errors`, `proxy.jsonrpc`, `proxy.secret_values` may be imported
 (tests/recovery/test_recovery_imports.py enforces it). The engine calls, per `tools/call`:
 
 1. `operation_digest(...)`, `ledger.check(op, now_s)`, `ledger.approve(...)` when an approval is

@@ -9,6 +9,9 @@ characters in which
 - every string value of the call's arguments (4+ characters) and every number-like leaf is
   replaced by `[argument]`, so an upstream message that echoes the input does not leak it;
 - control characters and runs of whitespace collapse to one space.
+
+Before any of that, the exact values of the proxy's own credentials are removed
+(`proxy.secret_values.SECRETS`), on the whole text, so the prefix cut cannot split one.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from proxy.secret_values import REDACTED, SECRETS
+
 DETAIL_LIMIT: Final = 300
-REDACTED: Final = "[redacted]"
 ARGUMENT: Final = "[argument]"
 
 _SECRET_KEY = (
@@ -48,6 +52,7 @@ _PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
         REDACTED,
     ),
 )
+
 
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")
 
@@ -85,7 +90,8 @@ def bound(text: str, limit: int) -> str:
 def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | None = None) -> str:
     """A single-line, bounded, secret-free and argument-free version of `text`."""
     # Work on a bounded prefix: a megabyte of upstream text must not cost megabytes of regex work.
-    out = text[: max(limit * 8, 4096)]
+    # Exact secrets first: a plain prefix cut could leave the start of one behind.
+    out = SECRETS.head(text, max(limit * 8, 4096))
     if arguments:
         # Longest first, so that a value containing another is replaced whole.
         for leaf in sorted(set(_leaves(arguments)), key=len, reverse=True):

@@ -15,6 +15,8 @@ Contract:
   whenever a global provider exists, which would duplicate or break our traces.
 - Span state is bounded: at most `max_open_calls` calls are open; opening one more ends the oldest
   (marked `mcp_recovery.evicted`), so calls that never finish cannot leak.
+- Every attribute, span name and status text passes `_set`/`_safe`, which remove the proxy's own
+  credentials (proxy/secret_values.py) before the span can be exported.
 - `build_tracing()` reads the standard `OTEL_*` variables and returns None (tracing off) when no
   exporter is configured; tests pass an `exporter` (or a `processor`) instead.
 """
@@ -36,6 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from proxy.secret_values import SECRETS
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -64,6 +67,19 @@ class _OpenCall:
     attempts: dict[int, Span] = field(default_factory=dict)
 
 
+AttributeValue = str | int | float | bool
+
+
+def _set(span: Span, key: str, value: AttributeValue) -> None:
+    """The one attribute setter: text leaves the proxy in spans, so the proxy's own credentials
+    are removed from it first (proxy/secret_values.py)."""
+    span.set_attribute(key, SECRETS.scrub(value) if isinstance(value, str) else value)
+
+
+def _safe(attributes: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
+    return {k: SECRETS.scrub(v) if isinstance(v, str) else v for k, v in attributes.items()}
+
+
 class TracingObserver:
     """Opens and ends spans as events arrive; hands out each attempt's W3C context."""
 
@@ -88,7 +104,7 @@ class TracingObserver:
                 if call is not None:
                     span = self._attempt_span(call, event.number)
                     if span is not None:
-                        span.set_attribute("mcp_recovery.attempt_timeout_s", event.timeout_s)
+                        _set(span, "mcp_recovery.attempt_timeout_s", event.timeout_s)
             case AttemptFinished():
                 self._attempt_finished(event)
             case BackoffStarted():
@@ -122,7 +138,7 @@ class TracingObserver:
         if event.session_id:
             attributes["mcp.session.id"] = event.session_id
         span = self._tracer.start_span(
-            f"{METHOD} {event.tool}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+            SECRETS.scrub(f"{METHOD} {event.tool}"), context=parent, kind=SpanKind.SERVER, attributes=_safe(attributes)
         )
         previous = self._calls.pop(event.call_id, None)
         if previous is not None:  # a reused call id: close the stale call rather than orphan it
@@ -146,7 +162,10 @@ class TracingObserver:
             if call.session_id:
                 attributes["mcp.session.id"] = call.session_id
             span = self._tracer.start_span(
-                f"{METHOD} {call.tool}", context=call.context, kind=SpanKind.CLIENT, attributes=attributes
+                SECRETS.scrub(f"{METHOD} {call.tool}"),
+                context=call.context,
+                kind=SpanKind.CLIENT,
+                attributes=_safe(attributes),
             )
             call.attempts[number] = span
         return span
@@ -159,14 +178,14 @@ class TracingObserver:
         if span is None:
             return
         call.attempts.pop(event.number, None)
-        span.set_attribute("mcp_recovery.result", event.result)
-        span.set_attribute("mcp_recovery.dispatched", event.dispatched)
-        span.set_attribute("mcp_recovery.evidence", event.evidence)
+        _set(span, "mcp_recovery.result", event.result)
+        _set(span, "mcp_recovery.dispatched", event.dispatched)
+        _set(span, "mcp_recovery.evidence", event.evidence)
         if event.category is not None:
-            span.set_attribute("mcp_recovery.category", event.category)
+            _set(span, "mcp_recovery.category", event.category)
         if event.result != "success":
-            span.set_attribute("error.type", event.result)
-            span.set_status(Status(StatusCode.ERROR, event.category or event.result))
+            _set(span, "error.type", event.result)
+            span.set_status(Status(StatusCode.ERROR, SECRETS.scrub(event.category or event.result)))
         span.end()
 
     def _call_finished(self, event: CallFinished) -> None:
@@ -174,31 +193,31 @@ class TracingObserver:
         if call is None:
             return
         for number, attempt in sorted(call.attempts.items()):  # attempts the engine never reported finished
-            attempt.set_attribute("mcp_recovery.result", "abandoned")
-            attempt.set_attribute("mcp_recovery.attempt", number)
+            _set(attempt, "mcp_recovery.result", "abandoned")
+            _set(attempt, "mcp_recovery.attempt", number)
             attempt.end()
         span = call.span
-        span.set_attribute("mcp_recovery.outcome", event.outcome)
-        span.set_attribute("mcp_recovery.attempts", event.attempts)
-        span.set_attribute("mcp_recovery.backoff_s", event.backoff_s)
-        span.set_attribute("mcp_recovery.outcome_unknown", event.outcome_unknown)
+        _set(span, "mcp_recovery.outcome", event.outcome)
+        _set(span, "mcp_recovery.attempts", event.attempts)
+        _set(span, "mcp_recovery.backoff_s", event.backoff_s)
+        _set(span, "mcp_recovery.outcome_unknown", event.outcome_unknown)
         if event.stop_reason is not None:
-            span.set_attribute("mcp_recovery.stop_reason", event.stop_reason)
+            _set(span, "mcp_recovery.stop_reason", event.stop_reason)
         if event.category is not None:
-            span.set_attribute("mcp_recovery.category", event.category)
+            _set(span, "mcp_recovery.category", event.category)
         if event.outcome in _FAILED_OUTCOMES:
             # The MCP conventions name a tool result with isError=true `tool_error`.
             error_type = "tool_error" if event.outcome == "tool_error" else event.stop_reason or "unresolved"
-            span.set_attribute("error.type", error_type)
-            span.set_status(Status(StatusCode.ERROR, event.stop_reason or event.outcome))
+            _set(span, "error.type", error_type)
+            span.set_status(Status(StatusCode.ERROR, SECRETS.scrub(event.stop_reason or event.outcome)))
         elif event.outcome == "cancelled":
-            span.set_attribute("error.type", "cancelled")
+            _set(span, "error.type", "cancelled")
         span.end()
 
     def _evict(self, call: _OpenCall) -> None:
         for attempt in call.attempts.values():
             attempt.end()
-        call.span.set_attribute("mcp_recovery.evicted", True)
+        _set(call.span, "mcp_recovery.evicted", True)
         call.span.end()
 
     # ------------------------------------------------------------------------------ context

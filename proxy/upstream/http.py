@@ -67,6 +67,7 @@ from proxy.jsonrpc import (
     loads,
     meta_of,
 )
+from proxy.secret_values import SECRETS
 from proxy.upstream.base import (
     Capabilities,
     Era,
@@ -147,6 +148,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def bounded_detail(text: str) -> str:
+    # The proxy's credentials go before the cut, which could otherwise keep a prefix of one.
+    text = SECRETS.head(text, MAX_DETAIL + 1)
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 

@@ -76,9 +76,24 @@ CASES = [
     (
         "invalid regex",
         "tools: [a]\nrules:\n  - name: r\n    category: transient\n    text: '(unclosed'\n",
-        "policies/t.yaml:5: rules[0].text: '(unclosed' is not a valid regular expression (missing ), "
-        "unterminated subpattern at position 0); escape special characters such as ( ) [ ] . * + ? "
-        "with a backslash",
+        "policies/t.yaml:5: rules[0].text: '(unclosed' is not a valid regular expression (missing ): "
+        "(unclosed); escape special characters such as ( ) [ ] . * + ? with a backslash",
+    ),
+    (
+        "lookahead (RE2 has none)",
+        "tools: [a]\nrules:\n  - name: r\n    category: transient\n    text: 'a(?=b)'\n",
+        "policies/t.yaml:5: rules[0].text: 'a(?=b)' is not a valid regular expression (invalid perl operator: "
+        "(?=); policy regexes run on RE2, which has no backreferences (\\1) or lookaround ((?=, (?!, (?<=, "
+        "(?<!) because it never backtracks; match the text directly (e.g. 'timed? ?out' instead of "
+        "'(?=.*time)out'), or use path/equals on structuredContent",
+    ),
+    (
+        "backreference (RE2 has none)",
+        "tools: [a]\nrules:\n  - name: r\n    category: transient\n    text: '(a)\\1'\n",
+        "policies/t.yaml:5: rules[0].text: '(a)\\\\1' is not a valid regular expression (invalid escape "
+        "sequence: \\1); policy regexes run on RE2, which has no backreferences (\\1) or lookaround ((?=, "
+        "(?!, (?<=, (?<!) because it never backtracks; match the text directly (e.g. 'timed? ?out' instead "
+        "of '(?=.*time)out'), or use path/equals on structuredContent",
     ),
     (
         "rule that matches nothing",

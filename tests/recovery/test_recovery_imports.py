@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 RECOVERY = Path(__file__).resolve().parents[2] / "proxy" / "recovery"
-ALLOWED_PROXY = {"proxy.policy.compiled", "proxy.errors", "proxy.jsonrpc"}
+# proxy.secret_values: the stdlib-only registry of secret values redact() removes first.
+ALLOWED_PROXY = {"proxy.policy.compiled", "proxy.errors", "proxy.jsonrpc", "proxy.secret_values"}
 FORBIDDEN_STDLIB = {"asyncio", "time", "random", "socket", "subprocess", "threading", "os", "secrets"}
 
 

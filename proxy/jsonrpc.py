@@ -158,7 +158,9 @@ def validate(message: Any) -> str | None:
         if "id" in message and not valid_id(message["id"]):
             return 'a request "id" must be a string or an integer'
         params = message.get("params")
-        if params is not None and not isinstance(params, dict | list):
+        # MCP allows only by-name params (JSON-RPC's by-position array is not MCP): relayed, an
+        # array is dropped unanswered by the SDK's servers, and its caller would wait forever.
+        if params is not None and not isinstance(params, dict):
             return '"params" must be an object'
         return None
     if "id" in message and ("result" in message or "error" in message):

@@ -38,4 +38,6 @@ def compile_rule_text(pattern: str) -> TextPattern:
             )
         else:
             hint = "escape special characters such as ( ) [ ] . * + ? with a backslash"
-        raise ValueError(f"{pattern!r} is not a valid regular expression ({reason}); {hint}") from None
+        # A problem line stays one bounded line, whatever the pattern's length.
+        shown = repr(pattern) if len(pattern) <= 80 else repr(pattern[:79]) + "…"
+        raise ValueError(f"{shown} is not a valid regular expression ({reason[:200]}); {hint}") from None

@@ -29,10 +29,21 @@ _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 DURATION_HINT = "write it like 250ms, 10s, 2m or 1m30s (a plain number means seconds)"
 
 
+# How much of a value or key from the file a problem line repeats: a problem is one line, and a
+# file can hold keys and values of any size (or aliases that expand into more).
+SHOWN_CHARS = 80
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, bounded to SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
 def parse_duration_s(value: object) -> float:
     """`250ms` -> 0.25, `2m` -> 120.0, `1m30s` -> 90.0, `3` -> 3.0. Raises ValueError with a fix."""
     if isinstance(value, bool) or value is None:
-        raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+        raise ValueError(f"{shown(value)} is not a duration; {DURATION_HINT}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -42,19 +53,19 @@ def parse_duration_s(value: object) -> float:
         except ValueError:
             parts = _DURATION_PART.findall(text)
             if not text or "".join(n + u for n, u in parts) != text:
-                raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}") from None
+                raise ValueError(f"{shown(value)} is not a duration; {DURATION_HINT}") from None
             seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
     else:
-        raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+        raise ValueError(f"{shown(value)} is not a duration; {DURATION_HINT}")
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
-        raise ValueError(f"{value!r} must be zero or more; {DURATION_HINT}")
+        raise ValueError(f"{shown(value)} must be zero or more; {DURATION_HINT}")
     return seconds
 
 
 def _positive_duration_s(value: object) -> float:
     seconds = parse_duration_s(value)
     if seconds <= 0:
-        raise ValueError(f"{value!r} must be longer than zero; {DURATION_HINT}")
+        raise ValueError(f"{shown(value)} must be longer than zero; {DURATION_HINT}")
     return seconds
 
 
@@ -64,7 +75,7 @@ PositiveDuration = Annotated[float, BeforeValidator(_positive_duration_s)]
 
 def _nonempty_name(value: str) -> str:
     if not value.strip() or value != value.strip():
-        raise ValueError(f"{value!r} is not a usable name; write the name without surrounding spaces")
+        raise ValueError(f"{shown(value)} is not a usable name; write the name without surrounding spaces")
     return value
 
 
@@ -84,7 +95,7 @@ class BackoffModel(_Strict):
     @classmethod
     def _multiplier(cls, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
-            raise ValueError(f"{value!r} must be a number of at least 1 (2 doubles the wait each retry)")
+            raise ValueError(f"{shown(value)} must be a number of at least 1 (2 doubles the wait each retry)")
         return value
 
 
@@ -117,7 +128,7 @@ class RuleModel(_Strict):
     def _path(cls, value: str | None) -> str | None:
         if value is not None and (not value or any(not part for part in value.split("."))):
             raise ValueError(
-                f"{value!r} is not a dotted path; write keys of structuredContent joined by dots, like error.code"
+                f"{shown(value)} is not a dotted path; write keys of structuredContent joined by dots, like error.code"
             )
         return value
 

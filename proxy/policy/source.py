@@ -1,8 +1,10 @@
 """One policy file read from disk: YAML with line marks, validated against `schema.PolicyFile`.
 
 Contract:
-- `parse_policy_file(display, content)` never raises for bad input; it returns a `ParsedFile` whose
-  `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`.
+- `parse_policy_file(display, content)` never raises for bad input (control characters, numbers
+  Python cannot read, nesting deeper than `MAX_DEPTH` included); it returns a `ParsedFile` whose
+  `problems` are printable lines `<file>:<line>: <key>: <what is wrong>; <how to fix it>`, one
+  line each, repeating keys and values from the file only up to `SHOWN_CHARS`.
 - YAML anchors and aliases (`&name`, `*name`, and so `<<` merges) are refused where they appear:
   an alias re-uses a node, so a 500-byte file of nested aliases ("billion laughs") expanded to
   gigabytes in the line walk and the validation (2+ GB for `policies check` and hot reload).
@@ -21,7 +23,7 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from proxy.policy.schema import PolicyFile
+from proxy.policy.schema import SHOWN_CHARS, PolicyFile, shown
 
 Loc = tuple[str | int, ...]
 
@@ -61,18 +63,44 @@ class ParsedFile:
         self.problems.append(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
+def _shown_error(exc: Exception) -> str:
+    """The first line of a YAML or value error (the rest names the parser's own input buffer)."""
+    reason = str(getattr(exc, "problem", None) or exc).strip()
+    first = reason.splitlines()[0] if reason else type(exc).__name__
+    return first if len(first) <= 2 * SHOWN_CHARS else first[: 2 * SHOWN_CHARS - 1] + "…"
+
+
+def _key_part(part: str) -> str:
+    """A key as written when it is plain printable text, else quoted and escaped (a key with a
+    line break must not break the one-problem-per-line output), bounded either way."""
+    if part.isprintable() and part.strip() == part and part and len(part) <= SHOWN_CHARS:
+        return part
+    return shown(part)
+
+
 def key_text(loc: Loc) -> str:
     """`("rules", 0, "text")` -> `rules[0].text`."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = _key_part(str(part))
+            out += f".{text}" if out else text
     return out
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases as the composer meets them, before any expansion."""
+MAX_DEPTH = 32  # policy files nest a few levels; the composer and every later walk recurse per level
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:  # type: ignore[override]
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with two refusals raised as the composer meets them, before any expansion:
+    YAML anchors and aliases, and nesting deeper than `MAX_DEPTH` (a RecursionError out of the
+    composer or of the walks over the tree after it, otherwise)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise yaml.composer.ComposerError(
@@ -82,7 +110,13 @@ class _NoAliasLoader(yaml.SafeLoader):
                 "(aliases can expand a small file into gigabytes); write the values out in full",
                 event.start_mark,
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
 
 def parse_policy_file(display: str, content: bytes) -> ParsedFile:
@@ -92,7 +126,13 @@ def parse_policy_file(display: str, content: bytes) -> ParsedFile:
     except UnicodeDecodeError as exc:
         parsed.problem((), f"is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
         return parsed
-    loader = _NoAliasLoader(text)
+    try:
+        # The reader checks the whole text for characters YAML does not allow (control
+        # characters) as it is built, so building it is inside the guard too.
+        loader = _Loader(text)
+    except yaml.YAMLError as exc:
+        parsed.problem((), f"is not valid YAML: {_shown_error(exc)}; remove control characters from the file")
+        return parsed
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -105,12 +145,17 @@ def parse_policy_file(display: str, content: bytes) -> ParsedFile:
         return parsed
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        reason = getattr(exc, "problem", None) or str(exc)
         parsed.problem(
             (),
-            f"is not valid YAML: {reason}; check the indentation and quote values that contain ': ' or '#'",
+            f"is not valid YAML: {_shown_error(exc)}; check the indentation and quote values that contain ': ' or '#'",
             line=mark.line + 1 if mark else None,
         )
+        return parsed
+    except ValueError as exc:
+        # A scalar YAML resolves to a type Python cannot build from text (an integer of more than
+        # 4300 digits): the constructor raises a plain ValueError.
+        reason = _shown_error(exc).split(":", 1)[0]
+        parsed.problem((), f"holds a value that cannot be read ({reason}); write a shorter number")
         return parsed
     finally:
         loader.dispose()
@@ -162,19 +207,19 @@ def _message(err: Any, loc: Loc) -> str:
         return str(ctx.get("error", err["msg"]))
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        close = difflib.get_close_matches(str(loc[-1])[:SHOWN_CHARS], allowed, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
     if kind == "missing":
         return "is required here; add it (see docs/policies.md)"
     if kind in ("enum", "literal_error"):
-        return f"{value!r} is not allowed; use {ctx.get('expected', '')}"
+        return f"{shown(value)} is not allowed; use {ctx.get('expected', '')}"
     base = kind.split("_", 1)[0]
     if base in _EXPECTED:
         if value is None:
             return f"has no value; write {_EXPECTED[base]}, or remove the line"
-        return f"expected {_EXPECTED[base]}, got {value!r}"
-    return f"{err['msg']} (got {value!r})"
+        return f"expected {_EXPECTED[base]}, got {shown(value)}"
+    return f"{err['msg']} (got {shown(value)})"
 
 
 def _allowed_keys(loc: Loc) -> list[str]:

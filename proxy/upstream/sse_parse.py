@@ -22,6 +22,11 @@ from typing import Final
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _BOM: Final = b"\xef\xbb\xbf"
 DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+# A `retry` longer than this many digits is read as this value: Python refuses int() of more than
+# 4300 digits (ValueError), and a delay of 10**18 ms already means "never" to every consumer
+# (each caps it to its own maximum).
+_RETRY_DIGITS: Final = 18
+_RETRY_CAP_MS: Final = 10**_RETRY_DIGITS
 
 
 class SseError(ValueError):
@@ -119,7 +124,7 @@ class SseParser:
                 self.last_event_id = value.decode("utf-8", "replace")
         elif name == b"retry":
             if value and value.isdigit():
-                self.retry = self._pending_retry = int(value)
+                self.retry = self._pending_retry = int(value) if len(value) <= _RETRY_DIGITS else _RETRY_CAP_MS
         return None
 
     def _dispatch(self) -> SseEvent | None:

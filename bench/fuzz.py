@@ -1,0 +1,295 @@
+"""Coverage-guided fuzzing (atheris, libFuzzer) of the proxy's pure parsers, bounded in time.
+
+    .venv/bin/python bench/fuzz.py --seconds 60            # every target, 60 s each
+    .venv/bin/python bench/fuzz.py --target sse --seconds 300 --corpus-dir /tmp/corpus
+
+Targets (each is what a peer's bytes reach first):
+  jsonrpc   bytes -> jsonrpc.loads -> validate -> request/notification/response; a request with a
+            2026 envelope through the frontend's header shortcut and the SDK's ladder (with
+            headers taken from the input): the shortcut must never route what the ladder rejects
+  sse       bytes -> SseParser.feed in chunks cut where the input says; only SseError may escape
+  host      bytes -> the Host/Origin allow-list of a loopback listener; no exception
+  policy    bytes -> a policy file through the loader (compile_files); only PolicyError may escape
+
+Each target runs in its own process (libFuzzer ends the process when its time is up) with the
+proxy's modules instrumented for coverage. An exception other than the allowed one is a crash: it
+is counted by signature (type and raising line), its first input saved under --crash-dir, and the
+run goes on. Prints, per target: executions, executions per second, distinct crashes and the
+inputs that reproduce them. Exit status 1 when any target found a crash.
+
+No timed assertion here: the figures are printed. A run is bounded by --seconds per target (and a
+per-input time limit of --input-timeout seconds, which libFuzzer reports as a crash: a hang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+TARGETS = ("jsonrpc", "sse", "host", "policy")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------ the targets
+
+
+def _target_jsonrpc() -> Any:
+    from mcp.shared.inbound import InboundModernRoute, classify_inbound_request
+
+    from proxy import jsonrpc
+    from proxy.frontend.http import _plainly_routable
+
+    def one(data: bytes) -> None:
+        # The input: a body, optionally followed by NUL and three header values split by NUL.
+        body, _, rest = data.partition(b"\x00")
+        try:
+            message = jsonrpc.loads(body)
+        except (ValueError, RecursionError):
+            return
+        if jsonrpc.validate(message) is not None:
+            return
+        kinds = (jsonrpc.is_request(message), jsonrpc.is_notification(message), jsonrpc.is_response(message))
+        if kinds.count(True) != 1:
+            raise AssertionError(f"validate accepted a message of {kinds.count(True)} kinds")
+        if not jsonrpc.is_request(message):
+            return
+        values = rest.decode("latin-1").split("\x00") if rest else []
+        headers = dict(zip(("mcp-protocol-version", "mcp-method", "mcp-name"), values, strict=False))
+        if _plainly_routable(message, headers):
+            verdict = classify_inbound_request(message, headers=headers)
+            if not isinstance(verdict, InboundModernRoute):
+                raise AssertionError(f"the shortcut routed what the ladder rejects: {verdict}")
+
+    return one, ()
+
+
+def _target_sse() -> Any:
+    from proxy.upstream.sse_parse import SseError, SseParser
+
+    def one(data: bytes) -> None:
+        # The first byte picks the chunk size, so the fuzzer explores the boundaries too.
+        size = (data[0] % 16) + 1 if data else 1
+        parser = SseParser(max_event_bytes=4096)
+        body = data[1:]
+        for i in range(0, len(body), size):
+            parser.feed(body[i : i + size])
+
+    return one, (SseError,)
+
+
+def _target_host() -> Any:
+    from proxy.frontend.http import McpHttpApp
+    from proxy.settings import Settings
+
+    class _NoService:
+        pass
+
+    app = McpHttpApp(_NoService(), Settings(listen="http://127.0.0.1:8080/mcp"))  # type: ignore[arg-type]
+
+    def one(data: bytes) -> None:
+        text = data.decode("latin-1")
+        if app.allowed_hosts is not None:
+            app.allowed_hosts(text)
+        app.allowed_origins(text)
+
+    return one, ()
+
+
+def _target_policy() -> Any:
+    from proxy.errors import PolicyError
+    from proxy.policy.compile import compile_files
+
+    def one(data: bytes) -> None:
+        compile_files([("a.yaml", "policies/a.yaml", data)])
+
+    return one, (PolicyError,)
+
+
+_INSTRUMENT = {
+    "jsonrpc": ["proxy.jsonrpc", "proxy.frontend.http", "mcp.shared.inbound"],
+    "sse": ["proxy.upstream.sse_parse"],
+    "host": ["proxy.frontend.http"],
+    "policy": ["proxy.policy", "yaml"],
+}
+_BUILDERS = {"jsonrpc": _target_jsonrpc, "sse": _target_sse, "host": _target_host, "policy": _target_policy}
+_SEEDS: dict[str, list[bytes]] = {
+    "jsonrpc": [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","_meta":'
+        b'{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}'
+        b"\x002026-07-28\x00tools/call\x00echo",
+        b'{"jsonrpc":"2.0","id":"a","result":{}}',
+        b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}',
+    ],
+    "sse": [b"\x03id: 1\nretry: 10\nevent: message\ndata: {}\n\n", b"\x01\xef\xbb\xbfdata: a\r\ndata: b\r\r"],
+    "host": [b"127.0.0.1:8080", b"[::1]:8080", b"http://localhost:3000", b"evil.example"],
+    "policy": [
+        b"tools: [refund]\nside_effect: state_changing\nattempts: 2\ndeadline: 6s\n",
+        b"tools: [x]\nrules:\n  - {name: r, category: transient, text: 'busy'}\nbackoff: {initial: 1s}\n",
+        b"a: &a [x, x]\nb: [*a, *a]\n",
+    ],
+}
+
+
+def _signature(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    return f"{type(exc).__name__} at {where}"
+
+
+def child(
+    target: str, seconds: int, runs: int | None, input_timeout: int, crash_dir: Path, corpus_dir: Path | None
+) -> None:
+    """Runs inside the per-target process: never returns (libFuzzer exits)."""
+    import atheris
+
+    # Only the target's own modules are instrumented: instrumenting every import costs seconds of
+    # start-up per target and guides the fuzzer toward code the input never reaches.
+    with atheris.instrument_imports(include=_INSTRUMENT[target]):
+        one, allowed = _BUILDERS[target]()
+    seen: set[str] = set()
+    crash_dir.mkdir(parents=True, exist_ok=True)
+
+    def test_one_input(data: bytes) -> None:
+        try:
+            one(data)
+        except allowed:
+            pass
+        except Exception as exc:
+            signature = _signature(exc)
+            if signature not in seen:
+                seen.add(signature)
+                path = crash_dir / f"{target}-{hashlib.sha256(data).hexdigest()[:12]}"
+                path.write_bytes(data)
+                line = {"signature": signature, "message": str(exc)[:200], "input": str(path)}
+                with (crash_dir / "crashes.jsonl").open("a") as f:
+                    f.write(json.dumps(line) + "\n")
+
+    corpus = corpus_dir or Path(tempfile.mkdtemp(prefix=f"fuzz-{target}-"))
+    corpus.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(_SEEDS[target]):
+        (corpus / f"seed-{i}").write_bytes(seed)
+    args = [
+        sys.argv[0],
+        f"-max_total_time={seconds}",
+        *([f"-runs={runs}", "-seed=1"] if runs is not None else []),
+        f"-timeout={input_timeout}",
+        "-rss_limit_mb=2048",
+        "-max_len=4096",
+        "-print_final_stats=1",
+        f"-artifact_prefix={crash_dir}/",
+        str(corpus),
+    ]
+    atheris.Setup(args, test_one_input)
+    atheris.Fuzz()
+
+
+def run_target(
+    target: str, seconds: int, runs: int | None, input_timeout: int, crash_dir: Path, corpus_dir: Path | None
+) -> dict[str, Any]:
+    """Run one target in its own process; parse libFuzzer's final statistics."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        target,
+        "--seconds",
+        str(seconds),
+        "--input-timeout",
+        str(input_timeout),
+        "--crash-dir",
+        str(crash_dir),
+    ]
+    if runs is not None:
+        cmd += ["--runs", str(runs)]
+    if corpus_dir is not None:
+        cmd += ["--corpus-dir", str(corpus_dir / target)]
+    before = _crashes(crash_dir, target)
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,  # start-up, seeds and libFuzzer's own wrap-up; a hang beyond is a failure
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", proc.stderr)
+    secs = re.search(r"Done \d+ runs in (\d+) second", proc.stderr)
+    crashes = [c for c in _crashes(crash_dir, target) if c not in before]
+    # libFuzzer stops on what it calls a crash itself (a timeout, a signal, out of memory).
+    fatal = None
+    if proc.returncode != 0:
+        tail = [line for line in proc.stderr.splitlines() if "ERROR" in line or "Traceback" in line]
+        fatal = (tail[0] if tail else f"exit {proc.returncode}")[:200]
+    return {
+        "target": target,
+        "executions": int(runs.group(1)) if runs else None,
+        "seconds": int(secs.group(1)) if secs else None,
+        "crashes": crashes,
+        "fatal": fatal,
+        "stderr_tail": proc.stderr.splitlines()[-5:] if fatal else [],
+    }
+
+
+def _crashes(crash_dir: Path, target: str) -> list[str]:
+    path = crash_dir / "crashes.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if Path(entry["input"]).name.startswith(target + "-"):
+            out.append(f"{entry['signature']}: {entry['message']} (input: {entry['input']})")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", choices=TARGETS, action="append", help="repeatable; default: all")
+    parser.add_argument("--seconds", type=int, default=30, help="fuzzing time per target")
+    parser.add_argument(
+        "--runs", type=int, default=None, help="stop after this many inputs, with a fixed seed (reproducible)"
+    )
+    parser.add_argument("--input-timeout", type=int, default=5, help="seconds one input may take (else: a hang)")
+    parser.add_argument("--crash-dir", type=Path, default=None, help="where reproducing inputs go")
+    parser.add_argument("--corpus-dir", type=Path, default=None, help="keep the corpus here (default: temporary)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--child", choices=TARGETS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    crash_dir = args.crash_dir or Path(tempfile.mkdtemp(prefix="fuzz-crashes-"))
+    if args.child:
+        child(args.child, args.seconds, args.runs, args.input_timeout, crash_dir, args.corpus_dir)
+        return 0
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        print("atheris is not installed for this Python (pip install atheris); nothing was fuzzed", file=sys.stderr)
+        return 2
+    results = [
+        run_target(t, args.seconds, args.runs, args.input_timeout, crash_dir, args.corpus_dir)
+        for t in args.target or TARGETS
+    ]
+    if args.json:
+        print(json.dumps({"crash_dir": str(crash_dir), "results": results}, indent=2))
+    else:
+        print(f"{'target':<8} {'executions':>11} {'exec/s':>8} {'crashes':>8}  (reproducing inputs in {crash_dir})")
+        for r in results:
+            rate = str(r["executions"] // r["seconds"]) if r["executions"] and r["seconds"] else "-"
+            print(f"{r['target']:<8} {r['executions'] or 0:>11} {rate:>8} {len(r['crashes']):>8}")
+            for crash in r["crashes"]:
+                print(f"    crash: {crash}")
+            if r["fatal"]:
+                print(f"    stopped by libFuzzer: {r['fatal']}")
+    return 1 if any(r["crashes"] or r["fatal"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

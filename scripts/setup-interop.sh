@@ -6,9 +6,9 @@
 #   - PyPI: mcp-server-time and mcp-server-git (2026.10.19) in their own venv, venv-servers, with
 #     mcp==2.3.0 (their `mcp>=2.3,<3` accepts ours; a venv of their own keeps gitpython, tzlocal
 #     and their console scripts out of the project's venv)
-#   - the Python SDK 1.9 client (mcp==1.9.4) in its own venv, venv-mcp19 (mcp<2 conflicts with
-#     ours); interop-runtime's logging test uses the same path, so creating it is check-then-act
-#     and a second run (or the other script's) leaves a good venv alone
+#   - the Python SDK 1.9 client (mcp==1.9.4, pydantic<2.12) in its own venv, venv-mcp19 (mcp<2
+#     conflicts with ours); interop-runtime's logging test uses the same path, so creating it is
+#     check-then-act under a lock, and a second run (or the other script's) leaves a good venv alone
 #   - manifest.json: which node runs the parts, and the entry points, for the tests to read
 #
 # Cache: ${MCP_INTEROP_CACHE:-<repo>/.cache/interop}   (gitignored via .cache/)
@@ -33,6 +33,8 @@ SERVER_TIME="mcp-server-time==2026.10.19"
 SERVER_GIT="mcp-server-git==2026.10.19"
 SERVERS_MCP="mcp==2.3.0"
 MCP19="mcp==1.9.4"
+# mcp 1.9 imports a pydantic internal that pydantic 2.12 removed (its own requirement allows 2.12)
+MCP19_PYDANTIC="pydantic<2.12"
 
 log() { printf '[setup-interop] %s\n' "$*" >&2; }
 die() { printf '[setup-interop] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -102,7 +104,10 @@ version_check() {  # distribution==version ... -> a python one-liner checking ea
 
 ensure_venv "$SERVERS_VENV" "$(version_check "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP")" \
     "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP"
-ensure_venv "$MCP19_VENV" "$(version_check "$MCP19")" "$MCP19"
+# The check imports the client, not only reads versions: a venv with mcp 1.9 on a newer pydantic
+# has the right version and cannot be imported. interop-runtime's check (mcp 1.9.*, importable)
+# accepts this venv, and this one accepts theirs, so neither rebuilds the other's.
+ensure_venv "$MCP19_VENV" "import mcp.client.streamable_http; $(version_check "$MCP19")" "$MCP19" "$MCP19_PYDANTIC"
 
 # --- manifest ------------------------------------------------------------------------------
 MODULES="$NPM_DIR/node_modules"

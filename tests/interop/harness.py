@@ -15,13 +15,14 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import re
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import anyio
 import pytest
 
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, terminate
+from tests.proxy_process import ProxyProcess
 
 HERE = Path(__file__).resolve().parent
 TS_CLIENT = HERE / "ts_client.mjs"
@@ -37,7 +39,10 @@ TS_HTTP_SERVER = HERE / "ts_http_server.mjs"
 REPORT_KEY = "io.mcp-recovery-proxy/unresolved"
 PROXY_META_PREFIX = "io.mcp-recovery-proxy/"
 CALL_BOUND_S = 60.0  # one scripted call, the long-running operation included
-CONNECT_BOUND_S = 30.0
+CONNECT_BOUND_S = 60.0  # a client launching `serve --listen stdio`: the proxy starts and probes first
+# A proxy in front of a Python server probes it at start (mcp-server-git imports gitpython): seen
+# taking 7-20 s on this 2-core machine under other engineers' load, so its readiness gets room.
+PROXY_START_BOUND_S = 60.0
 
 
 def required() -> bool:
@@ -94,6 +99,16 @@ class Target:
 
     def __post_init__(self) -> None:
         assert (self.url is None) != (not self.argv), "exactly one of url and argv"
+
+
+@contextlib.contextmanager
+def started(proxy: ProxyProcess) -> Iterator[ProxyProcess]:
+    """`proxy` started (ready on /readyz within PROXY_START_BOUND_S), and stopped by its pid."""
+    proxy.start(timeout_s=PROXY_START_BOUND_S)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 def proxy_stdio_argv(upstream: Sequence[str] = (), upstream_url: str | None = None) -> tuple[str, ...]:

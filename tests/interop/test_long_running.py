@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.types import TextContent
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.interop.harness import Prerequisites
+from tests.interop.harness import Prerequisites, started
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.interop]
@@ -32,7 +32,8 @@ BOUND_S = 58.0  # under the SDK clients' 60 s default request timeout, as a user
 def proxy(prereq: Prerequisites, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp: Path = tmp_path_factory.mktemp("interop-long-running")
     # No --policies: the shipped defaults are what is under test.
-    with ProxyProcess(upstream=[prereq.node, prereq.server_everything, "stdio"], log_path=tmp / "proxy.log") as p:
+    proxy = ProxyProcess(upstream=[prereq.node, prereq.server_everything, "stdio"], log_path=tmp / "proxy.log")
+    with started(proxy) as p:
         yield p
 
 

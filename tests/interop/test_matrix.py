@@ -38,6 +38,7 @@ from tests.interop.harness import (
     proxy_stdio_argv,
     run_py,
     run_ts,
+    started,
     ts_http_server,
     without_proxy_meta,
 )
@@ -273,7 +274,7 @@ def matrix(
     case = SERVERS[request.param](prereq, tmp)
     with contextlib.ExitStack() as stack:
         if case.stdio:
-            proxy = stack.enter_context(ProxyProcess(upstream=case.stdio, log_path=tmp / "proxy.log"))
+            proxy = stack.enter_context(started(ProxyProcess(upstream=case.stdio, log_path=tmp / "proxy.log")))
             case.paths = {
                 "direct": Target(argv=tuple(case.stdio)),
                 "http->stdio": Target(url=proxy.url),
@@ -284,7 +285,7 @@ def matrix(
             server = ts_http_server(prereq, port).start()
             stack.callback(server.stop)
             direct = f"http://127.0.0.1:{port}/mcp"
-            proxy = stack.enter_context(ProxyProcess(upstream_url=direct, log_path=tmp / "proxy.log"))
+            proxy = stack.enter_context(started(ProxyProcess(upstream_url=direct, log_path=tmp / "proxy.log")))
             case.paths = {
                 "direct": Target(url=direct),
                 "http->http": Target(url=proxy.url),

@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.types import TextContent
 
 from tests.fixtures.helpers import free_port
-from tests.interop.harness import Call, Prerequisites, Process, Target, TsClient, ts_http_server
+from tests.interop.harness import Call, Prerequisites, Process, Target, TsClient, started, ts_http_server
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.interop]
@@ -43,7 +43,7 @@ def upstream_and_proxy(prereq: Prerequisites, tmp_path: Path) -> Iterator[tuple[
             extra=["--ready-check-interval-s", "0.2"],
             log_path=tmp_path / "proxy.log",
         )
-        with proxy:
+        with started(proxy):
             yield port, servers, proxy
     finally:
         for server in servers:

@@ -9,7 +9,8 @@ Contract:
 - `run_ts(...)` and `run_py(...)` run one scripted list of `Call`s with one client and return one
   `Reply` per call: the result as the client's SDK returned it (JSON), or the error it threw.
   The TypeScript client is tests/interop/ts_client.mjs on the pinned TS SDK; the Python client is
-  the SDK in our venv (mcp 2.3, `Client(..., mode="auto")`, what its users get by default).
+  the SDK in our venv (mcp 2.3), pinned to the newest revision the server speaks: 2026-07-28 for
+  the Python servers, the 2025 handshake for the TypeScript ones (what `mode="auto"` picks).
 - Every process started here is stopped by its pid; every wait is bounded.
 """
 
@@ -25,7 +26,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
@@ -38,6 +39,7 @@ TS_CLIENT = HERE / "ts_client.mjs"
 TS_HTTP_SERVER = HERE / "ts_http_server.mjs"
 REPORT_KEY = "io.mcp-recovery-proxy/unresolved"
 PROXY_META_PREFIX = "io.mcp-recovery-proxy/"
+PyMode = Literal["legacy", "2026-07-28"]
 CALL_BOUND_S = 60.0  # one scripted call, the long-running operation included
 CONNECT_BOUND_S = 60.0  # a client launching `serve --listen stdio`: the proxy starts and probes first
 # A proxy in front of a Python server probes it at start (mcp-server-git imports gitpython): seen
@@ -247,7 +249,7 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     }
 
 
-async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] | None) -> list[Reply]:
+async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] | None, mode: PyMode) -> list[Reply]:
     from mcp import Client, StdioServerParameters
 
     server: Any
@@ -259,7 +261,7 @@ async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] 
         )
     replies: list[Reply] = []
     with anyio.fail_after(CONNECT_BOUND_S + CALL_BOUND_S * max(1, len(calls))):
-        async with Client(server, mode="auto") as client:
+        async with Client(server, mode=mode) as client:
             await client.list_tools()  # as real clients do: output schemas known before calls
             for call in calls:
                 try:
@@ -274,8 +276,11 @@ async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] 
     return replies
 
 
-def run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] | None = None) -> list[Reply]:
-    return anyio.run(_run_py, target, calls, env)
+def run_py(target: Target, calls: Sequence[Call], mode: PyMode, env: Mapping[str, str] | None = None) -> list[Reply]:
+    """`mode` as the SDK's Client takes it: "legacy" (the 2025 handshake) or "2026-07-28". Not
+    "auto": its probe can time out against a slow-starting server and fall back, so a direct run
+    and a proxied one could speak different revisions (and differ by the 2026 serverInfo stamp)."""
+    return anyio.run(_run_py, target, calls, env, mode)
 
 
 # --- comparing answers ----------------------------------------------------------------------

@@ -3,8 +3,10 @@
 Each server is reached directly and through the proxy with its shipped default policies:
 HTTP->stdio (one proxy per server module, started once), stdio->stdio (the client launches
 `serve --listen stdio`), and for our TypeScript-SDK HTTP server HTTP->HTTP and stdio->HTTP. Each
-path is driven by the TypeScript SDK client (tests/interop/ts_client.mjs) and the Python SDK 2.3
-client, each running one scripted list of calls per path; the tests then read those answers.
+path is driven by the TypeScript SDK client (tests/interop/ts_client.mjs, the 2025-11-25
+handshake) and the Python SDK 2.3 client (2026-07-28 where the server speaks it: mcp-server-time
+and -git; else the handshake), each running one scripted list of calls per path; the tests then
+read those answers.
 
 - Successes: the proxied answer equals the direct one (after removing the proxy's own `_meta`
   keys and normalising what legitimately differs between runs: a per-run tag in the names this
@@ -32,6 +34,7 @@ from tests.fixtures.helpers import free_port
 from tests.interop.harness import (
     Call,
     Prerequisites,
+    PyMode,
     Reply,
     Target,
     core_message,
@@ -64,6 +67,7 @@ class ServerCase:
     stdio: Sequence[str] = ()  # the server's stdio command, or empty for an HTTP server
     url: str | None = None
     normalise: Callable[[str], str] = lambda s: s
+    py_mode: PyMode = "legacy"  # the Python client's revision: the newest the server speaks
     paths: dict[str, Target] = field(default_factory=dict)
 
 
@@ -146,6 +150,7 @@ def _time(prereq: Prerequisites, tmp: Path) -> ServerCase:
             ErrorCase(Call("no_such_tool", {}), "validation", "unknown tool"),
         ],
         normalise=lambda s: _NOW.sub("<now>", s),
+        py_mode="2026-07-28",
     )
 
 
@@ -175,6 +180,7 @@ def _git(prereq: Prerequisites, tmp: Path) -> ServerCase:
             ErrorCase(Call("git_status", {}), "validation", "missing argument"),
             ErrorCase(Call("no_such_tool", {}), "validation", "unknown tool"),
         ],
+        py_mode="2026-07-28",
     )
 
 
@@ -219,7 +225,10 @@ class Matrix:
             tag = f"{client}-{path}".replace(">", "").replace("-", "")
             calls = [_tagged(c, tag) for c in (*self.case.successes, *(e.call for e in self.case.errors))]
             target = self.case.paths[path]
-            replies = run_ts(self.prereq, target, calls) if client == "ts" else run_py(target, calls)
+            if client == "ts":
+                replies = run_ts(self.prereq, target, calls)
+            else:
+                replies = run_py(target, calls, self.case.py_mode)
             self._runs[path, client] = tag, replies
         return self._runs[path, client]
 

@@ -137,6 +137,7 @@ class Reply:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     progress: list[Any] = field(default_factory=list)
+    output_schema: dict[str, Any] | None = None  # the tool's, as listed to this client (Py only)
 
     @property
     def texts(self) -> str:
@@ -262,7 +263,8 @@ async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] 
     replies: list[Reply] = []
     with anyio.fail_after(CONNECT_BOUND_S + CALL_BOUND_S * max(1, len(calls))):
         async with Client(server, mode=mode) as client:
-            await client.list_tools()  # as real clients do: output schemas known before calls
+            # as real clients do: output schemas known before calls
+            schemas = {t.name: t.output_schema for t in (await client.list_tools()).tools}
             for call in calls:
                 try:
                     with anyio.fail_after(CALL_BOUND_S):
@@ -272,7 +274,7 @@ async def _run_py(target: Target, calls: Sequence[Call], env: Mapping[str, str] 
                 except Exception as exc:  # what a user of this SDK would see instead of a result
                     replies.append(Reply(ok=False, error=_describe(exc)))
                 else:
-                    replies.append(Reply(ok=True, result=_dump(result)))
+                    replies.append(Reply(ok=True, result=_dump(result), output_schema=schemas.get(call.name)))
     return replies
 
 

@@ -12,7 +12,9 @@ read those answers.
   keys and normalising what legitimately differs between runs: a per-run tag in the names this
   run creates, the current time).
 - Errors (a missing file, an invalid timezone, a missing branch, an unknown tool, invalid
-  arguments, ...): the client does not throw; the result is `isError`; the server's own message
+  arguments, ...): the client does not throw (the TS SDK throws when an error's
+  `structuredContent` violates the tool's output schema; for the Python client the test checks
+  that schema itself); the result is `isError`; the server's own message
   (as the same client saw it directly) is readable in its text; the report in
   `_meta["io.mcp-recovery-proxy/unresolved"]` has the category of the shipped table
   (docs/recovery.md) and no `outcomeUnknown`.
@@ -21,6 +23,7 @@ read those answers.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tests.fixtures.helpers import free_port
@@ -236,7 +240,8 @@ class Matrix:
         tag, replies = self.run(path, client)
         out = []
         for reply in replies[: len(self.case.successes)]:
-            text = repr(without_proxy_meta(reply.result) if reply.ok else reply.error).replace(tag, "<tag>")
+            answer = without_proxy_meta(reply.result) if reply.ok else reply.error
+            text = json.dumps(answer, sort_keys=True).replace(tag, "<tag>")
             out.append((reply.ok, self.case.normalise(text)))
         return out
 
@@ -327,6 +332,13 @@ def test_errors_are_readable_and_classified(matrix: Matrix, path: str, client: s
             problems.append(f"{what}: not an isError result: {result}")
         if own_words not in reply.texts:
             problems.append(f"{what}: the server's message {own_words!r} is not readable in {reply.texts[:600]!r}")
+        structured = result.get("structuredContent")
+        if reply.output_schema is not None and structured is not None:
+            # The TS SDK checks this itself (and throws); the Python client is checked here.
+            try:
+                jsonschema.validate(structured, reply.output_schema)
+            except jsonschema.ValidationError as exc:
+                problems.append(f"{what}: structuredContent violates the tool's output schema: {exc.message}")
         report = reply.report
         if report is None:
             problems.append(f"{what}: no report in _meta: {sorted(result.get('_meta') or {})}")

@@ -364,8 +364,8 @@ class Outcome:
     is_error: bool | None = None
     stop_reason: str | None = None
     error_category: str | None = None
-    elapsed_ms: float | None = None  # structuredContent.elapsedMs
-    deadline_ms: float | None = None  # structuredContent.deadlineMs
+    elapsed_ms: float | None = None  # the report's elapsedMs
+    deadline_ms: float | None = None  # the report's deadlineMs
     attempt_count: int | None = None
     outcome_unknown: bool | None = None
     attempts_meta: int | None = None
@@ -385,8 +385,10 @@ async def _one(client: Client, spec: Spec, mode: str, slack_s: float) -> Outcome
             result = await client.call_tool(spec.tool, spec.args)
         out.answer = "result"
         out.is_error = bool(result.is_error)
-        sc = result.structured_content if isinstance(result.structured_content, dict) else {}
         meta = result.meta or {}
+        # the unresolved report always travels in _meta (structuredContent only where valid)
+        report = meta.get("io.mcp-recovery-proxy/unresolved")
+        sc = report if isinstance(report, dict) else {}
         out.attempts_meta = meta.get("io.mcp-recovery-proxy/attempts")
         if result.is_error:
             out.stop_reason = sc.get("stopReason")

@@ -36,6 +36,7 @@ from proxy.jsonrpc import (
     META_LOG_LEVEL,
     META_PREFIX,
     META_PROTOCOL_VERSION,
+    STRUCTURED_CONTENT_VERSIONS,
     Message,
 )
 from proxy.policy.compiled import PolicySet, ToolPolicy
@@ -69,7 +70,7 @@ from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.recovery.redact import bound
-from proxy.recovery.report import PARTIAL_TEXT_LIMIT
+from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of
 from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -89,6 +90,7 @@ _FOREIGN_META = frozenset(
     (META_PROTOCOL_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, *TRACE_KEYS)
 )
 assert not any(key.startswith(META_PREFIX) for key in _FOREIGN_META)
+UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 _PROGRESS_NOTES = 20
 OVERLOAD_RETRY_AFTER_S = 1.0
@@ -578,7 +580,7 @@ class _Call:
             number,
             duration,
             _result_label(outcome),
-            classified.category.value if classified.category else None,
+            UNCLASSIFIED if classified.defaulted else classified.category.value if classified.category else None,
             classified.dispatched.value,
             classified.evidence.source.value,
         )
@@ -710,11 +712,13 @@ class _Call:
             partial_results=partials or (),
             earlier=earlier,
             approved_budget_id=self.approved_id,
+            structured=self._report_fits_structured(),
         )
-        structured = result["structuredContent"]
+        report = report_of(result)
+        assert report is not None
         if stop.reason in LEDGER_RECORDED:
             e.ledger.record_exhausted(
-                self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(structured)
+                self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(report)
             )
         if stop.reason is StopReason.CANCELLED:
             outcome = "cancelled"  # a 2025 HTTP client that disconnected: nobody reads this answer
@@ -722,15 +726,32 @@ class _Call:
             outcome = "tool_error"
         else:
             outcome = "unresolved"
-        category = structured.get("errorCategory")
+        # An unclassified failure is counted as such, not under the label the policy gives it in the
+        # report: a dashboard must not show it as transient.
+        classification = report.get("classification")
+        defaulted = isinstance(classification, dict) and classification.get("defaulted") is True
+        category = UNCLASSIFIED if defaulted else report.get("errorCategory")
         # the same call outcome for metrics and logs whichever shape the answer takes
-        self._finished(outcome, stop.reason, category, bool(structured.get("outcomeUnknown")))
+        self._finished(outcome, stop.reason, category, bool(report.get("outcomeUnknown")))
         if forward:
             assert error is not None
             return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
         if self.relay.era is Era.MODERN:
             result["resultType"] = "complete"
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
+
+    def _report_fits_structured(self) -> bool:
+        """Whether the unresolved report may also be the result's `structuredContent`: never for a
+        tool that declares an output schema (clients validate any structuredContent against it,
+        errors included: the TypeScript SDK throws), nor for a client whose revision predates
+        structuredContent. A 2026 request always has it; a 2025 session's revision is the one its
+        initialize negotiated (unknown: no)."""
+        tool = self.relay.catalog.tools.get(self.name)
+        if tool is not None and tool.get("outputSchema") is not None:
+            return False
+        if self.relay.era is Era.MODERN:
+            return True
+        return self.relay.protocol_version in STRUCTURED_CONTENT_VERSIONS
 
     def _keep_rpc_error(self, error: dict[str, Any]) -> bool:
         """Whether a JSON-RPC error of tools/call goes back as it came instead of as an isError result.

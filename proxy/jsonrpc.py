@@ -45,6 +45,9 @@ META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
 META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
 META_ATTEMPTS: Final = META_PREFIX + "attempts"
 META_APPROVED_BUDGET: Final = META_PREFIX + "approvedBudgetId"  # on a success that used an approval
+META_UNRESOLVED: Final = META_PREFIX + "unresolved"  # the unresolved report, on every result the proxy gives up on
+# Revisions whose CallToolResult has `structuredContent` (2025-06-18 introduced it).
+STRUCTURED_CONTENT_VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", *MODERN_VERSIONS})
 
 
 def loads(data: bytes | str) -> Any:

@@ -301,6 +301,9 @@ class Relay:
         self.link = link
         self.era = link.era
         self.catalog = catalog
+        # The revision this 2025 session's initialize negotiated (what the result shapes may use);
+        # None until then, and for the 2026 relay (each request names its own 2026 revision).
+        self.protocol_version: str | None = None
         self.session_id = session_id
         # An object handler (the engine) is called through its bound __call__: calling the instance
         # goes through its type's tp_call, on Python 3.11 an interpreter frame of its own per call,
@@ -372,8 +375,12 @@ class Relay:
         token = progress_token_of(request)
         progress = ProgressRelay(token) if token is not None else None
         response = await self.attempt(request, outbox, headers, progress=progress)
-        if request.get("method") == "tools/list" and "result" in response:
+        method = request.get("method")
+        if method == "tools/list" and "result" in response:
             self.catalog.observe(response["result"])
+        elif method == "initialize" and isinstance(response.get("result"), dict):
+            version = response["result"].get("protocolVersion")
+            self.protocol_version = version if isinstance(version, str) else None
         elif "error" in response:
             self.protocol_mismatch(response["error"])
         return {**response, "id": request["id"]}

@@ -106,7 +106,7 @@ class ToolPolicy:
     rules: tuple[Rule, ...] = ()
     trust_annotations: bool = True
     trust_error_category: bool = True
-    unclassified: Category = Category.TRANSIENT
+    unclassified: Category = Category.BUSINESS  # a label only: never retried (docs/recovery.md)
     idempotency_key: IdempotencyKey | None = None
     ledger_window_s: float = 60.0
     jsonrpc_errors_as_results: bool = True

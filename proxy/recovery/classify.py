@@ -17,11 +17,15 @@ Contract: `classify(outcome, policy)` is a pure function; the first source that 
 4. `isError` result (dispatch yes: it executed): the upstream's `structuredContent.errorCategory`
    when it is one of the four values and `trust_error_category` is on (with `isRetryable` and
    `retryAfterMs`); else the policy rules (regex on the joined text content, dotted path into
-   `structuredContent`); else unclassified. An unknown category string falls through to the rules.
+   `structuredContent`); else the shipped rules for what real servers say (`shipped.py`: evidence
+   source `shipped`, the rule's id); else unclassified. An unknown category string falls through
+   to the rules. A JSON-RPC error whose code neither a rule nor the table knows is matched against
+   the shipped rules by its message the same way (dispatch unknown).
 5. Success → category None.
 
 A failure nothing classifies gets the policy's `unclassified` category with `defaulted=True`, and
-`decide` never retries it. So rules take precedence over the built-in tables for the statuses and
+`decide` never retries it; so does a text a shipped rule recognises as not classifiable (its id is
+kept as the evidence's rule). So rules take precedence over the built-in tables for the statuses and
 codes they name; a rule that names no matcher matches nothing.
 """
 
@@ -43,6 +47,7 @@ from proxy.recovery.outcome import (
     ToolError,
     TransportError,
 )
+from proxy.recovery.shipped import shipped_rule_for
 
 _REGEX_INPUT_LIMIT: Final = 65_536
 _CATEGORY_VALUES: Final = frozenset(c.value for c in Category)
@@ -182,14 +187,39 @@ def _defaulted(
     *,
     hint: bool | None = None,
     retry_after_s: float | None = None,
+    rule: str | None = None,
 ) -> Classified:
     return Classified(
         category=policy.unclassified,
         dispatched=dispatched,
-        evidence=Evidence(EvidenceSource.DEFAULT, code=code),
+        evidence=Evidence(EvidenceSource.DEFAULT, code=code, rule=rule),
         retryable_hint=hint,
         retry_after_s=retry_after_s,
         defaulted=True,
+    )
+
+
+def _shipped(
+    text: str | None,
+    policy: ToolPolicy,
+    dispatched: Dispatch,
+    code: str | int | None,
+    *,
+    hint: bool | None = None,
+    retry_after_s: float | None = None,
+) -> Classified:
+    """The shipped rules on `text` (after the policy's own), else unclassified."""
+    rule = shipped_rule_for(text[:_REGEX_INPUT_LIMIT]) if text else None
+    if rule is None or rule.category is None:
+        return _defaulted(
+            policy, dispatched, code, hint=hint, retry_after_s=retry_after_s, rule=rule.id if rule else None
+        )
+    return Classified(
+        category=rule.category,
+        dispatched=dispatched,
+        evidence=Evidence(EvidenceSource.SHIPPED, code=code, rule=rule.id),
+        retryable_hint=hint,
+        retry_after_s=retry_after_s,
     )
 
 
@@ -304,7 +334,7 @@ def _tool_error(result: dict[str, Any], policy: ToolPolicy) -> Classified:
     if rule is not None:
         return _by_rule(rule, Dispatch.YES, None, hint=hint, retry_after_s=retry_after_s)
     code = claimed[:64] if isinstance(claimed, str) else None
-    return _defaulted(policy, Dispatch.YES, code, hint=hint, retry_after_s=retry_after_s)
+    return _shipped(subject.text, policy, Dispatch.YES, code, hint=hint, retry_after_s=retry_after_s)
 
 
 SUCCESS = Classified(None, Dispatch.YES, Evidence(EvidenceSource.UPSTREAM))  # immutable: shared by every success
@@ -321,6 +351,7 @@ def classify(outcome: Outcome, policy: ToolPolicy) -> Classified:
             by_code = _jsonrpc(outcome.error, outcome.http_status, policy)
             if by_code is not None:
                 return by_code
-            return _defaulted(policy, Dispatch.UNKNOWN, outcome.code)
+            message = outcome.error.get("message")
+            return _shipped(message if isinstance(message, str) else None, policy, Dispatch.UNKNOWN, outcome.code)
         case ToolError():
             return _tool_error(outcome.result, policy)

@@ -121,6 +121,7 @@ class EvidenceSource(StrEnum):
     JSONRPC = "jsonrpc"
     UPSTREAM = "upstream"  # the upstream's own structuredContent.errorCategory (or a success)
     RULE = "rule"  # a policy rule
+    SHIPPED = "shipped"  # a shipped rule for what real servers say (proxy/recovery/shipped.py)
     DEFAULT = "default"  # nothing matched: the policy's `unclassified` category
 
 

@@ -1,20 +1,33 @@
 """The enriched unresolved result (RECOVERY.md §5), and the two light touches on other results.
 
 Contract:
-- `unresolved_result(...)` returns a CallToolResult dict with `isError: true`. Its `content` opens
-  with one text block a model can act on (what failed, why retrying stopped, what is preserved,
-  what to do next), followed by the upstream's own content blocks of the last attempt, if any.
-  Its `structuredContent` carries every key of the §5 table (schema:
-  proxy/schemas/unresolved-result.schema.json) and is always an object.
-- The upstream's own `structuredContent` is never lost: its keys are kept at the top level; a key
-  that collides with one of ours (`RESERVED_KEYS`, even one absent from this result) moves under
-  `upstream`; a value that is not an object (2026 allows any JSON value) becomes `upstream`.
+- `unresolved_result(...)` returns a CallToolResult dict with `isError: true`. The report (every key
+  of the §5 table; schema: proxy/schemas/unresolved-result.schema.json) always travels in
+  `_meta["io.mcp-recovery-proxy/unresolved"]`, next to the upstream's own `_meta` keys.
+- `structuredContent` carries the report only when `structured=True` (the engine says so when the
+  tool declares no `outputSchema` and the client's revision has `structuredContent`): then the
+  upstream's own `structuredContent` is merged in, nothing lost (its keys at the top level; a key
+  that collides with one of ours, `RESERVED_KEYS`, moves under `upstream`, as does a value that is
+  not an object). With `structured=False` the upstream's own `structuredContent`, if any, is kept
+  exactly as it came, and nothing of ours is added to it.
+- `content` holds one short text a model can act on (what failed, why retrying stopped, what is
+  preserved, what to do next) and the upstream's own content blocks of the last attempt. The text
+  comes first, except when the proxy neither retried nor stopped anything (one attempt, stopped
+  because the failure is not retryable or the upstream declined): then the upstream's blocks come
+  first, unchanged, and the text follows.
+- An unclassified failure (`defaulted`) says so: the text and the suggested action point at the
+  tool's own message; never "temporary" or "try again later".
+- `outcomeUnknown` is true only for a state-changing tool with an attempt classified transient that
+  may have been dispatched: no answer after it was sent (timeout, reset, crash), a transient HTTP
+  or JSON-RPC error that left the dispatch unknown, or an `isError` answer classified transient. A
+  refusal (validation, permission, business, unclassified) never sets it.
 - Details are redacted (no credentials, no argument values) and bounded (300 characters).
   `isRetryable` is false on every result the proxy gives up on.
 - `with_attempts_meta(result, attempts)` adds `_meta["io.mcp-recovery-proxy/attempts"]` to a
   success that needed retries and changes nothing else (the input is not mutated).
 - `rpc_error_as_result(error)` turns a JSON-RPC error of `tools/call` into an `isError` result,
-  so a model can correct itself (the engine skips it when `jsonrpc_errors_as_results` is off).
+  so a model can correct itself (the engine skips it when `jsonrpc_errors_as_results` is off); in
+  an unresolved result the error itself is kept in the report as `jsonrpcError`.
 - Suggested actions are deterministic: by stop reason, then category, then the policy's status
   check tool and alternatives, then partial results.
 """
@@ -27,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.errors import Dispatch
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_APPROVED_BUDGET, META_ATTEMPTS
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_APPROVED_BUDGET, META_ATTEMPTS, META_UNRESOLVED
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import tool_error_text
 from proxy.recovery.decide import GiveUp
@@ -51,6 +64,8 @@ PARTIAL_TEXT_LIMIT: Final = 1000
 SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttempts", "elapsedMs")
 
 _MISSING: Final = object()
+# Stop reasons that end a call on its first answer without the proxy holding anything back.
+_FIRST_ANSWER_REASONS: Final = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 
 _CATEGORY_VALUES: Final = frozenset(c.value for c in Category)
 _SOURCE_VALUES: Final = frozenset(s.value for s in EvidenceSource)
@@ -74,10 +89,11 @@ RESERVED_KEYS: Final = frozenset(
         "suggestedActions",
         "classification",
         "earlierBudget",
+        "jsonrpcError",
         "upstream",
     }
 )
-"""Every key the proxy may write into an unresolved structuredContent; upstream keys by these names move."""
+"""Every key the proxy may write into an unresolved report; upstream structuredContent keys by these names move."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +198,18 @@ def merge_upstream_structured(ours: dict[str, Any], upstream: Any = _MISSING) ->
 
 
 def ledger_summary(structured: Mapping[str, Any]) -> dict[str, Any]:
-    """What the ledger keeps of an exhausted call's unresolved structuredContent."""
+    """What the ledger keeps of an exhausted call's unresolved report (`report_of`)."""
     summary = {key: structured[key] for key in SUMMARY_KEYS if key in structured}
     if isinstance(structured.get("classification"), dict):
         summary["classification"] = dict(structured["classification"])
     return summary
+
+
+def report_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The unresolved report a result carries in its `_meta`, or None."""
+    meta = result.get("_meta")
+    report = meta.get(META_UNRESOLVED) if isinstance(meta, Mapping) else None
+    return report if isinstance(report, dict) else None
 
 
 # --- suggested actions ---------------------------------------------------------------------------
@@ -265,7 +288,7 @@ def suggested_actions(
         actions.append(
             _action(
                 "inspect_error",
-                "The failure carried no category: read the upstream's message before deciding.",
+                "The proxy could not classify this failure: read the tool's own message and decide from it.",
             )
         )
     elif category in _BY_CATEGORY:
@@ -299,8 +322,10 @@ def _evidence_phrase(evidence: Evidence, category: Category, defaulted: bool) ->
             return "as reported by the upstream"
         case EvidenceSource.RULE:
             return f"policy rule '{evidence.rule}'"
+        case EvidenceSource.SHIPPED:
+            return f"shipped rule '{evidence.rule}'"
         case EvidenceSource.DEFAULT:
-            return f"unclassified, treated as {category.value}" if defaulted else "unclassified"
+            return f"unclassified, reported as {category.value}" if defaulted else "unclassified"
     return ""
 
 
@@ -308,7 +333,7 @@ def _why(reason: StopReason, policy: ToolPolicy, c: Classified | None, attempts:
     match reason:
         case StopReason.NOT_RETRYABLE:
             if c is not None and c.defaulted:
-                return "Not retried: the failure could not be classified, and unclassified failures are never retried."
+                return "Not retried: the proxy does not retry a failure it could not classify."
             if c is not None and c.rule_retryable is False:
                 return "Not retried: a policy rule marks this failure as not retryable."
             if c is not None and c.category is Category.TRANSIENT:
@@ -352,10 +377,19 @@ def _message(
     retry_after_ms: int | None,
     actions: Sequence[Mapping[str, Any]],
 ) -> str:
-    what = (
-        f"Tool '{bound(policy.tool, 100)}' did not complete: {category.value} failure "
-        f"({_evidence_phrase(evidence, category, defaulted)}) after {attempts} attempt(s) in {elapsed_s:.1f} s."
-    )
+    if defaulted:
+        # Nothing recognised the failure: the category is only the policy's label, so the text
+        # says so and sends the reader to the tool's own words instead of guessing a cause.
+        what = (
+            f"Tool '{bound(policy.tool, 100)}' failed with an error the proxy could not classify "
+            f"(reported as {category.value}, the policy's label for unclassified failures) after "
+            f"{attempts} attempt(s) in {elapsed_s:.1f} s; the tool's own message is in this result."
+        )
+    else:
+        what = (
+            f"Tool '{bound(policy.tool, 100)}' did not complete: {category.value} failure "
+            f"({_evidence_phrase(evidence, category, defaulted)}) after {attempts} attempt(s) in {elapsed_s:.1f} s."
+        )
     why = _why(reason, policy, classified, attempts, deadline_s)
     if retry_after_ms is not None:
         why += f" Earliest sensible retry: in {retry_after_ms} ms."
@@ -392,13 +426,14 @@ def _failed_attempt_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str
 
 
 def _is_outcome_unknown(policy: ToolPolicy, attempts: Sequence[AttemptRecord]) -> bool:
+    """A state-changing call may have taken effect: some attempt failed transiently after it may
+    have reached the tool. A refusal, even one that executed (dispatch yes), changed nothing; an
+    unclassified failure is not known to be transient, whatever label the policy gives it."""
     if policy.side_effect is not SideEffect.STATE_CHANGING:
         return False
     for record in attempts:
         c = record.classified
-        if c.category is None or c.dispatched is Dispatch.NO:
-            continue
-        if c.dispatched is Dispatch.UNKNOWN or c.category is Category.TRANSIENT or c.defaulted:
+        if c.category is Category.TRANSIENT and not c.defaulted and c.dispatched is not Dispatch.NO:
             return True
     return False
 
@@ -452,6 +487,7 @@ def unresolved_result(
     unresolved_sources: Sequence[str] | None = None,
     earlier: ExhaustedEntry | None = None,
     approved_budget_id: str | None = None,
+    structured: bool = True,
 ) -> dict[str, Any]:
     """The enriched `isError` result of a call the proxy gives up on.
 
@@ -461,6 +497,8 @@ def unresolved_result(
     - `earlier`: the ledger entry that stopped the call (`ledger_exhausted`); `budget_id` then
       names the earlier budget.
     - `approved_budget_id`: the earlier budget an approval consumed to open this one.
+    - `structured`: whether the report may also go into `structuredContent` (see the module
+      contract); it always goes into `_meta`.
     """
     last = attempts[-1] if attempts else None
     classified = last.classified if last is not None else None
@@ -489,7 +527,7 @@ def unresolved_result(
         retry_after_ms=retry_after_ms,
         has_partials=bool(partial_results),
     )
-    structured: dict[str, Any] = {
+    report: dict[str, Any] = {
         "errorCategory": category.value,
         "isRetryable": False,
         "retryAfterMs": retry_after_ms,
@@ -514,7 +552,7 @@ def unresolved_result(
         "classification": classification,
     }
     if earlier is not None:
-        structured["earlierBudget"] = _earlier_budget(earlier)
+        report["earlierBudget"] = _earlier_budget(earlier)
 
     upstream_result: Mapping[str, Any] | None = None
     if last is not None:
@@ -522,16 +560,20 @@ def unresolved_result(
             case ToolError(result=result):
                 upstream_result = result
             case RpcError(error=error):
-                upstream_result = rpc_error_as_result(error)
+                rendered = rpc_error_as_result(error)
+                upstream_result = {"content": rendered["content"]}
+                report["jsonrpcError"] = rendered["structuredContent"]["jsonrpcError"]
             case _:
                 upstream_result = None
     upstream_content: list[Any] = []
     upstream_structured: Any = _MISSING
+    upstream_meta: Any = None
     if upstream_result is not None:
         content = upstream_result.get("content")
         if isinstance(content, list):
             upstream_content = list(content)
         upstream_structured = upstream_result.get("structuredContent", _MISSING)
+        upstream_meta = upstream_result.get("_meta")
 
     text = _message(
         policy=policy,
@@ -548,8 +590,17 @@ def unresolved_result(
         retry_after_ms=retry_after_ms,
         actions=actions,
     )
-    return {
+    summary = {"type": "text", "text": text}
+    # The proxy neither retried nor stopped anything: the tool's own answer is what the caller
+    # would have got without the proxy, so it leads, unchanged, and our note follows it.
+    untouched = len(attempts) == 1 and stop.reason in _FIRST_ANSWER_REASONS and bool(upstream_content)
+    out: dict[str, Any] = {
         "isError": True,
-        "content": [{"type": "text", "text": text}, *upstream_content],
-        "structuredContent": merge_upstream_structured(structured, upstream_structured),
+        "content": [*upstream_content, summary] if untouched else [summary, *upstream_content],
     }
+    if structured:
+        out["structuredContent"] = merge_upstream_structured(report, upstream_structured)
+    elif upstream_structured is not _MISSING:
+        out["structuredContent"] = upstream_structured
+    out["_meta"] = {**(upstream_meta if isinstance(upstream_meta, dict) else {}), META_UNRESOLVED: report}
+    return out

@@ -69,9 +69,9 @@ class AttemptFinished(NamedTuple):
     number: int
     duration_s: float
     result: str  # success | tool_error | rpc_error | transport_error | timeout | cancelled
-    category: str | None  # transient | validation | business | permission | None on success
+    category: str | None  # transient | validation | business | permission | unclassified | None on success
     dispatched: str  # no | unknown | yes
-    evidence: str  # transport | http | jsonrpc | upstream | rule | default | none
+    evidence: str  # transport | http | jsonrpc | upstream | rule | shipped | default | none
 
 
 class BackoffStarted(NamedTuple):

@@ -54,7 +54,7 @@ FOLD_AT = 1024  # pending first-attempt successes of one tool counted in one bat
 
 OUTCOMES = frozenset({"success", "recovered", "unresolved", "tool_error", "cancelled"})
 RESULTS = frozenset({"success", "tool_error", "rpc_error", "transport_error", "timeout", "cancelled"})
-CATEGORIES = frozenset({"transient", "validation", "business", "permission"})
+CATEGORIES = frozenset({"transient", "validation", "business", "permission", "unclassified"})
 STOP_REASONS = frozenset(
     {
         "not_retryable",

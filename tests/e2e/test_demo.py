@@ -69,20 +69,20 @@ async def test_the_demo_recovers_reports_refuses_and_approves(demo: str) -> None
     assert not recovered.is_error and recovered.meta["io.mcp-recovery-proxy/attempts"] == 3
 
     exhausted = await call(demo, "search_archive", {"query": "invoices 2019"})
-    report = exhausted.structured_content
+    report = exhausted.meta["io.mcp-recovery-proxy/unresolved"]
     assert exhausted.is_error and report["stopReason"] == "attempts_exhausted" and report["attemptCount"] == 3
     assert report["suggestedActions"]
 
     refused = await call(demo, "search_archive", {"query": "invoices 2019"})
-    assert refused.structured_content["stopReason"] == "ledger_exhausted"
+    assert refused.meta["io.mcp-recovery-proxy/unresolved"]["stopReason"] == "ledger_exhausted"
 
     budget = report["operation"]["budgetId"]
     approved = await call(demo, "search_archive", {"query": "invoices 2019"}, meta={APPROVE: budget})
-    assert approved.structured_content["operation"]["approvedBudgetId"] == budget
-    assert approved.structured_content["attemptCount"] == 3
+    assert approved.meta["io.mcp-recovery-proxy/unresolved"]["operation"]["approvedBudgetId"] == budget
+    assert approved.meta["io.mcp-recovery-proxy/unresolved"]["attemptCount"] == 3
 
     unknown = await call(demo, "refund", {"order_id": "o-9", "amount": 12.5})
-    assert unknown.structured_content["stopReason"] == "outcome_unknown"
-    assert unknown.structured_content["outcomeUnknown"] is True
+    assert unknown.meta["io.mcp-recovery-proxy/unresolved"]["stopReason"] == "outcome_unknown"
+    assert unknown.meta["io.mcp-recovery-proxy/unresolved"]["outcomeUnknown"] is True
     status = await call(demo, "refund_status", {"order_id": "o-9"})
     assert not status.is_error and status.structured_content["refunded"] is True

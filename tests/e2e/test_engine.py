@@ -113,10 +113,21 @@ async def call(target: Target, mode: str, tool: str, args: dict[str, Any], meta:
 
 
 def unresolved(result: Any) -> dict[str, Any]:
+    """The report of an unresolved result: always in _meta, and (these tools declare no output
+    schema, both clients have structuredContent) the same keys in structuredContent."""
     assert result.is_error, result
+    report = result.meta["io.mcp-recovery-proxy/unresolved"]
+    jsonschema.validate(report, SCHEMA)
     structured = result.structured_content
     jsonschema.validate(structured, SCHEMA)
-    assert result.content[0].text.startswith("Tool '"), result.content[0].text
+    assert {k: structured[k] for k in report} == report
+    # the summary leads, or follows the upstream's own blocks when nothing was retried or stopped
+    summaries = [block.text for block in result.content if block.text.startswith("Tool '")]
+    assert len(summaries) == 1, result.content
+    if len(report["attemptedSteps"]) == 1 and report["stopReason"] in ("not_retryable", "upstream_declined"):
+        assert result.content[-1].text == summaries[0] or len(result.content) == 1
+    else:
+        assert result.content[0].text == summaries[0]
     return structured
 
 

@@ -155,4 +155,4 @@ def test_shipped_defaults_say_what_recovery_md_promises() -> None:
     assert read_only.backoff.initial_s == 0.2 and read_only.backoff.max_s == 2.0
     assert read_only.backoff.multiplier == 2.0 and read_only.backoff.jitter == "full"
     assert read_only.trust_annotations and read_only.trust_error_category
-    assert read_only.unclassified.value == "transient" and {c.value for c in read_only.retry_on} == {"transient"}
+    assert read_only.unclassified.value == "business" and {c.value for c in read_only.retry_on} == {"transient"}

@@ -23,9 +23,13 @@ def assert_schema_valid(unresolved_schema: dict[str, Any]):
 
     def check(result: dict[str, Any]) -> None:
         assert result["isError"] is True
-        structured = result["structuredContent"]
-        errors = sorted(validator.iter_errors(structured), key=lambda e: list(e.path))
-        assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors)
+        # the report always travels in _meta; structuredContent carries it too where it may
+        reports = [result["_meta"]["io.mcp-recovery-proxy/unresolved"]]
+        if "errorCategory" in result.get("structuredContent", {}):
+            reports.append(result["structuredContent"])
+        for report in reports:
+            errors = sorted(validator.iter_errors(report), key=lambda e: list(e.path))
+            assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors)
         json.dumps(result)  # plain JSON all the way down
 
     return check

@@ -136,7 +136,7 @@ def test_unknown_http_status_uses_the_jsonrpc_body_then_the_default():
     assert (c.category, c.evidence.source, c.evidence.code) == (V, EvidenceSource.JSONRPC, -32602)
     c = classify(http(418), policy())
     assert (c.category, c.defaulted, c.evidence.source, c.evidence.code) == (
-        T,
+        B,
         True,
         EvidenceSource.DEFAULT,
         418,
@@ -225,7 +225,7 @@ def test_distrusted_error_category_falls_to_rules_then_default():
     c = classify(tool_error(structured=structured), policy(trust_error_category=False, rules=(rule,)))
     assert (c.category, c.evidence.source, c.retryable_hint, c.retry_after_s) == (B, EvidenceSource.RULE, None, None)
     c = classify(tool_error(structured=structured), policy(trust_error_category=False))
-    assert (c.category, c.defaulted, c.evidence.source) == (T, True, EvidenceSource.DEFAULT)
+    assert (c.category, c.defaulted, c.evidence.source) == (B, True, EvidenceSource.DEFAULT)
 
 
 def test_rule_on_text_matches_the_joined_text_content():

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from proxy.errors import Dispatch, FailureKind
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_ATTEMPTS
+from proxy.jsonrpc import META_APPROVE_BUDGET, META_ATTEMPTS, META_UNRESOLVED
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import classify
 from proxy.recovery.decide import GiveUp, StopReason
@@ -68,6 +68,13 @@ def build(p: ToolPolicy, reason: StopReason, *outcomes: Outcome, **kw: Any) -> d
     return unresolved_result(p, GiveUp(reason, retry_after), attempts=attempts_of(p, *outcomes), **kw)
 
 
+def summary(result: dict[str, Any]) -> str:
+    """The proxy's own text block (first, or last after an untouched first answer)."""
+    texts = [b["text"] for b in result["content"] if b.get("type") == "text" and b["text"].startswith("Tool '")]
+    assert len(texts) == 1, result["content"]
+    return texts[0]
+
+
 def tool_error(text: str, structured: Any = None) -> ToolError:
     result: dict[str, Any] = {"isError": True, "content": [{"type": "text", "text": text}]}
     if structured is not None:
@@ -113,7 +120,7 @@ CASES = [
         False,
         False,
     ),
-    ("unclassified", {}, StopReason.NOT_RETRYABLE, [tool_error("weird")], {}, "transient", False, False),
+    ("unclassified", {}, StopReason.NOT_RETRYABLE, [tool_error("weird")], {}, "business", False, False),
     (
         "declined",
         {},
@@ -177,8 +184,8 @@ def test_every_key_present_and_schema_valid(
     assert [step["number"] for step in s["attemptedSteps"]] == list(range(1, len(outcomes) + 1))
     if "retry_after_s" in kw:
         assert s["retryAfterMs"] == round(kw["retry_after_s"] * 1000)
-    first = result["content"][0]
-    assert first["type"] == "text" and "archive_lookup" in first["text"] and "Next:" in first["text"]
+    assert "archive_lookup" in summary(result) and "Next:" in summary(result)
+    assert result["_meta"][META_UNRESOLVED] == {k: v for k, v in s.items() if k in result["_meta"][META_UNRESOLVED]}
 
 
 def test_attempted_steps_record_timing_outcome_dispatch_and_backoff(assert_schema_valid):
@@ -265,7 +272,9 @@ def test_jsonrpc_error_becomes_an_is_error_result():
     assert r["structuredContent"]["jsonrpcError"] == {"code": -32602, "message": "bad date", "data": {"field": "from"}}
     s = build(policy(), StopReason.NOT_RETRYABLE, RpcError({"code": -32602, "message": "bad date"}))
     assert s["structuredContent"]["jsonrpcError"]["code"] == -32602
-    assert "bad date" in s["content"][1]["text"]
+    assert s["_meta"][META_UNRESOLVED]["jsonrpcError"]["code"] == -32602
+    # the first answer, not retried: the upstream's account leads, the proxy's summary follows
+    assert "bad date" in s["content"][0]["text"] and s["content"][1]["text"] == summary(s)
 
 
 def test_with_attempts_meta_changes_nothing_else():
@@ -357,7 +366,14 @@ def test_outcome_unknown_suggests_the_status_check_and_says_so():
     [
         (TIMEOUT, True),
         (tool_error("x", {"errorCategory": "transient"}), True),  # executed, transient: may have happened
-        (tool_error("x"), True),  # executed and unclassified: cannot tell
+        (tool_error("x"), False),  # executed and unclassified: a refusal we cannot name, not a maybe
+        (tool_error("Input validation error: Invalid arguments for tool t: required"), False),
+        (tool_error("MCP error -32602: Tool t not found"), False),  # unknown tool
+        (tool_error("Access denied - path outside allowed directories"), False),
+        (tool_error("Could not find exact match for edit"), False),
+        (tool_error("upstream request timed out"), True),  # a timeout inside the tool: maybe applied
+        (RpcError({"code": -32603, "message": "internal"}), True),  # dispatch unknown, transient
+        (RpcError({"code": -32601, "message": "Method not found"}), False),
         (tool_error("x", {"errorCategory": "business"}), False),  # the tool said no
         (HTTP503, False),  # refused before processing
         (RpcError({"code": -32602, "message": "x"}), False),
@@ -462,8 +478,8 @@ def test_details_are_bounded_single_line_and_never_echo_arguments(assert_schema_
     for leaked in ("alice@example.com", "confidential plan", "123456", "zzzzzzzzz"):
         assert leaked not in detail
     assert "[argument]" in detail
-    assert len(result["content"][0]["text"]) <= 1200
-    assert "alice@example.com" not in result["content"][0]["text"]
+    assert len(summary(result)) <= 1200
+    assert "alice@example.com" not in summary(result)
 
 
 def test_huge_transport_detail_is_bounded():

@@ -90,7 +90,7 @@ async def test_a_legacy_client_that_disconnected_during_the_backoff_gets_no_new_
         await relay.handle_request(REQUEST, outbox)
     assert len(link.sent) == 1, "the backoff ended with the client gone: no attempt 2"
     (answer,) = outbox.messages  # kept for a client that resumes the stream
-    report = answer["result"]["structuredContent"]
+    report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     assert report["stopReason"] == "cancelled", report
     text = answer["result"]["content"][0]["text"]
     assert "disconnected" in text and "Cancelled by the caller" not in text
@@ -166,13 +166,13 @@ async def test_an_open_circuit_refuses_the_next_call_before_any_attempt() -> Non
     first = Outbox()
     await relay.handle_request(REQUEST, first)
     assert len(link.sent) == 2, "the second transient failure opened the circuit: no third attempt"
-    stopped = first.messages[0]["result"]["structuredContent"]
+    stopped = first.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     assert stopped["stopReason"] == "circuit_open"
     second = Outbox()
     await relay.handle_request({**REQUEST, "id": 10}, second)
     assert len(link.sent) == 2, "refused before attempt 1"
     result = second.messages[0]["result"]
-    structured = result["structuredContent"]
+    structured = result["_meta"]["io.mcp-recovery-proxy/unresolved"]
     assert structured["stopReason"] == "circuit_open" and structured["attemptCount"] == 0
     assert 0 < structured["retryAfterMs"] <= 30_000
     assert not list(_unresolved_validator().iter_errors(structured))
@@ -188,7 +188,7 @@ async def test_a_spent_retry_budget_stops_retrying_with_retry_budget() -> None:
     outbox = Outbox()
     await relay.handle_request(REQUEST, outbox)
     assert len(link.sent) == 3, "a budget of 0.2/s over 10 s: two retries"
-    structured = outbox.messages[0]["result"]["structuredContent"]
+    structured = outbox.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     assert structured["stopReason"] == "retry_budget" and structured["attemptCount"] == 3
     assert not list(_unresolved_validator().iter_errors(structured))
 
@@ -380,7 +380,9 @@ async def test_jsonrpc_errors_as_results_off_forwards_the_error_as_it_came_whate
         again = Outbox()
         await Relay(link, catalog=catalog, tool_calls=engine).handle_request(request, again)  # type: ignore[arg-type]
         assert len(link.sent) == sent, "refused by the ledger"
-        assert again.messages[0]["result"]["structuredContent"]["stopReason"] == "ledger_exhausted"
+        assert (
+            again.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]["stopReason"] == "ledger_exhausted"
+        )
 
 
 class SilentListLink(ScriptedLink):
@@ -421,7 +423,7 @@ async def test_listing_tools_for_an_unlisted_tool_leaves_attempt_1_room_within_t
         assert answer["result"]["content"][0]["text"] == "ok"
     else:
         assert 0.39 <= took < 0.7, f"attempt 1 ended with the deadline: {took:.2f}s"
-        report = answer["result"]["structuredContent"]
+        report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
         assert report["elapsedMs"] >= 390, "the listing's time is part of the call's"
         assert report["attemptCount"] == 1
 
@@ -431,7 +433,7 @@ async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_use
     relay = relay_for(link)
     first = Outbox()
     await relay.handle_request(REQUEST, first)
-    spent = first.messages[0]["result"]["structuredContent"]
+    spent = first.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     assert spent["stopReason"] == "attempts_exhausted" and len(link.sent) == 3
     approved = {
         **REQUEST,
@@ -469,3 +471,32 @@ def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
             {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 2, "message": "m"}}
         )
     assert len(progress.notes) == _PROGRESS_NOTES
+
+
+@pytest.mark.parametrize(
+    ("text", "category"),
+    [("the frobnicator sulks", "unclassified"), ("read ECONNRESET", "transient"), ("Unknown tool: read", "validation")],
+)
+async def test_metrics_and_logs_count_an_unclassified_failure_as_unclassified_never_as_transient(
+    text: str, category: str
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.telemetry.metrics import MetricsObserver
+
+    registry = CollectorRegistry()
+    finished_only = _FinishedOnly()
+    answer = {"jsonrpc": "2.0", "result": {"isError": True, "content": [{"type": "text", "text": text}]}}
+    relay, _ = _relay_observed(_RawLink(answer), finished_only, MetricsObserver(registry))
+    outbox = Outbox()
+    await relay.handle_request(REQUEST, outbox)
+    attempts = [e for e in finished_only.events if type(e).__name__ == "AttemptFinished"]
+    assert {e.category for e in attempts} == {category}
+    assert finished_only.events[-1].category == category  # the call log's category
+    counted = registry.get_sample_value(
+        "mcp_recovery_attempts_total", {"tool": "read", "result": "tool_error", "category": category}
+    )
+    assert counted == len(attempts)
+    report = outbox.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+    if category == "unclassified":  # the report keeps one of the four, marked as defaulted
+        assert report["errorCategory"] == "business" and report["classification"]["defaulted"] is True

@@ -172,7 +172,7 @@ def split(outbox: RecordingOutbox) -> tuple[list[dict[str, Any]], dict[str, Any]
 def report_of(answer: dict[str, Any]) -> dict[str, Any]:
     result = answer["result"]
     assert result["isError"] is True, result
-    structured: dict[str, Any] = result["structuredContent"]
+    structured: dict[str, Any] = result["_meta"]["io.mcp-recovery-proxy/unresolved"]
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
     assert not list(validator.iter_errors(structured))
     return structured

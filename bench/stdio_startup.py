@@ -11,7 +11,7 @@ other load falls on both alike:
 - `direct`   the server command itself (`bench/upstream.py --transport stdio`, an SDK MCPServer).
 - `proxied`  `python -m proxy serve --listen stdio -- <the same command>`.
 - with `--everything`, the same pair for npm server-everything (`node dist/index.js stdio`, from
-  .cache/interop, installed by scripts/setup-interop-py.sh).
+  .cache/interop, installed by scripts/setup-interop.sh).
 
 Prints each leg's median and spread and the proxied median minus the direct one, against the target
 (issue 12: within 0.3 s of direct), and how many server processes the proxied runs started (the
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TARGET_S = 0.3
 BOUND_S = 30.0
-EVERYTHING = REPO / ".cache/interop/server-everything/node_modules/@modelcontextprotocol/server-everything/dist"
+EVERYTHING = REPO / ".cache/interop/npm/node_modules/@modelcontextprotocol/server-everything/dist"
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -160,7 +160,7 @@ async def main() -> int:
     if args.everything:
         node = "node"
         if not (EVERYTHING / "index.js").exists():
-            print("server-everything is not installed: run scripts/setup-interop-py.sh")
+            print("server-everything is not installed: run scripts/setup-interop.sh")
             return 1
         ok = (
             await compare("npm server-everything", [node, str(EVERYTHING / "index.js"), "stdio"], "index.js", args.runs)

@@ -1,4 +1,4 @@
-"""Where the interop prerequisites live (installed by scripts/setup-interop-py.sh) and what a test
+"""Where the interop prerequisites live (installed by scripts/setup-interop.sh) and what a test
 does without them: skip, or fail when `MCP_INTEROP_REQUIRED=1` (.ci/run sets it)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from tests.fixtures.helpers import REPO_ROOT
 
 CACHE = REPO_ROOT / ".cache" / "interop"
 MCP19_PYTHON = CACHE / "venv-mcp19" / "bin" / "python"
-EVERYTHING_JS = CACHE / "server-everything" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist"
+EVERYTHING_JS = CACHE / "npm" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist"
 
 
 def missing(reason: str) -> None:
-    reason += " (run scripts/setup-interop-py.sh)"
+    reason += " (run scripts/setup-interop.sh)"
     if os.environ.get("MCP_INTEROP_REQUIRED", "") not in ("", "0", "false", "no"):
         pytest.fail(f"{reason}; MCP_INTEROP_REQUIRED is set, so this is an error", pytrace=False)
     pytest.skip(reason)

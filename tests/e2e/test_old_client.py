@@ -1,6 +1,6 @@
 """An old client through the proxy sees nothing its revision lacks (issue 12: relay per revision).
 
-The Python SDK 1.9 client (revision 2025-03-26, its own venv from scripts/setup-interop-py.sh)
+The Python SDK 1.9 client (revision 2025-03-26, its own venv from scripts/setup-interop.sh)
 talks to the scripted server directly over Streamable HTTP, then through the real proxy in front
 of the same server over stdio and over HTTP. Its answers must be the same, and it must log nothing
 through the proxy that it does not log directly: the proxy's SSE priming event (an empty `data:`

@@ -103,19 +103,17 @@ _new_event = tuple.__new__
 
 
 class _Progress(ProgressRelay):
-    """Progress relayed to the caller, remembered (bounded) as partial evidence, and timed for the idle timer."""
+    """Progress relayed to the caller and remembered (bounded) as partial evidence."""
 
-    __slots__ = ("attempt", "last_at", "notes")
+    __slots__ = ("attempt", "notes")
 
     def __init__(self, token: Any, now_s: float) -> None:
         super().__init__(token)
         self.attempt = 1
-        self.last_at = now_s
         # the latest notes (the furthest a failed call got), across its attempts
         self.notes: deque[PartialResult] = deque(maxlen=_PROGRESS_NOTES)
 
     def rewrite(self, message: Message) -> Message | None:
-        self.last_at = time.monotonic()
         params = message.get("params")
         if isinstance(params, dict) and params.get("message"):
             # Bounded: a note is echoed back in the result; numbers and a cut message only.
@@ -128,7 +126,7 @@ class _Progress(ProgressRelay):
             note["message"] = bound(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bound(str(text), 80)
             self.notes.append(PartialResult("progress", self.attempt, note))
         if self.token is None:
-            return None  # the caller asked for no progress: observed for the idle timer only
+            return None  # the caller asked for no progress: kept as evidence only
         return super().rewrite(message)
 
 
@@ -213,8 +211,8 @@ class Engine:
         policy: ToolPolicy,
     ) -> Message:
         """Attempt 1 of a call whose first attempt only its own answer can affect: nothing in the
-        ledger, no approval or caller deadline, no progress token, no idempotency key, breaker,
-        idle timer or start-event observer, and room under the concurrency limit. It is what `_Call.run` does in that
+        ledger, no approval or caller deadline, no progress token, no idempotency key, breaker
+        or start-event observer, and room under the concurrency limit. It is what `_Call.run` does in that
         case, without building the call's state unless the answer is not a success; then the
         call goes on in `_Call.attempts_loop` with this attempt as its first."""
         label = name  # the bounded label: a catalog name (else "other")
@@ -228,7 +226,9 @@ class Engine:
             timeout_s = policy.first_timeout_s
             try:
                 # positional: on Python 3.11 a call with keywords is not specialized (see Relay.attempt)
-                response = await relay.attempt(request, outbox, headers, timeout_s, policy.first_send_s)
+                response = await relay.attempt(
+                    request, outbox, headers, timeout_s, policy.first_send_s, None, None, None, policy.idle_timeout_s
+                )
             except TimeoutError as timeout:
                 first: Outcome = _timed_out(1, timeout_s, timeout)
             except UpstreamFailure as failure:
@@ -242,7 +242,7 @@ class Engine:
                             "cancelled",
                             StopReason.CANCELLED.value,
                             None,
-                            0,
+                            1,  # the first attempt, stopped in flight by the caller's cancellation
                             self.clock() - started,
                             0.0,
                             False,
@@ -351,6 +351,7 @@ class _Call:
         "call_id",
         "e",
         "headers",
+        "in_flight",
         "label",
         "meta",
         "name",
@@ -394,6 +395,7 @@ class _Call:
         self.params = self._upstream_params(params)
         self.attempts: list[AttemptRecord] = []
         self.backoff_s = 0.0
+        self.in_flight = 0  # the number of the attempt being awaited, 0 between attempts
         self._op: str | None = None
         self._budget_id: str | None = None
         self.state: CallState
@@ -518,11 +520,12 @@ class _Call:
                     if progress is not None:
                         progress.attempt = number
                     started = e.clock()
-                    waiting, sent = self._attempt(number, timeout_s, progress, started)
+                    waiting = self._attempt(number, timeout_s, progress, started)
+                    self.in_flight = number
                     try:
                         response = await waiting
                     except TimeoutError as timeout:
-                        outcome = _timed_out(number, timeout_s, timeout, sent)
+                        outcome = _timed_out(number, timeout_s, timeout)
                     except UpstreamFailure as failure:
                         outcome = TransportError.from_failure(failure)
                     else:
@@ -533,6 +536,7 @@ class _Call:
                             return self._first_success(response["result"], started, e.clock())
                         outcome = outcome_from_response(response)
                     now = e.clock()
+                    self.in_flight = 0
                 duration = now - started
                 classified = classify(outcome, policy)
                 self.state = state = state.attempted()
@@ -568,7 +572,10 @@ class _Call:
                         partials = list(progress.notes) if progress is not None else []
                         return self._give_up(decision, partials=partials)
         except asyncio.CancelledError:
-            self._finished("cancelled", StopReason.CANCELLED, None, False)
+            # The attempt the caller's cancellation stopped counts: it was sent (or being sent).
+            self._finished(
+                "cancelled", StopReason.CANCELLED, None, False, attempts=len(self.attempts) + bool(self.in_flight)
+            )
             raise
 
     def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
@@ -608,12 +615,9 @@ class _Call:
         """Before a retry: the tool's circuit breaker and retry budget."""
         return self.e.antistorm.admit_retry(self.label, self.policy, now_s)
 
-    def _attempt(
-        self, number: int, timeout_s: float, progress: _Progress | None, now: float
-    ) -> tuple[Awaitable[Message], asyncio.Event | None]:
-        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure), and,
-        with an idle timer, the event set once its request was handed to the transport (without
-        one, the relay's `AttemptTimedOut` says)."""
+    def _attempt(self, number: int, timeout_s: float, progress: _Progress | None, now: float) -> Awaitable[Message]:
+        """Attempt `number`, ready to await (its response, or TimeoutError / UpstreamFailure). The
+        relay's timer runs the policy's idle timer too (see `Relay.attempt`)."""
         e = self.e
         params = self.params
         headers = self.headers
@@ -625,53 +629,19 @@ class _Call:
                 headers = {**(headers or {}), **context}
         if telemetry.starts or (number > 1 and telemetry.active):
             telemetry.emit(AttemptStarted(self.call_id, self.label, number, timeout_s))
-        idle_s = self.policy.idle_timeout_s
-        idle = idle_s is not None and progress is not None
-        sent = asyncio.Event() if idle else None  # the idle timer waits on it
         # Starting a stdio child or connecting is bounded by the deadline, not by the attempt
         # timer: a slow cold start must not turn every first call after a crash into a timeout.
         deadline_left_s = self.state.deadline_left_s(now)
-        attempt = self.relay.attempt(
+        return self.relay.attempt(
             self.request,
             self.outbox,
             headers,
             progress=progress,
             params=params,
-            response_timeout_s=None if idle else timeout_s,
+            response_timeout_s=timeout_s,
             send_deadline_s=max(deadline_left_s, timeout_s),
-            sent=sent,
+            idle_s=self.policy.idle_timeout_s,
         )
-        if not idle:
-            return attempt, sent
-        assert idle_s is not None and progress is not None and isinstance(sent, asyncio.Event)
-        return self._with_idle_timer(attempt, max(deadline_left_s, timeout_s), timeout_s, idle_s, progress, sent), sent
-
-    async def _with_idle_timer(
-        self, attempt: Any, cap_s: float, timeout_s: float, idle_s: float, progress: _Progress, sent: asyncio.Event
-    ) -> Message:
-        """Wait for the attempt, stopping when no progress came for `idle_s` or `timeout_s` passed
-        since it was sent; sending itself is bounded by `cap_s` (the deadline), as is the whole."""
-        async with asyncio.timeout(cap_s):
-            task = asyncio.ensure_future(attempt)
-            try:
-                waiter = asyncio.ensure_future(sent.wait())
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                hard_at = self.e.clock() + timeout_s
-                progress.last_at = time.monotonic()
-                while True:
-                    now = self.e.clock()
-                    idle_left = idle_s - (time.monotonic() - progress.last_at)
-                    wait = min(hard_at - now, idle_left)
-                    if wait <= 0:
-                        raise TimeoutError
-                    done, _ = await asyncio.wait({task}, timeout=wait)
-                    if done:
-                        return task.result()
-            finally:
-                if not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
 
     # -- endings --------------------------------------------------------------------------------
     def _deliver(self, outcome: Outcome) -> Message:
@@ -771,7 +741,9 @@ class _Call:
         params = self.request.get("params") or {}
         return "requestState" in params or "inputResponses" in params
 
-    def _finished(self, outcome: str, reason: StopReason | None, category: Any, unknown: bool) -> None:
+    def _finished(
+        self, outcome: str, reason: StopReason | None, category: Any, unknown: bool, *, attempts: int | None = None
+    ) -> None:
         e = self.e
         if not e.telemetry.active:
             return
@@ -782,7 +754,7 @@ class _Call:
                 outcome,
                 reason.value if reason is not None else None,
                 str(category.value if hasattr(category, "value") else category) if category else None,
-                len(self.attempts),
+                len(self.attempts) if attempts is None else attempts,
                 e.clock() - self.state.started_at_s,
                 self.backoff_s,
                 unknown,
@@ -810,21 +782,23 @@ def _is_success(response: Message) -> bool:
     )
 
 
-def _timed_out(
-    number: int, timeout_s: float, timeout: TimeoutError, sent: asyncio.Event | None = None
-) -> TransportError:
-    """A timed-out attempt: not sent (the send deadline) or unanswered. The idle timer's `sent`
-    event says which, else the relay's timer (`AttemptTimedOut`); a timeout of any other origin
+def _timed_out(number: int, timeout_s: float, timeout: TimeoutError) -> TransportError:
+    """A timed-out attempt: not sent (the send deadline), silent past the idle timer, or
+    unanswered. The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
     counts as sent (dispatch unknown), the side that never repeats a state-changing call."""
-    if sent is not None:
-        was_sent = sent.is_set()
-    else:
-        was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
+    was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
     if not was_sent:
         return TransportError(
             FailureKind.NOT_RUNNING,
             Dispatch.NO,
             f"attempt {number}: the upstream was not ready to take the request before the deadline",
+        )
+    idle_s = timeout.idle_s if isinstance(timeout, AttemptTimedOut) else None
+    if idle_s is not None:
+        return TransportError(
+            FailureKind.TIMEOUT,
+            Dispatch.UNKNOWN,
+            f"attempt {number}: nothing from the upstream (no progress) for {idle_s:.3g}s (idle timeout)",
         )
     return TransportError(
         FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"

@@ -232,9 +232,10 @@ class AttemptTimedOut(TimeoutError):
     transport by then (the response timeout) or not (the send deadline): the timer knows, so no
     flag object is built per attempt to tell."""
 
-    def __init__(self, sent: bool) -> None:
+    def __init__(self, sent: bool, idle_s: float | None = None) -> None:
         super().__init__()
         self.sent = sent
+        self.idle_s = idle_s  # set when the idle timer ended it: nothing came for that long
 
 
 class _Deadlines:
@@ -265,12 +266,19 @@ class _Deadlines:
         self.armed_at = math.inf
         self.dead = 0
 
-    def start(self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, now: float) -> _AttemptTimer:
+    def start(
+        self,
+        task: asyncio.Task[Any] | None,
+        response_s: float,
+        deadline_at: float,
+        now: float,
+        idle_s: float | None = None,
+    ) -> _AttemptTimer:
         """The timer of an attempt starting `now`, entered: it cancels `task` when due."""
-        when = now + response_s
+        when = now + (response_s if idle_s is None or response_s < idle_s else idle_s)
         if deadline_at < when:
             when = deadline_at
-        timer = _AttemptTimer(task, response_s, deadline_at, when)
+        timer = _AttemptTimer(task, response_s, deadline_at, when, idle_s)
         heapq.heappush(self.heap, (when, next(self.seq), timer))  # add(), inline
         if when < self.armed_at:
             self.arm(when)
@@ -343,11 +351,18 @@ class _Deadlines:
 class _AttemptTimer:
     """One attempt's timer (see `_Deadlines`, which builds and runs it): `when` it is entered for
     (None while it waits to be sent with no send deadline), `active` until it fired or the attempt
-    ended, `fired` once it cancelled `task`."""
+    ended, `fired` once it cancelled `task`.
 
-    __slots__ = ("active", "deadline_at", "fired", "response_s", "sent_at", "task", "when")
+    With `idle_s`, the attempt also ends when nothing related to it (progress, a log message, a
+    request to the client) came for that long since it was sent or since the last such message
+    (`alive_at`); never later than the response timeout or the deadline. A message only moves
+    `alive_at`: the entry fires at its old time, finds itself early and is entered again."""
 
-    def __init__(self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, when: float) -> None:
+    __slots__ = ("active", "alive_at", "deadline_at", "fired", "idle_s", "response_s", "sent_at", "task", "when")
+
+    def __init__(
+        self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, when: float, idle_s: float | None
+    ) -> None:
         self.task = task
         self.active = True
         self.fired = False
@@ -355,11 +370,36 @@ class _AttemptTimer:
         self.deadline_at = deadline_at
         self.sent_at: float | None = None
         self.when: float | None = when
+        self.idle_s = idle_s
+        self.alive_at: float | None = None
 
     def due(self) -> float:
-        if self.sent_at is None:
+        sent_at = self.sent_at
+        if sent_at is None:
             return self.deadline_at
-        return min(self.sent_at + self.response_s, self.deadline_at)
+        due = sent_at + self.response_s
+        if self.idle_s is not None:
+            idle_at = (self.alive_at if self.alive_at is not None else sent_at) + self.idle_s
+            if idle_at < due:
+                due = idle_at
+        return due if due < self.deadline_at else self.deadline_at
+
+    def idled(self) -> bool:
+        """Whether the idle timer (not the response timeout or the deadline) is what ended it."""
+        if self.idle_s is None or self.sent_at is None:
+            return False
+        idle_at = (self.alive_at if self.alive_at is not None else self.sent_at) + self.idle_s
+        return idle_at < self.sent_at + self.response_s and idle_at < self.deadline_at
+
+
+class _SilentProgress(ProgressRelay):
+    """Progress for a caller that asked for none: the upstream gets a token (so a tool can report
+    progress and keep an idle timer going), the caller gets nothing."""
+
+    __slots__ = ()
+
+    def rewrite(self, message: Message) -> Message | None:
+        return None
 
 
 class Relay:
@@ -519,6 +559,7 @@ class Relay:
         progress: ProgressRelay | None = None,
         params: dict[str, Any] | None = None,
         sent: asyncio.Event | None = None,
+        idle_s: float | None = None,
     ) -> Message:
         """Send `request` upstream once, with a fresh upstream id, and await its response.
 
@@ -531,10 +572,15 @@ class Relay:
         cancelled (the caller cancelled, or a timer fired), the upstream exchange is cancelled as
         its transport requires.
         `params` replaces the request's params (the engine adds an idempotency key this way).
+        `idle_s` (with `response_timeout_s`): the attempt also ends when nothing related to it came
+        for that long (`AttemptTimedOut.idle_s` says so); the upstream then gets a progress token
+        even when the caller sent none, so that a tool can keep the attempt alive.
         """
         link = self.link
         uid = link.new_id()
         up: Message = {"jsonrpc": "2.0", "id": uid, "method": request["method"]}
+        if idle_s is not None and progress is None:
+            progress = _SilentProgress(None)
         p = params if params is not None else request.get("params")
         if progress is not None and isinstance(p, dict):
             meta = p.get("_meta")
@@ -543,8 +589,11 @@ class Relay:
             up["params"] = p
 
         down_id = request.get("id")
+        timer: _AttemptTimer | None = None
 
         def on_message(message: Message) -> None:
+            if timer is not None and timer.idle_s is not None:
+                timer.alive_at = timer_loop.time()  # the attempt is alive: its idle timer starts over
             params = message.get("params")
             meta = params.get("_meta") if isinstance(params, dict) else None
             if isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID) == uid:
@@ -581,10 +630,10 @@ class Relay:
         deadlines = self._deadlines
         if deadlines is None:
             deadlines = self._deadlines = _Deadlines(self._loop())
-        loop = deadlines.loop
+        timer_loop = loop = deadlines.loop
         now = loop.time()
         deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
-        timer = deadlines.start(asyncio.current_task(loop), response_timeout_s, deadline_at, now)
+        timer = deadlines.start(asyncio.current_task(loop), response_timeout_s, deadline_at, now, idle_s)
         sent_ex: Exchange | None = None
         try:
             if waiting:  # waiting for a slot counts against the send deadline
@@ -603,7 +652,7 @@ class Relay:
                 self._cancel_upstream(sent_ex, "request cancelled by the proxy")
             if timer.fired and timer.task is not None and timer.task.uncancel() == 0:
                 # our timer, and nobody else cancelled the task
-                raise AttemptTimedOut(timer.sent_at is not None) from None
+                raise AttemptTimedOut(timer.sent_at is not None, idle_s if timer.idled() else None) from None
             raise
         finally:
             deadlines.end(timer)

@@ -3,6 +3,11 @@
 The HTTP frontend and the admin endpoint run as two uvicorn servers in one event loop; when
 either stops (a signal reaches whichever installed its handlers last) the other is told to stop,
 and the service's shutdown stops every upstream child.
+
+SIGTERM is a graceful stop and the process then exits 0, in both listen modes. uvicorn restores
+the handler it found after its own graceful shutdown and raises the signal again; with the
+default handler in place that killed the finished process (status 143), so `run` installs one of
+its own first: it stops whatever still runs, and the re-raised signal finds nothing left to stop.
 """
 
 from __future__ import annotations
@@ -10,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from proxy.admin import build_admin_app
 from proxy.engine import Engine
-from proxy.frontend.http import McpHttpApp
-from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.frontend.uvicorn_h1 import HttpLimits
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
 
@@ -42,6 +50,8 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
 
 
 def http_limits(settings: Settings) -> HttpLimits:
+    from proxy.frontend.uvicorn_h1 import HttpLimits
+
     return HttpLimits(
         max_head_bytes=settings.max_head_bytes,
         head_timeout_s=settings.head_timeout_s,
@@ -66,6 +76,8 @@ class _Server(uvicorn.Server):
 
 
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
+    from proxy.frontend.uvicorn_h1 import LimitedHttpToolsProtocol
+
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
@@ -102,16 +114,36 @@ async def run(settings: Settings) -> int:
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
+    stop = asyncio.Event()
+    restore = _on_sigterm(stop)
     try:
-        return await _serve(settings, service, policies, bundle.registry)
+        return await _serve(settings, service, policies, bundle.registry, stop)
     finally:
+        restore()
         await policies.aclose()
         await bundle.shutdown()
 
 
-async def _serve(settings: Settings, service: Service, policies: PolicyStore, registry: CollectorRegistry) -> int:
+def _on_sigterm(stop: asyncio.Event) -> Callable[[], None]:
+    """SIGTERM sets `stop` (from the signal handler, through the loop); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signals reach the main thread only (an embedded or test run)
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int, frame: object) -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+async def _serve(
+    settings: Settings, service: Service, policies: PolicyStore, registry: CollectorRegistry, stop: asyncio.Event
+) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
+        from proxy.admin import build_admin_app
+
         host, _, port = settings.admin.rpartition(":")
         admin_app = build_admin_app(
             service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
@@ -123,14 +155,26 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
         from proxy.frontend.stdio import serve_stdio
 
         admin_task = asyncio.create_task(admin_server.serve()) if admin_server else None
+        serving = asyncio.create_task(serve_stdio(service))
+        stopping = asyncio.create_task(stop.wait())
         try:
-            await serve_stdio(service)
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not serving.done():
+                log.info("SIGTERM: stopping")
+                serving.cancel()  # serve_stdio closes the service (its children) on the way out
+            await asyncio.gather(serving, return_exceptions=True)
         finally:
+            stopping.cancel()
             if admin_server is not None and admin_task is not None:
                 admin_server.should_exit = True
                 with contextlib.suppress(Exception):
                     await admin_task
         return 0
+    # Imported here: `--listen stdio` does not need the HTTP frontend, and its imports (the MCP
+    # SDK's types above all) were most of a stdio proxy's start-up, which a local client waits
+    # for (bench/stdio_startup.py).
+    from proxy.frontend.http import McpHttpApp
+
     app = McpHttpApp(service, settings)
     main_server = _Server(
         _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
@@ -138,8 +182,11 @@ async def _serve(settings: Settings, service: Service, policies: PolicyStore, re
     )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
+    stopping = asyncio.create_task(stop.wait())  # a SIGTERM before uvicorn took the signal over
     log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)
-    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    _, pending = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    pending.discard(stopping)
     for server in servers:
         server.should_exit = True
     if pending:

@@ -49,7 +49,14 @@ def build_upstream(settings: Settings) -> Upstream:
             raise ValueError("give either --upstream URL or a command after --, not both")
         from proxy.upstream.stdio import StdioUpstream
 
-        return StdioUpstream(settings.upstream_argv, max_children=settings.max_sessions, spares=settings.stdio_spares)
+        # `--listen stdio` serves one client, one session: one child, no spare (see StdioUpstream)
+        single = settings.listen == "stdio"
+        return StdioUpstream(
+            settings.upstream_argv,
+            max_children=settings.max_sessions,
+            spares=settings.stdio_spares,
+            single_session=single,
+        )
     url = settings.upstream
     if not url:
         raise ValueError("no upstream: give --upstream http://HOST:PORT/mcp, --upstream sse+http://…, or -- COMMAND")
@@ -94,6 +101,9 @@ class Service:
         self._stopping = False
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
+        # One stdio client's one child: its answer to the client's first request is the probe
+        # (a probe of its own would fix the child's era, or start a second process).
+        self._deferred = bool(getattr(upstream, "single_session", False))
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()  # sessions whose links are still shutting down
         self.on_session_change: Callable[[int], None] | None = None
@@ -101,8 +111,12 @@ class Service:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.ensure_probed(raise_on_failure=False)
-        if self.capabilities is None:
+        if self._deferred:
+            self.probe_error = "waiting for the client's first request (the upstream process is starting)"
+            self.upstream.prestart()  # type: ignore[attr-defined]
+        else:
+            await self.ensure_probed(raise_on_failure=False)
+        if self.capabilities is None and not self._deferred:
             self._tasks.append(asyncio.create_task(self._probe_until_ready()))
         self._tasks.append(asyncio.create_task(self._reap_idle_sessions()))
 
@@ -124,6 +138,8 @@ class Service:
 
     @property
     def ready(self) -> bool:
+        if self.capabilities is None and self._deferred:
+            return self.health.up is True  # the one child answered the client
         return self.capabilities is not None and self.health.up is not False
 
     async def readiness(self) -> tuple[bool, str | None]:
@@ -135,7 +151,7 @@ class Service:
         `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
         flowed is noticed; the verdict is cached in between.
         """
-        if self.capabilities is None:
+        if self.capabilities is None and not (self._deferred and self.health.up is True):
             return False, self.probe_error or "upstream not probed yet"
         interval_s = self.settings.ready_check_interval_s
         if not self._supervised and time.monotonic() - self._checked_at >= interval_s:

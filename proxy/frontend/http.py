@@ -220,6 +220,13 @@ class _Stream:
         self.wake()
 
 
+def _primes(version: str | None) -> bool:
+    """Whether a 2025 request's revision has SSE priming events (SEP-1699, 2025-11-25). A request
+    without `MCP-Protocol-Version` is 2025-03-26 (the spec's rule; 2025-06-18 clients send it on
+    every request after initialize); `initialize` itself has none, so its stream is not primed."""
+    return version is not None and version >= "2025-11-25" and version in jsonrpc.LEGACY_VERSIONS
+
+
 def _sse(data: bytes) -> bytes:
     """One SSE event carrying a message serialized by `jsonrpc.dumps_out`."""
     return b"event: message\ndata: " + data + b"\n\n"
@@ -740,7 +747,16 @@ class McpHttpApp:
             await _respond_error(send, 404, message.get("id"), jsonrpc.INVALID_REQUEST, "Session not found")
             return
         if jsonrpc.is_request(message):
-            await self._answer(relay, message, receive, send, _forwarded(headers), modern=False, session_id=session_id)
+            await self._answer(
+                relay,
+                message,
+                receive,
+                send,
+                _forwarded(headers),
+                modern=False,
+                session_id=session_id,
+                prime=_primes(version),
+            )
         elif jsonrpc.is_notification(message):
             await relay.handle_notification(message)
             await _respond(send, 202)
@@ -759,6 +775,7 @@ class McpHttpApp:
         modern: bool,
         session_id: str | None = None,
         caller: str | None = None,
+        prime: bool = False,
     ) -> bool:
         """Run one request through the relay and write its answer (JSON, or SSE once it streams).
 
@@ -787,7 +804,7 @@ class McpHttpApp:
 
         def start_writer() -> None:
             nonlocal writer
-            writer = loop.create_task(self._write_stream(stream, down_id, send, extra, modern, session_id))
+            writer = loop.create_task(self._write_stream(stream, down_id, send, extra, modern, session_id, prime))
 
         stream.on_stream = start_writer
         watches = self._watches
@@ -837,6 +854,7 @@ class McpHttpApp:
         extra: list[tuple[bytes, bytes]],
         modern: bool,
         session_id: str | None,
+        prime: bool,
     ) -> bool:
         """The response as an event stream: what the handler sends, then its answer; keep-alive
         comments meanwhile. Returns whether a successful result was written."""
@@ -845,7 +863,7 @@ class McpHttpApp:
             assert first is not None
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
             if not modern and session_id is not None:
-                return await self._stream_resumable(stream, first, down_id, send, session_id)
+                return await self._stream_resumable(stream, first, down_id, send, session_id, prime)
             ok = False
             item: tuple[Message, bytes] | None = first
             while item is not None:
@@ -862,15 +880,26 @@ class McpHttpApp:
             raise
 
     async def _stream_resumable(
-        self, stream: _Stream, first: tuple[Message, bytes], down_id: Any, send: Send, session_id: str
+        self,
+        stream: _Stream,
+        first: tuple[Message, bytes],
+        down_id: Any,
+        send: Send,
+        session_id: str,
+        prime: bool,
     ) -> bool:
-        """A 2025 SSE response whose events carry ids, so a client that lost it can resume it."""
+        """A 2025 SSE response whose events carry ids, so a client that lost it can resume it
+        (resumability and event ids are in every 2025 revision); `prime`: it opens with the
+        2025-11-25 priming event."""
         replay = self._replays.new(f"r{next(self._replay_ids)}", session_id, down_id)
         replay.target = send
         ok = False
         try:
-            # SEP-1699: a priming event (an id, no data) and the reconnection delay.
-            await replay.write(f"id: {replay.key}:0\nretry: {RETRY_MS}\ndata: \n\n".encode())
+            if prime:
+                # SEP-1699 (2025-11-25): a priming event (an id, no data) and the reconnection
+                # delay. An older client reads an empty `data:` as a malformed message (the Python
+                # SDK 1.9 logs an error and a traceback for each), so it goes to 2025-11-25+ only.
+                await replay.write(f"id: {replay.key}:0\nretry: {RETRY_MS}\ndata: \n\n".encode())
             item: tuple[Message, bytes] | None = first
             while item is not None:
                 message, data = item

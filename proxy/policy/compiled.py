@@ -121,8 +121,9 @@ class ToolPolicy:
     status_check_tool: str | None = None
     anti_storm: AntiStorm = field(default_factory=AntiStorm)
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # Derived: nothing in the policy acts before or during a first attempt (no idempotency key,
-    # idle timer or circuit breaker), so the engine may make that attempt on its direct path.
+    # Derived: nothing in the policy acts before or during a first attempt (no idempotency key or
+    # circuit breaker; an idle timer is the relay's), so the engine may make that attempt on its
+    # direct path.
     direct: bool = field(init=False, repr=False, compare=False)
     # Derived: a first attempt's hard timeout, min(attempt timeout, deadline), and the bound of
     # handing its request over (a cold start may take the whole deadline), for a call starting now.
@@ -130,8 +131,8 @@ class ToolPolicy:
     first_send_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        direct = self.idempotency_key is None and self.idle_timeout_s is None
-        object.__setattr__(self, "direct", direct and self.anti_storm.breaker_failures is None)
+        direct = self.idempotency_key is None and self.anti_storm.breaker_failures is None
+        object.__setattr__(self, "direct", direct)
         first = max(0.0, min(self.attempt_timeout_s, self.deadline_s))
         object.__setattr__(self, "first_timeout_s", first)
         object.__setattr__(self, "first_send_s", max(self.deadline_s, first))

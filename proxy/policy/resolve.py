@@ -66,7 +66,17 @@ def _attr(obj: object, dotted: str) -> Any:
     return obj
 
 
-_BUILTIN_POLICY = ToolPolicy(tool="", side_effect=SideEffect.STATE_CHANGING)
+# What a tool gets that no file sets a value for: the shipped defaults.yaml's values (a test
+# keeps the two equal; docs/policies.md says why these numbers). `ToolPolicy`'s own field defaults
+# are only for policies built in code (the recovery core's tables).
+_BUILTIN_POLICY = ToolPolicy(
+    tool="",
+    side_effect=SideEffect.STATE_CHANGING,
+    deadline_s=50.0,
+    attempt_timeout_s=45.0,
+    min_attempt_s=45.0 / 4,
+    idle_timeout_s=30.0,
+)
 BUILTIN_VALUES: Mapping[str, Any] = MappingProxyType({k: _attr(_BUILTIN_POLICY, k) for k, _ in SETTINGS})
 
 
@@ -129,6 +139,15 @@ def effective_values(
                 values[key], sources[key] = values["attempt_timeout_s"] / 4, "derived:attempt_timeout/4"
             else:
                 values[key], sources[key] = BUILTIN_VALUES[key], BUILT_IN
+    if sources["attempt_timeout_s"] == BUILT_IN and values["attempt_timeout_s"] > values["deadline_s"]:
+        # A folder that sets only a deadline (shorter than the built-in attempt timeout, as the
+        # first shipped defaults were) keeps working: the built-in attempt timeout follows it.
+        values["attempt_timeout_s"], sources["attempt_timeout_s"] = (
+            values["deadline_s"],
+            "built-in (capped to deadline)",
+        )
+        if sources["min_attempt_s"] in (BUILT_IN, "derived:attempt_timeout/4"):
+            values["min_attempt_s"], sources["min_attempt_s"] = values["deadline_s"] / 4, "derived:attempt_timeout/4"
     return values, {key: sources[key] for key, _ in SETTINGS}, origin
 
 

@@ -110,12 +110,13 @@ SHIPPED_RULES: Final[tuple[ShippedRule, ...]] = (
         "not-found",
         V,
         r"not found|no such file|no such (?:directory|repository|branch|ref)|\benoent\b|does not exist"
-        r"|could not find|cannot find|did not match any",
+        r"|could not find|cannot find|did not match any|did not resolve to an object",
         "ENOENT: no such file or directory, open '/tmp/work/missing.txt'",
         "Entity with name Alice not found",
         "Parent directory does not exist: /tmp/work/a",
         "Could not find exact match for edit:\nold text",
         "error: pathspec 'nosuch' did not match any file(s) known to git",
+        "Ref 'no-such-branch' did not resolve to an object",
     ),
     _rule(
         "invalid-input",

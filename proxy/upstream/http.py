@@ -5,8 +5,12 @@ read timeout): the proxy owns every retry and every attempt timeout, so the clie
 
 - `HttpLegacyLink` (one per downstream 2025 session): forwards the client's own `initialize`,
   keeps `Mcp-Session-Id` and the negotiated `MCP-Protocol-Version`, opens the standalone GET SSE
-  stream after `notifications/initialized`, re-establishes an expired session (404) once,
-  transparently, and cancels with `notifications/cancelled`.
+  stream after `notifications/initialized`, re-establishes a session the upstream forgot once,
+  transparently, and cancels with `notifications/cancelled`. A forgotten session is a 404 on a
+  request that carried a session id (the spec's answer), or a 400 on one whose body names the
+  session or an uninitialized server: the TypeScript SDK's servers answer a restarted process's
+  unknown id with 400 "Bad Request: No valid session ID provided" (its examples, which most
+  servers copy) or "Bad Request: Server not initialized" (its transport).
 - `HttpModernLink` (shared by every 2026-07-28 request): one POST per request with the 2026
   routing headers; cancelling is closing that request's response stream.
 
@@ -233,6 +237,25 @@ def status_failure_of(response: Response, raw: bytes, request_id: RequestId | No
     )
 
 
+# What a 400 says when the server no longer knows the session it was sent (see the module
+# docstring); anything else a 400 says is the caller's input and stays a validation failure.
+_FORGOTTEN_SESSION = re.compile(r"(?i)\bsession\b|\bnot initiali[sz]ed\b")
+
+
+def forgot_session(raw: bytes) -> bool:
+    """Whether a 400's (bounded) body says the session is unknown: its JSON-RPC error message,
+    or the plain text of a body that is not JSON-RPC, names the session or an uninitialized server."""
+    text: Any = raw.decode("utf-8", "replace")
+    try:
+        parsed = loads(raw)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        text = error.get("message") if isinstance(error, dict) else None
+    return isinstance(text, str) and _FORGOTTEN_SESSION.search(text) is not None
+
+
 def content_type(response: Response) -> str:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower()
 
@@ -332,7 +355,8 @@ def modern_headers(message: Message) -> dict[str, str]:
 # links
 # ---------------------------------------------------------------------------------------------
 class _Expired(Exception):
-    """A 404 on a request that carried a session id (handled inside the legacy link)."""
+    """The upstream forgot the session a request carried (a 404, or a 400 naming the session;
+    handled inside the legacy link)."""
 
 
 class _HttpLink(LinkBase):
@@ -559,7 +583,10 @@ class _HttpLink(LinkBase):
                     response.release()
                     raise _Expired
                 if not 200 <= status < 300:
-                    raise await status_failure(response, ex.upstream_id)
+                    raw = await read_bounded(response)
+                    if status == 400 and self._sent_session(headers) and forgot_session(raw):
+                        raise _Expired
+                    raise status_failure_of(response, raw, ex.upstream_id)
                 if status == 202:
                     raise UpstreamFailure(
                         FailureKind.PROTOCOL,
@@ -810,7 +837,7 @@ class HttpLegacyLink(_HttpLink):
                 return
             except _Expired:
                 first = None
-                ex.written = False  # a 404 is a refusal: this request was not processed
+                ex.written = False  # a 404 (or 400) for the session is a refusal: this request was not processed
                 if attempt == 1:
                     raise UpstreamFailure(
                         FailureKind.SESSION_EXPIRED,
@@ -832,7 +859,7 @@ class HttpLegacyLink(_HttpLink):
                     "the upstream session expired and there is no handshake to replay",
                     http_status=404,
                 )
-            log.info("upstream session expired (404): re-establishing it")
+            log.info("the upstream forgot its session: re-establishing it")
             self._stop_get_stream()
             self.session_id = None
             replay = {**init, "id": self.new_id()}

@@ -3,6 +3,10 @@
 - One child per legacy (2025) downstream session, and one shared child for all 2026-07-28
   requests: an SDK server fixes its era on the first request it reads, so one child cannot
   serve both.
+- `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
+  one child. `prestart()` starts it before the client speaks, and the first link that needs a
+  child takes it, whichever era the client's first request opens (its answer is the probe; no
+  spare is kept, no separate probe child is started while it lives).
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
@@ -298,7 +302,7 @@ class StdioLink(LinkBase):
         self.era = era
         self._upstream = upstream
         self._health = upstream.health
-        self._takes_spare = takes_spare and era is Era.LEGACY
+        self._takes_spare = takes_spare and (era is Era.LEGACY or upstream.single_session)
         self._pending = PendingTable()
         self._handshake = Handshake()
         self._child: _Child | None = None
@@ -500,6 +504,7 @@ class StdioUpstream:
         handshake_timeout_s: float = 10.0,
         max_restart_backoff_s: float = 30.0,
         spares: int = 1,
+        single_session: bool = False,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -513,7 +518,9 @@ class StdioUpstream:
         self.max_restart_backoff_s = max_restart_backoff_s
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
-        self.spares = spares  # pre-started children waiting for new 2025 sessions (0 or 1)
+        self.single_session = single_session
+        # pre-started children waiting for new 2025 sessions (0 or 1); one session needs none
+        self.spares = 0 if single_session else spares
         self._spare: _Child | None = None
         self._spare_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -652,8 +659,19 @@ class StdioUpstream:
         return child
 
     # -- warm spares ----------------------------------------------------------------------------
+    def prestart(self) -> None:
+        """Start the child the first request will take (`single_session`: the only one), so that
+        the process starts while the client is still starting too."""
+        if self._spare is None and (self._spare_task is None or self._spare_task.done()) and not self._closed:
+            self._spare_task = asyncio.create_task(self._make_spare())
+
     async def _child_for(self, link: StdioLink) -> _Child:
-        """A child for a new legacy session: the warm spare when one is ready, else a fresh one."""
+        """A child for a new legacy session (or, `single_session`, for the one link of either era):
+        the warm spare when one is ready or starting, else a fresh one."""
+        starting = self._spare_task
+        if self._spare is None and starting is not None and not starting.done():
+            # a second process for the same client would be one too many: wait for this one
+            await asyncio.shield(starting)
         spare, self._spare = self._spare, None
         if spare is not None and spare.alive and not spare.protocol.overflow:
             spare.on_line = link._on_line

@@ -86,3 +86,44 @@ async def test_a_lost_stream_is_resumed_with_last_event_id(proxy: ProxyProcess) 
     assert "result" in answer and not answer["result"].get("isError"), json.dumps(
         answer["result"].get("structuredContent")
     )[:1500]
+
+
+@pytest.mark.parametrize("version", ["2025-03-26", "2025-06-18"])
+async def test_a_client_of_an_earlier_revision_gets_no_priming_event(proxy: ProxyProcess, version: str) -> None:
+    """SEP-1699's priming event is a 2025-11-25 addition: older clients read its empty `data:` as a
+    malformed message. Their event ids (resumability is in every 2025 revision) stay."""
+    async with httpx.AsyncClient(timeout=20) as http:
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        }
+        r = await http.post(proxy.url, json=init, headers=HEADERS)
+        assert r.json()["result"]["protocolVersion"] == version
+        session = {"mcp-session-id": r.headers["mcp-session-id"]}
+        if version != "2025-03-26":  # a 2025-03-26 client sends no version header
+            session["mcp-protocol-version"] = version
+        await http.post(
+            proxy.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers={**HEADERS, **session}
+        )
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "slow_progress",
+                "arguments": {"steps": 2, "delay_s": 0.05},
+                "_meta": {"progressToken": 7},
+            },
+        }
+        seen: list[str] = []
+        async with http.stream("POST", proxy.url, json=call, headers={**HEADERS, **session}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for line in response.aiter_lines():
+                seen.append(line)
+    streamed = events(seen)
+    assert streamed and all(e.get("data") for e in streamed), f"an event without data: {streamed[:3]}"
+    assert not any("retry" in e for e in streamed)
+    assert all("id" in e for e in streamed), "resumable: every event has an id"
+    assert any(json.loads(e["data"]).get("id") == 2 for e in streamed)

@@ -150,9 +150,24 @@ def test_shipped_defaults_say_what_recovery_md_promises() -> None:
     read_only = ps.resolve("lookup", {"readOnlyHint": True})
     assert read_only.side_effect.value == "read_only"
     assert ps.resolve("lookup", {}).side_effect.value == "state_changing"
-    assert (read_only.attempts, read_only.deadline_s, read_only.attempt_timeout_s) == (3, 10.0, 4.0)
-    assert (read_only.min_attempt_s, read_only.retry_after_cap_s, read_only.ledger_window_s) == (1.0, 30.0, 60.0)
+    # RECOVERY.md §6: a deadline below the SDK clients' 60 s request timeout, attempts long enough
+    # for tools that run tens of seconds, progress keeping an attempt alive (an idle timer)
+    assert (read_only.attempts, read_only.deadline_s, read_only.attempt_timeout_s) == (3, 50.0, 45.0)
+    assert read_only.idle_timeout_s == 30.0 and read_only.deadline_s < 60.0
+    assert (read_only.min_attempt_s, read_only.retry_after_cap_s, read_only.ledger_window_s) == (11.25, 30.0, 60.0)
     assert read_only.backoff.initial_s == 0.2 and read_only.backoff.max_s == 2.0
     assert read_only.backoff.multiplier == 2.0 and read_only.backoff.jitter == "full"
     assert read_only.trust_annotations and read_only.trust_error_category
     assert read_only.unclassified.value == "business" and {c.value for c in read_only.retry_on} == {"transient"}
+
+
+def test_the_built_in_values_are_the_shipped_defaults_file() -> None:
+    """A folder without defaults.yaml (built-in values) and the shipped file give a tool the same."""
+    from proxy.policy.resolve import SETTINGS, _attr
+
+    shipped = load_builtin_policies().resolve("anything", {"readOnlyHint": True})
+    built_in = PolicySet(version="none").resolve("anything", {"readOnlyHint": True})
+    assert {k: _attr(shipped, k) for k, _ in SETTINGS} == {k: _attr(built_in, k) for k, _ in SETTINGS}
+    assert (REPO / "policies" / "defaults.yaml").read_bytes() == (
+        REPO / "proxy" / "builtin_policies" / "defaults.yaml"
+    ).read_bytes()

@@ -95,9 +95,27 @@ def test_untrusted_annotations_per_tool_and_no_defaults_means_state_changing(pol
 def test_builtin_defaults_without_any_file() -> None:
     policy = PolicySet(version="built-in").resolve("anything", {"readOnlyHint": True})
     assert policy.side_effect is SideEffect.READ_ONLY
-    assert (policy.attempts, policy.deadline_s, policy.attempt_timeout_s, policy.min_attempt_s) == (3, 10.0, 4.0, 1.0)
+    assert (policy.attempts, policy.deadline_s, policy.attempt_timeout_s, policy.min_attempt_s) == (
+        3,
+        50.0,
+        45.0,
+        11.25,
+    )
+    assert policy.idle_timeout_s == 30.0
     assert policy.sources["attempts"] == "built-in"
     assert policy.sources["min_attempt_s"] == "derived:attempt_timeout/4"
+
+
+def test_a_folder_that_sets_only_a_short_deadline_stays_valid_and_the_built_in_attempt_timeout_follows_it(
+    policies,
+) -> None:
+    """Folders written for the first defaults (10 s deadline, 4 s attempts) set a deadline shorter
+    than today's built-in attempt timeout: the built-in one is capped, not an error."""
+    ps = policies({"defaults.yaml": "deadline: 10s\n", "a.yaml": "tools: [a]\nattempt_timeout: 4s\n"})
+    other = ps.resolve("other")
+    assert (other.deadline_s, other.attempt_timeout_s, other.min_attempt_s) == (10.0, 10.0, 2.5)
+    assert other.sources["attempt_timeout_s"] == "built-in (capped to deadline)"
+    assert (ps.resolve("a").attempt_timeout_s, ps.resolve("a").min_attempt_s) == (4.0, 1.0)
 
 
 def test_min_attempt_time_follows_attempt_timeout_unless_set(policies) -> None:

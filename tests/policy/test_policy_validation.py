@@ -227,6 +227,8 @@ def test_invariant_across_files_names_both_sources(problems) -> None:
 
 
 def test_invariant_in_defaults_is_reported_once(problems) -> None:
-    found = problems({"defaults.yaml": "deadline: 1s\n", "a.yaml": "tools: [a, 'b*']\nattempts: 2\n"})
+    found = problems(
+        {"defaults.yaml": "deadline: 1s\nattempt_timeout: 2s\n", "a.yaml": "tools: [a, 'b*']\nattempts: 2\n"}
+    )
     assert len(found) == 1
     assert found[0].endswith("(for every tool)")

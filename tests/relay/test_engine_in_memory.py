@@ -113,7 +113,12 @@ async def test_our_meta_keys_never_reach_the_upstream() -> None:
     }
     link = ScriptedLink([{"content": []}])
     await relay_for(link).handle_request(request, Outbox())
-    assert link.sent[0]["params"]["_meta"] == {"traceparent": "00-x"}, "the caller's trace context passes unchanged"
+    meta = link.sent[0]["params"]["_meta"]
+    assert not [k for k in meta if k.startswith("io.mcp-recovery-proxy/")]
+    assert meta["traceparent"] == "00-x", "the caller's trace context passes unchanged"
+    # the one key the proxy adds: a progress token of its own, so the tool can keep the default
+    # idle timer going (the caller, who asked for no progress, gets none)
+    assert meta.keys() == {"traceparent", "progressToken"} and meta["progressToken"] == link.sent[0]["id"]
 
 
 async def test_malformed_ids_from_either_peer_are_dropped_not_raised() -> None:
@@ -318,7 +323,8 @@ async def test_calls_in_flight_per_tool_count_a_hanging_call_until_it_is_cancell
     assert engine.in_flight_by_tool() == [("read", 0)] and engine.in_flight == 0
     assert link.cancelled, "the attempt the proxy stopped waiting for was cancelled upstream"
     (finished,) = finished_only.events
-    assert (finished.outcome, finished.stop_reason, finished.attempts) == ("cancelled", "cancelled", 0)
+    # the attempt the cancellation stopped counts (the call log line said attempts=0)
+    assert (finished.outcome, finished.stop_reason, finished.attempts) == ("cancelled", "cancelled", 1)
 
 
 async def test_calls_that_need_the_whole_engine_get_the_same_answers_and_events() -> None:
@@ -330,7 +336,7 @@ async def test_calls_that_need_the_whole_engine_get_the_same_answers_and_events(
     await relay.handle_request(REQUEST, direct_out)
     relay, _ = _relay_observed(ScriptedLink(answers), full_seen)
     full_out = Outbox()
-    with_deadline = {**REQUEST, "params": {**REQUEST["params"], "_meta": {"io.mcp-recovery-proxy/deadlineMs": 9000}}}
+    with_deadline = {**REQUEST, "params": {**REQUEST["params"], "_meta": {"io.mcp-recovery-proxy/deadlineMs": 49000}}}
     await relay.handle_request(with_deadline, full_out)  # an own _meta key: the full path
     assert direct_out.messages == full_out.messages
     kinds = [(type(e).__name__, getattr(e, "number", None)) for e in direct_seen.events]

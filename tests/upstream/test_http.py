@@ -24,6 +24,7 @@ from proxy.upstream.http import (
     HttpModernLink,
     HttpUpstream,
     encode_header_value,
+    forgot_session,
     parse_retry_after,
 )
 
@@ -614,3 +615,22 @@ async def test_a_json_answer_over_the_message_bound_fails_the_call_on_both_paths
                 assert len(text_of(ok)) == 1000
         finally:
             await up.aclose()
+
+
+@pytest.mark.parametrize(
+    ("body", "forgotten"),
+    [
+        # the TypeScript SDK's examples (and most servers built from them), and its transport
+        (b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"}}', True),
+        (b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Server not initialized"},"id":null}', True),
+        (b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Mcp-Session-Id header is required"}}', True),
+        (b"Invalid or missing session ID", True),  # a plain-text body
+        # a 400 about the request itself stays the caller's validation failure
+        (b'{"jsonrpc":"2.0","error":{"code":-32602,"message":"Invalid params: field required"},"id":1}', False),
+        (b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Unsupported protocol version"}}', False),
+        (b'{"jsonrpc":"2.0","result":{"session":"x"},"id":1}', False),  # not an error body
+        (b"", False),
+    ],
+)
+def test_a_400_forgot_the_session_only_when_its_body_says_so(body: bytes, forgotten: bool) -> None:
+    assert forgot_session(body) is forgotten

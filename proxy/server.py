@@ -19,6 +19,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,9 @@ from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.frontend.uvicorn_h1 import HttpLimits
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
 
@@ -45,6 +49,17 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 
 
+def http_limits(settings: Settings) -> HttpLimits:
+    from proxy.frontend.uvicorn_h1 import HttpLimits
+
+    return HttpLimits(
+        max_head_bytes=settings.max_head_bytes,
+        head_timeout_s=settings.head_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=settings.max_connections,
+    )
+
+
 class _Server(uvicorn.Server):
     """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
     and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
@@ -60,8 +75,8 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvicorn.Config:
-    from proxy.frontend.uvicorn_h1 import OneWriteHttpToolsProtocol
+def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
+    from proxy.frontend.uvicorn_h1 import LimitedHttpToolsProtocol
 
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -74,10 +89,11 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str) -> uvic
         log_config=None,
         access_log=False,
         loop="auto",
-        # uvicorn's httptools protocol with the response head and body in one write (see there).
-        http=OneWriteHttpToolsProtocol,
-        # The proxy never uses the client's address or scheme; X-Forwarded-* parsing per request
-        # would be spent for nothing (and trusting it is a deployment decision it does not need).
+        # uvicorn's httptools protocol with the response head and body in one write, and bounds on
+        # request heads, slow peers and connections (see there).
+        http=LimitedHttpToolsProtocol.with_limits(limits),
+        # Per-client limits count the TCP peer's address; X-Forwarded-* is not parsed (any caller
+        # could write it, and trusting it is a deployment decision the proxy does not need).
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=5,
@@ -132,7 +148,9 @@ async def _serve(
         admin_app = build_admin_app(
             service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
         )
-        admin_server = uvicorn.Server(_uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off"))
+        admin_server = uvicorn.Server(
+            _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))
+        )
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio
 
@@ -159,7 +177,8 @@ async def _serve(
 
     app = McpHttpApp(service, settings)
     main_server = _Server(
-        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on"), on_shutdown=app.close_streams
+        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
+        on_shutdown=app.close_streams,
     )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]

@@ -11,6 +11,11 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   re-probed by `/readyz` every `ready_check_interval_s`, so an idle one that went away is noticed.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
+- Sessions are bounded in total (`max_sessions`) and per client address (`max_sessions_per_client`,
+  answered 429), and a session whose client sent nothing after its `initialize` (no
+  `notifications/initialized`, no request) within `session_init_timeout_s` is closed: unanswered
+  handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
+  says not ready, with the reason, while no session slot is free.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from typing import Any
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
@@ -85,6 +91,8 @@ class Service:
         self.capabilities: Capabilities | None = None
         self.probe_error: str | None = "not probed yet"
         self.sessions: dict[str, Relay] = {}
+        self._session_clients: dict[str, str] = {}  # session id -> the client address that opened it
+        self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
         self._recheck: asyncio.Task[None] | None = None
@@ -150,6 +158,8 @@ class Service:
             await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
+        if self.legacy_supported() and len(self.sessions) >= self.settings.max_sessions:
+            return False, f"no session slot free: {len(self.sessions)} of {self.settings.max_sessions} in use"
         return True, None
 
     async def _check(self, timeout_s: float, *, unless_checked_within_s: float = 0.0) -> None:
@@ -244,31 +254,78 @@ class Service:
             link = await self.upstream.open(Era.MODERN)
             # Shared by every 2026 caller, unless the one client on stdio is the only caller.
             shared = self.settings.listen != "stdio"
-            self._modern = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared)
+            self._modern = Relay(
+                link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
+            )
             self._modern.on_protocol_mismatch = self.renegotiate
         return self._modern
 
     def legacy_supported(self) -> bool:
         return self.capabilities is None or self.capabilities.legacy
 
-    async def new_session(self) -> tuple[str, Relay]:
-        if len(self.sessions) >= self.settings.max_sessions:
+    def _relay_limits(self) -> dict[str, Any]:
+        """Every relayed request's timeout; the in-flight cap per session (or per caller of the
+        shared relay) where requests hold pooled connections (an HTTP or SSE upstream)."""
+        cap = None if self._supervised else self.settings.max_requests_per_session
+        return {"request_timeout_s": self.settings.request_timeout_s, "max_in_flight": cap}
+
+    async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
+        """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
+        settings = self.settings
+        if len(self.sessions) >= settings.max_sessions:
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
                 Dispatch.NO,
-                f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
+                f"the proxy holds its maximum of {settings.max_sessions} sessions",
             )
+        if client is not None:
+            held = sum(1 for c in self._session_clients.values() if c == client)
+            if held >= settings.max_sessions_per_client:
+                raise UpstreamFailure(
+                    FailureKind.OVERLOADED,
+                    Dispatch.NO,
+                    f"this client address holds its maximum of {settings.max_sessions_per_client} sessions",
+                    http_status=429,
+                )
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
-        relay = Relay(link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id)
+        relay = Relay(
+            link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id, **self._relay_limits()
+        )
         self.sessions[session_id] = relay
+        if client is not None:
+            self._session_clients[session_id] = client
         self._sessions_changed()
+        asyncio.get_running_loop().call_later(settings.session_init_timeout_s, self._check_initialized, session_id)
         return session_id, relay
+
+    def _check_initialized(self, session_id: str) -> None:
+        """A session whose client said nothing after `initialize` is closed; one whose initialize
+        is still running (a slow upstream start) is looked at again later."""
+        relay = self.sessions.get(session_id)
+        if relay is None or relay.initialized or self._stopping:
+            return
+        if relay.busy:
+            asyncio.get_running_loop().call_later(
+                self.settings.session_init_timeout_s, self._check_initialized, session_id
+            )
+            return
+        log.info(
+            "closing session %s…: nothing followed its initialize within %g s",
+            session_id[:8],
+            self.settings.session_init_timeout_s,
+        )
+        self.uninitialized_closed += 1
+        self._end_session(session_id)
 
     async def close_session(self, session_id: str) -> bool:
         """End a session at once; its upstream link (a stdio child's graceful exit, an HTTP DELETE)
         is closed in the background, so a client's DELETE is not kept waiting for it."""
+        return self._end_session(session_id)
+
+    def _end_session(self, session_id: str) -> bool:
         relay = self.sessions.pop(session_id, None)
+        self._session_clients.pop(session_id, None)
         if relay is None:
             return False
         self._sessions_changed()

@@ -30,6 +30,20 @@ class Settings(BaseSettings):
     allowed_hosts: list[str] = Field(default_factory=list, description="Host header allow-list (host or host:port)")
     allowed_origins: list[str] = Field(default_factory=list, description="Origin allow-list (scheme://host[:port])")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_head_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers; beyond it: 431")
+    head_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive within this; else 408")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body may stall this long; else 408")
+    max_connections: int = Field(1024, ge=1, description="open HTTP connections per port; beyond it: 503")
+    request_timeout_s: float = Field(
+        60.0, gt=0, description="every relayed request other than tools/call; then an error, cancelled upstream"
+    )
+    max_requests_per_session: int = Field(
+        32, ge=1, description="upstream requests in flight per 2025 session (per client address for 2026)"
+    )
+    max_sessions_per_client: int = Field(16, ge=1, description="2025 sessions per client address")
+    session_init_timeout_s: float = Field(
+        10.0, gt=0, description="a session with no request or notifications/initialized after initialize closes"
+    )
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)

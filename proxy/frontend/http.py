@@ -453,6 +453,12 @@ class _LateWatches:
             self._started[stream] = self._loop.create_task(self._app._watch_disconnect(receive, stream, cancel))
 
 
+def _client_host(scope: Scope) -> str | None:
+    """The peer's address (not its port): what per-client limits count by."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
+
+
 class McpHttpApp:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
@@ -611,7 +617,7 @@ class McpHttpApp:
         if modern:
             await self._post_modern(scope, receive, send, headers, message)
         else:
-            await self._post_legacy(receive, send, headers, message, version)
+            await self._post_legacy(scope, receive, send, headers, message, version)
 
     async def _post_modern(
         self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], message: Message
@@ -652,7 +658,7 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        await self._answer(relay, message, receive, send, forwarded, modern=True)
+        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=_client_host(scope))
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
@@ -684,7 +690,13 @@ class McpHttpApp:
         return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
 
     async def _post_legacy(
-        self, receive: Receive, send: Send, headers: dict[str, str], message: Message, version: str | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        message: Message,
+        version: str | None,
     ) -> None:
         service = self.service
         if message.get("method") == "initialize":
@@ -704,9 +716,9 @@ class McpHttpApp:
                 await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                session_id, relay = await service.new_session()
+                session_id, relay = await service.new_session(_client_host(scope))
             except UpstreamFailure as failure:
-                status = 503 if failure.kind is FailureKind.OVERLOADED else 502
+                status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
                 await _respond_error(
                     send, status, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)
                 )
@@ -762,6 +774,7 @@ class McpHttpApp:
         *,
         modern: bool,
         session_id: str | None = None,
+        caller: str | None = None,
         prime: bool = False,
     ) -> bool:
         """Run one request through the relay and write its answer (JSON, or SSE once it streams).
@@ -772,6 +785,12 @@ class McpHttpApp:
         handler goes on producing while the writer waits on the socket). Cancelling the request
         (2026: the client closed its POST; 2025: `notifications/cancelled` or the session ended)
         cancels this task while the handler runs; that cancellation ends here.
+
+        A 2025 client that disconnects has not cancelled a `tools/call` (the spec says so; the
+        engine finishes the attempt in flight and starts no other). Any other request of a
+        disconnected 2025 client is cancelled upstream if its response had not become an event
+        stream yet: no event id was given, so nothing can resume it and its answer could reach
+        no one; one that had is kept (a client may resume it), bounded by the request timeout.
 
         Returns whether a successful result was written (initialize keeps its session only then).
         """
@@ -791,11 +810,11 @@ class McpHttpApp:
         watches = self._watches
         if watches is None:
             watches = self._watches = _LateWatches(self, loop)
-        watches.add(stream, receive, task if modern else None)
+        watches.add(stream, receive, task if modern or request.get("method") != "tools/call" else None)
         failed = False
         try:
             try:
-                await relay.handle_request(request, stream, forward_headers, by_id=not modern)
+                await relay.handle_request(request, stream, forward_headers, by_id=not modern, caller=caller)
             except asyncio.CancelledError:
                 if task.uncancel() > 0:
                     raise  # not (only) the request's cancellation: the server stops this task
@@ -955,8 +974,10 @@ class McpHttpApp:
             while (await receive())["type"] != "http.disconnect":
                 pass
             log.debug("client disconnected")
+            resumable = stream._keep and stream.on_stream is None  # a 2025 response that became a stream
             stream.close()
-            if cancel is not None:  # 2026 HTTP: closing the response stream is the cancellation
+            # 2026 HTTP: closing the response stream is the cancellation; 2025: see `_answer`.
+            if cancel is not None and not resumable:
                 cancel.cancel()
 
     # -- GET and DELETE -------------------------------------------------------------------------

@@ -10,6 +10,10 @@ for every JSON answer) and writes both at once. A head with a `content-length` w
 first event) goes out at the loop's next iteration at the latest. A close flushes what is held;
 everything else passes straight through.
 
+`LimitedHttpToolsProtocol` (what both of the proxy's ports run) adds the bounds on what a peer
+can hold before its request runs: head size (431), head and body read time (408), connections
+(503); see there.
+
 Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
 (true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
 proxy with it.
@@ -18,6 +22,7 @@ proxy with it.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -96,3 +101,171 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeadHolding(transport, self.loop))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one HTTP connection may cost before it is answered and closed (see `LimitedHttpToolsProtocol`)."""
+
+    max_head_bytes: int = 64 * 1024
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+
+def _refusal(status: int, reason: bytes, text: bytes) -> bytes:
+    return b"".join(
+        (
+            b"HTTP/1.1 %d " % status,
+            reason,
+            b"\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+            % len(text),
+            text,
+        )
+    )
+
+
+_TOO_MANY = _refusal(503, b"Service Unavailable", b"too many connections")
+_HEAD_TOO_LARGE = _refusal(431, b"Request Header Fields Too Large", b"request head too large")
+_HEAD_TIMEOUT = _refusal(408, b"Request Timeout", b"request head not received in time")
+_BODY_TIMEOUT = _refusal(408, b"Request Timeout", b"request body stalled")
+
+
+class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
+    """`OneWriteHttpToolsProtocol` with bounds on what a peer can hold before its request runs.
+
+    - **Head size**: the bytes of a request head (request line and headers) are counted as they
+      arrive, before the parser sees them; past `max_head_bytes` the connection is answered 431
+      and closed. httptools has no limit of its own, and its Python wrapper joins a header that
+      arrives in pieces by concatenation (a 1 GB header took 2.4 GB and stalled the loop).
+    - **Head time**: a head must be complete `head_timeout_s` after the connection opened or its
+      first byte arrived (408, then close). An idle keep-alive connection is uvicorn's own
+      `timeout_keep_alive` (closed silently).
+    - **Body time**: while a body is being received, `body_timeout_s` without a byte (and not
+      because the app has not read what it has) answers 408 and closes; the app sees a disconnect.
+    - **Connections**: past `max_connections` open connections on this server, a new one is
+      answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
+      event streams included, and keeps the refused connection open).
+
+    Timers are armed only when a head or body spans reads, so a request that arrives in one read
+    costs no timer; a connection arms one at its start (a peer that connects and sends nothing).
+    """
+
+    limits: HttpLimits = HttpLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # the next bytes belong to a request head
+        self._head_started = False  # ... and some of them arrived
+        self._in_body = False
+        self._head_bytes = 0
+        self._heads = 0  # heads completed, to tell whether a cut-off prefix completed one
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_at = 0.0
+
+    @classmethod
+    def with_limits(cls, limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+        """A protocol class for uvicorn's `http` setting, bound to `limits`."""
+        return type(cls.__name__, (cls,), {"limits": limits})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(_TOO_MANY)
+            return
+        self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            limit = self.limits.max_head_bytes
+            seen = self._head_bytes + len(data)
+            if seen > limit:
+                # Feed only what the head may still take: if that completes it, the rest is body
+                # (or the next request, counted again); else the head is too large.
+                room = limit - self._head_bytes
+                heads = self._heads
+                if room > 0:
+                    super().data_received(data[:room])
+                if self.transport.is_closing():
+                    return
+                if self._heads == heads:
+                    self._refuse(_HEAD_TOO_LARGE)
+                    return
+                self.data_received(data[room:])
+                return
+            self._head_bytes = seen
+            self._head_started = True
+        elif self._in_body:
+            self._body_at = self.loop.time()
+        super().data_received(data)
+        if self._in_head and self._head_started and self._head_timer is None and not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
+        elif self._in_body and self._body_timer is None and not self.transport.is_closing():
+            self._body_at = self.loop.time()
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = self._head_started = False
+        self._in_body = True
+        self._head_bytes = 0
+        self._heads += 1
+        timer = self._head_timer
+        if timer is not None:
+            self._head_timer = None
+            timer.cancel()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._in_head = True
+        timer = self._body_timer
+        if timer is not None:
+            self._body_timer = None
+            timer.cancel()
+        super().on_message_complete()
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self._refuse(_HEAD_TIMEOUT)
+
+    def _body_expired(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        due = self._body_at + self.limits.body_timeout_s
+        if self.flow is not None and self.flow.read_paused:
+            due = now + self.limits.body_timeout_s  # the app has not read yet: not the peer's stall
+            self._body_at = now
+        if due > now + 0.001:
+            self._body_timer = self.loop.call_at(due, self._body_expired)
+            return
+        self._refuse(_BODY_TIMEOUT)
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer `answer` (unless a response already started on this connection) and close.
+
+        A request that is running sees a disconnect: its reads end and its writes are dropped."""
+        self._cancel_timers()
+        self._in_head = self._in_body = False
+        cycle = self.cycle
+        started = False
+        if cycle is not None and not cycle.response_complete:
+            started = cycle.response_started
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not started:
+            self.transport.write(answer)
+        self.transport.close()

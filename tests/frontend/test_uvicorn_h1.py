@@ -125,7 +125,9 @@ async def test_a_real_uvicorn_server_answers_json_in_one_send() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, http=Counting, lifespan="off", log_level="warning", access_log=False)
+    # log_config=None, as the proxy runs it: uvicorn's own configuration would replace the uvicorn
+    # loggers' handlers for every later test (tests/security checks that log lines are scrubbed).
+    config = uvicorn.Config(app, http=Counting, lifespan="off", log_level="warning", log_config=None, access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

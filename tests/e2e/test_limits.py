@@ -1,0 +1,220 @@
+"""One caller cannot lock others out (issue 13, items 4 and 6), through the real proxy process.
+
+Real SDK clients and raw HTTP against `python -m proxy serve` in front of the scripted upstream
+(over stdio or Streamable HTTP). Its `slow://CALL/SECONDS` resource is a request other than
+`tools/call` that the upstream holds, journaled `started` / `completed` / `cancelled`. Every wait
+is bounded: on the journal, on an HTTP answer, or on `/readyz` (polled, since the admin endpoint
+offers no event). Where a test needs a limit to be reached it sets the limit small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.fixtures.helpers import ScriptedHTTP
+from tests.fixtures.journal import Journal
+from tests.proxy_process import ProxyProcess, scripted_stdio_command
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+BOUND_S = 30.0
+HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def read(call: str, seconds: float, id_: int = 2) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": "resources/read", "params": {"uri": f"slow://{call}/{seconds}"}}
+
+
+def proxy_for(kind: str, tmp: Path, extra: list[str]) -> Iterator[tuple[ProxyProcess, Journal]]:
+    journal = tmp / "journal.jsonl"
+    if kind == "stdio":
+        with ProxyProcess(upstream=scripted_stdio_command(journal), extra=extra, log_path=tmp / "proxy.log") as p:
+            yield p, Journal(journal)
+        return
+    with ScriptedHTTP(journal) as server:
+        with ProxyProcess(upstream_url=server.url, extra=extra, log_path=tmp / "proxy.log") as p:
+            yield p, Journal(journal)
+
+
+TIMEOUT_S = {"stdio": 8, "http": 2}
+
+
+@pytest.fixture(params=["stdio", "http"])
+def timing_out(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, ProxyProcess, Journal]]:
+    # Long enough for a stdio child to start on a busy machine: the initialize that starts a 2025
+    # session's child has the same timeout.
+    timeout_s = TIMEOUT_S[request.param]
+    for proxy, journal in proxy_for(request.param, tmp_path, ["--request-timeout-s", str(timeout_s)]):
+        yield request.param, proxy, journal
+
+
+async def open_session(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    r = await http.post(url, json=INIT, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    return {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+
+
+# -- item 6: every relayed request has a timeout, and is cancelled upstream when it runs out ------
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_relayed_request_the_upstream_holds_times_out_with_an_error_and_is_cancelled(
+    timing_out: tuple[str, ProxyProcess, Journal], mode: str
+) -> None:
+    kind, proxy, journal = timing_out
+    call = f"t-{mode}"
+    with anyio.fail_after(BOUND_S):
+        async with Client(proxy.url, mode=mode) as client:
+            with pytest.raises(MCPError) as caught:
+                await client.read_resource(f"slow://{call}/60")
+            assert caught.value.code == -32001, caught.value
+            assert f"did not answer resources/read within {TIMEOUT_S[kind]} s" in caught.value.message
+            await journal.await_for(lambda j: j.events(tool="slow_resource", event="cancelled", call=call))
+            # The session goes on: a request the upstream answers in time is answered.
+            result = await client.read_resource(f"slow://{call}-ok/0")
+            assert "slept 0s" in str(result)
+
+
+async def test_a_2025_client_that_disconnects_cancels_its_request_upstream(tmp_path: Path) -> None:
+    """Not a tools/call (whose attempt a 2025 disconnect lets finish, RECOVERY §3): a request whose
+    answer had not started streaming can reach no one once its client is gone."""
+    for proxy, journal in proxy_for("http", tmp_path, []):
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=10) as http:
+                session = await open_session(http, proxy.url)
+                await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
+                pending = asyncio.create_task(
+                    http.post(proxy.url, json=read("gone", 60), headers={**HEADERS, **session})
+                )
+                await journal.await_for(lambda j: j.events(tool="slow_resource", event="started", call="gone"))
+                # The client gives up on the request: its connection is closed, nothing more is said.
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+                await journal.await_for(lambda j: j.events(tool="slow_resource", event="cancelled", call="gone"))
+
+
+# -- item 6: a session's share of the upstream's connection pool -----------------------------------
+
+
+async def test_one_session_holding_many_requests_does_not_lock_others_out_of_an_http_upstream(
+    tmp_path: Path,
+) -> None:
+    """100 unanswered requests of one session held every pooled upstream connection (100); now a
+    session has at most --max-requests-per-session (32) upstream at once, the rest wait their turn."""
+    extra = ["--ready-check-interval-s", "0.2"]
+    for proxy, journal in proxy_for("http", tmp_path, extra):
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            hog = await open_session(http, proxy.url)
+            await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **hog})
+            held = [
+                asyncio.create_task(http.post(proxy.url, json=read(f"hog-{i}", 60, 10 + i), headers={**HEADERS, **hog}))
+                for i in range(110)
+            ]
+            try:
+                with anyio.fail_after(BOUND_S):
+                    # As many as the pool (and more) of its requests are running or waiting upstream.
+                    await journal.await_for(
+                        lambda j: len(j.events(tool="slow_resource", event="started")) >= 32, timeout_s=20
+                    )
+                    other = await open_session(http, proxy.url)
+                    await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **other})
+                    r = await http.post(proxy.url, json=read("other", 0), headers={**HEADERS, **other})
+                    assert r.status_code == 200, r.text
+                    assert "slept 0s" in r.text, r.text
+                    ready = await http.get(proxy.admin + "/readyz")
+                    assert ready.status_code == 200, ready.text
+                # Its share, not more: the rest of the hog's requests wait and never reached the upstream.
+                assert len(journal.events(tool="slow_resource", event="started")) == 32 + 1
+            finally:
+                for task in held:
+                    task.cancel()
+                await http.delete(proxy.url, headers={**HEADERS, **hog})
+
+
+# -- item 6: sessions per client address, uninitialized sessions, readiness ------------------------
+
+
+def loopback_client(address: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=10, transport=httpx.AsyncHTTPTransport(local_address=address))
+
+
+async def test_sessions_are_capped_per_client_address(tmp_path: Path) -> None:
+    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
+        with anyio.fail_after(BOUND_S):
+            async with loopback_client("127.0.0.1") as one, loopback_client("127.0.0.2") as two:
+                for _ in range(2):
+                    session = await open_session(one, proxy.url)
+                    # Initialized: a session left silent would be closed (--session-init-timeout-s).
+                    await one.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
+                r = await one.post(proxy.url, json=INIT, headers=HEADERS)
+                assert r.status_code == 429, r.text
+                assert "this client address holds its maximum of 2 sessions" in r.text
+                await open_session(two, proxy.url)  # another address still gets one
+
+
+async def test_simultaneous_initialize_calls_cannot_pass_the_cap_together(tmp_path: Path) -> None:
+    """The issue's burst: unauthenticated initialize calls arriving together, each of which would
+    start a stdio child. One address gets its share of sessions; the rest are refused at once,
+    before any child is started for them."""
+    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=20) as http:
+                answers = await asyncio.gather(*(http.post(proxy.url, json=INIT, headers=HEADERS) for _ in range(6)))
+                statuses = sorted(r.status_code for r in answers)
+                assert statuses == [200, 200, 429, 429, 429, 429], [r.text for r in answers]
+                for r in answers:
+                    if r.status_code == 200:
+                        await http.delete(proxy.url, headers={**HEADERS, "mcp-session-id": r.headers["mcp-session-id"]})
+
+
+async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhausted_slots(tmp_path: Path) -> None:
+    extra = ["--max-sessions", "2", "--session-init-timeout-s", "0.5"]
+    for proxy, _ in proxy_for("stdio", tmp_path, extra):
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=10) as http:
+                good = await open_session(http, proxy.url)
+                await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **good})
+                silent = await open_session(http, proxy.url)  # never says anything more
+                ready = await http.get(proxy.admin + "/readyz")
+                assert ready.status_code == 503, ready.text
+                assert "no session slot free: 2 of 2 in use" in ready.text
+                while (await http.get(proxy.admin + "/readyz")).status_code != 200:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # polled: the admin endpoint offers no event
+                ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+                r = await http.post(proxy.url, json=ping, headers={**HEADERS, **silent})
+                assert r.status_code == 404, "the silent session was closed"
+                r = await http.post(proxy.url, json=ping, headers={**HEADERS, **good})
+                assert r.status_code == 200, "the initialized one was kept"
+
+
+# -- item 4, wired into the real proxy: both ports ---------------------------------------------------
+
+
+async def test_the_proxy_answers_431_to_a_head_past_its_limit_on_both_ports(tmp_path: Path) -> None:
+    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-head-bytes", "2048"]):
+        for port in (proxy.port, proxy.admin_port):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: " + b"a" * 4096 + b"\r\n\r\n")
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+            assert data.startswith(b"HTTP/1.1 431 "), (port, data)

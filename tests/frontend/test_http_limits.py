@@ -1,0 +1,183 @@
+"""Request heads, slow peers and connections are bounded (issue 13, item 4).
+
+Each test runs the frontend's real protocol (`LimitedHttpToolsProtocol`) in a real uvicorn server
+on 127.0.0.1 and talks raw HTTP/1.1 over a real socket, since what is under test is what a peer
+that does not follow the protocol can do. Timeouts are set short (a fraction of a second) and
+every wait is bounded; no test sleeps to wait for something: each reads until the server answers
+or closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+LIMITS = HttpLimits(max_head_bytes=4096, head_timeout_s=0.3, body_timeout_s=0.3, max_connections=4)
+
+
+async def echo_app(scope: Any, receive: Any, send: Any) -> None:
+    """Reads the whole body, answers its length."""
+    if scope["type"] != "http":
+        return
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = str(size).encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _serve(limits: HttpLimits) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        echo_app,
+        http=LimitedHttpToolsProtocol.with_limits(limits),
+        lifespan="off",
+        log_level="warning",
+        # As the proxy runs it: uvicorn's own logging configuration would replace the process's
+        # logger handlers for every later test.
+        log_config=None,
+        access_log=False,
+    )
+    srv = uvicorn.Server(config)
+    task = asyncio.create_task(srv.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not srv.started:  # noqa: ASYNC110 (uvicorn offers a flag, not an event)
+                await asyncio.sleep(0.01)
+        yield port
+    finally:
+        srv.should_exit = True
+        srv.force_exit = True
+        await task
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[int]:
+    async for port in _serve(LIMITS):
+        yield port
+
+
+@pytest.fixture
+async def patient_server() -> AsyncIterator[int]:
+    """Long timeouts: connections held open stay open for the test's whole length."""
+    async for port in _serve(HttpLimits(max_connections=4, head_timeout_s=60, body_timeout_s=60)):
+        yield port
+
+
+async def read_until_closed(reader: asyncio.StreamReader, bound_s: float = 5.0) -> bytes:
+    """Everything the server writes until it closes the connection (bounded)."""
+    data = b""
+    async with asyncio.timeout(bound_s):
+        while chunk := await reader.read(65536):
+            data += chunk
+    return data
+
+
+async def test_a_request_in_one_read_and_one_in_pieces_are_served(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert await asyncio.wait_for(reader.readexactly(1), 5) == b"5"
+    # The same connection, a head and a body in several writes, each well within the timeouts.
+    for part in (b"POST / HTTP/1.1\r\n", b"host: x\r\ncontent-length: 4\r\n\r\n", b"ab", b"cd"):
+        writer.write(part)
+        await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert await asyncio.wait_for(reader.readexactly(1), 5) == b"4"
+    writer.close()
+
+
+async def test_a_head_past_the_limit_is_answered_431_and_closed(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: ")
+    # More header than the limit, in pieces (the parser would keep joining them), never ended.
+    # Not more than that: the server reads all of it, so its close is not a reset.
+    for _ in range(5):
+        writer.write(b"a" * 1000)
+        await writer.drain()
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 431 "), data
+    writer.close()
+
+
+async def test_a_large_head_sent_at_once_gets_431(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 8000 + b"\r\n\r\n")
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 431 "), data
+    writer.close()
+
+
+async def test_a_body_larger_than_the_head_limit_in_the_heads_read_is_not_mistaken_for_a_head(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    body = b"b" * 20000
+    writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 20000\r\n\r\n" + body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert await asyncio.wait_for(reader.readexactly(5), 5) == b"20000"
+    writer.close()
+
+
+async def test_a_half_sent_head_is_answered_408_and_closed(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")  # never ends
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    writer.close()
+
+
+async def test_a_stalled_body_is_answered_408_and_the_app_sees_a_disconnect(server: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npartial")
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    writer.close()
+
+
+async def test_connections_past_the_cap_are_answered_503_and_closed(patient_server: int) -> None:
+    held = [await asyncio.open_connection("127.0.0.1", patient_server) for _ in range(4)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", patient_server)
+    data = await read_until_closed(reader)
+    assert data.startswith(b"HTTP/1.1 503 "), data
+    writer.close()
+    # One held connection goes: a new one is served again.
+    held.pop()[1].close()
+    async with asyncio.timeout(5):
+        while True:
+            reader, writer = await asyncio.open_connection("127.0.0.1", patient_server)
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            if head.startswith(b"HTTP/1.1 200"):
+                break
+            # the server had not seen the close yet: it answered 503; try again
+            assert head.startswith(b"HTTP/1.1 503"), head
+    for _, w in held:
+        w.close()

@@ -6,7 +6,10 @@
 - `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no
-  spare is kept, no separate probe child is started while it lives).
+  spare is kept, no separate probe child is started while it lives). That child is usually the
+  one `proxy.early` started before the proxy's own imports: it is adopted (`_adopt`: its pipes
+  through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
+  a respawn after it is spawned the normal way.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the

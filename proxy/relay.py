@@ -511,6 +511,7 @@ class Relay:
                 except AttemptTimedOut:
                     assert timeout_s is not None
                     log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
+                    SHED.count("relayed_timeouts")
                     response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:

@@ -215,6 +215,20 @@ class Sampler:
         self._thread.join(5)
 
 
+_HELP: dict[Path, str] = {}
+
+
+def _supported(repo: Path, extra: list[str]) -> list[str]:
+    """`extra` (flag and value pairs) without the flags the checkout's proxy does not have: an
+    older checkout, run for comparison, has no limit flags and runs with what it had."""
+    if repo not in _HELP:
+        env = {**os.environ, "PYTHONPATH": str(repo)}
+        argv = [sys.executable, "-m", "proxy", "serve", "--help"]
+        _HELP[repo] = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=60).stdout
+    pairs = zip(extra[::2], extra[1::2], strict=True)
+    return [item for flag, value in pairs if flag in _HELP[repo] for item in (flag, value)]
+
+
 class Proxy:
     def __init__(self, repo: Path, upstream: Path | str, extra: list[str] | None = None) -> None:
         """`upstream`: a stdio server script, or the URL of an HTTP upstream."""
@@ -223,7 +237,7 @@ class Proxy:
         self.admin = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         argv = [sys.executable, "-m", "proxy", "serve", "--listen", self.url, "--admin", f"127.0.0.1:{self.admin}"]
-        argv += extra or []
+        argv += _supported(repo, extra or [])
         if isinstance(upstream, str):
             argv += ["--upstream", upstream]
         else:
@@ -313,10 +327,10 @@ def attack_resume(proxy: Proxy, calls: int, answer_mib: float) -> None:
         assert all(n >= size for n in got), "every answer arrived whole"
 
 
-def _refused(sock: socket.socket) -> str:
+def _refused(sock: socket.socket, timeout_s: float = 30.0) -> str:
     """The status line the proxy answered on `sock` before closing it, or how it ended."""
     try:
-        sock.settimeout(30)
+        sock.settimeout(max(timeout_s, 0.01))
         data = sock.recv(4096)
     except OSError as e:
         return type(e).__name__
@@ -329,8 +343,9 @@ def attack_heads(proxy: Proxy, head_mib: float) -> str:
     sock.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nX-Big: ".encode())
     chunk = b"a" * MIB
     sent = 0
+    deadline = time.monotonic() + 60  # bounded: a proxy that takes it all slowly is not waited on
     try:
-        while sent < head_mib * MIB:
+        while sent < head_mib * MIB and time.monotonic() < deadline:
             sock.sendall(chunk)
             sent += len(chunk)
     except OSError:
@@ -341,15 +356,16 @@ def attack_heads(proxy: Proxy, head_mib: float) -> str:
     return f"{answer}; {sent / MIB:.0f} MiB sent before the close"
 
 
-def attack_halfheads(proxy: Proxy, count: int) -> str:
+def attack_halfheads(proxy: Proxy, count: int, wait_s: float) -> str:
     socks = []
     for _ in range(count):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
         sock.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nX-Half: ".encode())
         socks.append(sock)
     answers: dict[str, int] = {}
-    for sock in socks:  # each is answered when its head timeout runs out (bounded by _refused)
-        answer = _refused(sock)
+    deadline = time.monotonic() + wait_s  # one bound for all: a proxy without the timeout keeps them
+    for sock in socks:  # each is answered when its head timeout runs out
+        answer = _refused(sock, deadline - time.monotonic())
         answers[answer] = answers.get(answer, 0) + 1
         sock.close()
     return ", ".join(f"{n} x {a}" for a, n in sorted(answers.items()))
@@ -524,7 +540,7 @@ def main() -> None:
                 args.repo,
                 upstream,
                 "halfheads",
-                lambda p: attack_halfheads(p, args.half_heads),
+                lambda p: attack_halfheads(p, args.half_heads, 3 * args.head_timeout_s + 10),
                 ["--head-timeout-s", str(args.head_timeout_s)],
             )
         if "inits" in chosen:

@@ -415,7 +415,13 @@ async def _reads(proxy: Proxy, count: int, others: int, wait_s: float) -> str:
         async def read(i: int) -> str:
             body = {"jsonrpc": "2.0", "id": i, "method": "resources/read", "params": {"uri": f"hold://{i}"}}
             text = (await client.post(proxy.url, json=body, headers=hog)).text
-            return "timeout error" if '"code":-32001' in text else text[:80]
+            if '"code":-32001' in text:
+                return "timeout error"
+            # Grouped by code: the texts differ by id.
+            try:
+                return f"error {json.loads(text)['error']['code']}"
+            except (ValueError, KeyError, TypeError):
+                return "answer " + text[:40]
 
         reads = [asyncio.ensure_future(read(i)) for i in range(1, count + 1)]
         await asyncio.sleep(1.0)  # the reads are in: the hog holds its share of the upstream

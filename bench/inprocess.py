@@ -45,7 +45,7 @@ from proxy.policy.store import PolicyStore
 from proxy.service import Service
 from proxy.settings import Settings
 from proxy.telemetry.setup import build_telemetry
-from proxy.upstream.base import Capabilities, Era, Exchange, LinkBase, OnMessage, PendingTable
+from proxy.upstream.base import Capabilities, Era, Exchange, LinkBase, OnMessage, PendingTable, UpstreamHealth
 
 BODY = _WRK_BODY.encode()
 HEADERS = [
@@ -103,6 +103,7 @@ class EchoUpstream:
 
     def __init__(self) -> None:
         self._link: EchoLink | None = None
+        self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
         return Capabilities(legacy=False, modern=True)

@@ -15,7 +15,9 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   answered 429), and a session whose client sent nothing after its `initialize` (no
   `notifications/initialized`, no request) within `session_init_timeout_s` is closed: unanswered
   handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
-  says not ready, with the reason, while no session slot is free.
+  says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
+  counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
+  silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
 """
 
 from __future__ import annotations

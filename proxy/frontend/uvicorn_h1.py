@@ -150,6 +150,8 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
       event streams included, and keeps the refused connection open).
 
+    Each refusal is counted in `mcp_recovery_http_refused_total{reason}` (proxy/telemetry/shed.py).
+
     Timers are armed only when a head or body spans reads, so a request that arrives in one read
     costs no timer; a connection arms one at its start (a peer that connects and sends nothing).
     """

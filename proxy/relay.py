@@ -22,7 +22,8 @@ It never blocks: downstream delivery goes through `Outbox.send`, which only enqu
 Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
 has a timeout (`request_timeout_s`); one that runs out is cancelled upstream the way its
 transport and revision require (`_cancel_upstream`) and answered with a JSON-RPC error
-(`REQUEST_TIMEOUT`, -32001) that says so. Requests that are long-lived by design
+(`REQUEST_TIMEOUT`, -32001) that says so, and counted (`mcp_recovery_relayed_timeouts_total`).
+Requests that are long-lived by design
 (`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight cap bounds
 them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller's address) has at
 most that many requests upstream at once, `tools/call` attempts included; more wait their turn
@@ -511,6 +512,7 @@ class Relay:
                 except AttemptTimedOut:
                     assert timeout_s is not None
                     log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
+                    SHED.count("relayed_timeouts")
                     response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:

@@ -15,7 +15,9 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   answered 429), and a session whose client sent nothing after its `initialize` (no
   `notifications/initialized`, no request) within `session_init_timeout_s` is closed: unanswered
   handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
-  says not ready, with the reason, while no session slot is free.
+  says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
+  counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
+  silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry, UpstreamStatus
+from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
 
 log = logging.getLogger("proxy.service")
@@ -273,6 +276,7 @@ class Service:
         """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
         settings = self.settings
         if len(self.sessions) >= settings.max_sessions:
+            SHED.count("http_refused", "sessions")
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
                 Dispatch.NO,
@@ -281,6 +285,7 @@ class Service:
         if client is not None:
             held = sum(1 for c in self._session_clients.values() if c == client)
             if held >= settings.max_sessions_per_client:
+                SHED.count("http_refused", "sessions_per_client")
                 raise UpstreamFailure(
                     FailureKind.OVERLOADED,
                     Dispatch.NO,
@@ -316,6 +321,7 @@ class Service:
             self.settings.session_init_timeout_s,
         )
         self.uninitialized_closed += 1
+        SHED.count("sessions_closed_uninitialized")
         self._end_session(session_id)
 
     async def close_session(self, session_id: str) -> bool:

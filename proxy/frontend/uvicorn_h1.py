@@ -27,6 +27,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.telemetry.shed import SHED
+
 
 class _HeadHolding:
     """A transport wrapper: a write that starts a response is held until the next write, a close,
@@ -125,10 +127,11 @@ def _refusal(status: int, reason: bytes, text: bytes) -> bytes:
     )
 
 
-_TOO_MANY = _refusal(503, b"Service Unavailable", b"too many connections")
-_HEAD_TOO_LARGE = _refusal(431, b"Request Header Fields Too Large", b"request head too large")
-_HEAD_TIMEOUT = _refusal(408, b"Request Timeout", b"request head not received in time")
-_BODY_TIMEOUT = _refusal(408, b"Request Timeout", b"request body stalled")
+# Each refusal with the `mcp_recovery_http_refused_total` reason it is counted under.
+_TOO_MANY = (_refusal(503, b"Service Unavailable", b"too many connections"), "connections")
+_HEAD_TOO_LARGE = (_refusal(431, b"Request Header Fields Too Large", b"request head too large"), "head_too_large")
+_HEAD_TIMEOUT = (_refusal(408, b"Request Timeout", b"request head not received in time"), "head_timeout")
+_BODY_TIMEOUT = (_refusal(408, b"Request Timeout", b"request body stalled"), "body_timeout")
 
 
 class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
@@ -146,6 +149,8 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     - **Connections**: past `max_connections` open connections on this server, a new one is
       answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
       event streams included, and keeps the refused connection open).
+
+    Each refusal is counted in `mcp_recovery_http_refused_total{reason}` (proxy/telemetry/shed.py).
 
     Timers are armed only when a head or body spans reads, so a request that arrives in one read
     costs no timer; a connection arms one at its start (a peer that connects and sends nothing).
@@ -254,10 +259,13 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                 timer.cancel()
         self._head_timer = self._body_timer = None
 
-    def _refuse(self, answer: bytes) -> None:
-        """Answer `answer` (unless a response already started on this connection) and close.
+    def _refuse(self, refusal: tuple[bytes, str]) -> None:
+        """Answer the refusal (unless a response already started on this connection), count it,
+        and close.
 
         A request that is running sees a disconnect: its reads end and its writes are dropped."""
+        answer, reason = refusal
+        SHED.count("http_refused", reason)
         self._cancel_timers()
         self._in_head = self._in_body = False
         cycle = self.cycle

@@ -12,6 +12,12 @@ characters in which
 
 Before any of that, the exact values of the proxy's own credentials are removed
 (`proxy.secret_values.SECRETS`), on the whole text, so the prefix cut cannot split one.
+
+`scrub_arguments(value, arguments)` does the argument part for a JSON value the proxy carries in
+its own report (the `data` of an upstream's JSON-RPC error): a copy in which every string holding
+an argument value has it replaced by `[argument]`, and a number equal to a numeric argument is
+`[argument]`; keys and structure are kept. Nesting past 32 levels is cut to `[argument]` too, as
+it cannot be checked.
 """
 
 from __future__ import annotations
@@ -80,6 +86,45 @@ def _leaves(value: Any, depth: int = 0) -> Iterator[str]:
             return
 
 
+def _argument_leaves(arguments: Mapping[str, Any]) -> list[str]:
+    # Longest first, so that a value containing another is replaced whole.
+    return sorted(set(_leaves(arguments)), key=len, reverse=True)
+
+
+def _replace_leaves(text: str, leaves: list[str]) -> str:
+    for leaf in leaves:
+        text = text.replace(leaf, ARGUMENT)
+    return text
+
+
+def scrub_arguments(value: Any, arguments: Mapping[str, Any] | None) -> Any:
+    """A copy of the JSON value `value` without the string or numeric values of `arguments`."""
+    if not arguments:
+        return value
+    leaves = _argument_leaves(arguments)
+    if not leaves:
+        return value
+
+    def walk(item: Any, depth: int) -> Any:
+        if depth > 32:
+            return ARGUMENT
+        match item:
+            case bool() | None:
+                return item
+            case str():
+                return _replace_leaves(item, leaves)
+            case int() | float():
+                return ARGUMENT if str(item) in leaves else item
+            case Mapping():
+                return {key: walk(v, depth + 1) for key, v in item.items()}
+            case list() | tuple():
+                return [walk(v, depth + 1) for v in item]
+            case _:
+                return item
+
+    return walk(value, 0)
+
+
 def bound(text: str, limit: int) -> str:
     """At most `limit` characters, ending with an ellipsis when cut."""
     if limit <= 0:
@@ -93,9 +138,7 @@ def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | 
     # Exact secrets first: a plain prefix cut could leave the start of one behind.
     out = SECRETS.head(text, max(limit * 8, 4096))
     if arguments:
-        # Longest first, so that a value containing another is replaced whole.
-        for leaf in sorted(set(_leaves(arguments)), key=len, reverse=True):
-            out = out.replace(leaf, ARGUMENT)
+        out = _replace_leaves(out, _argument_leaves(arguments))
     for pattern, replacement in _PATTERNS:
         out = pattern.sub(replacement, out)
     out = _SPACE.sub(" ", out).strip()

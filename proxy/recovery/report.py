@@ -27,7 +27,8 @@ Contract:
   success that needed retries and changes nothing else (the input is not mutated).
 - `rpc_error_as_result(error)` turns a JSON-RPC error of `tools/call` into an `isError` result,
   so a model can correct itself (the engine skips it when `jsonrpc_errors_as_results` is off); in
-  an unresolved result the error itself is kept in the report as `jsonrpcError`.
+  an unresolved result the error itself is kept in the report as `jsonrpcError`, without the
+  call's argument values (`redact.scrub_arguments`).
 - Suggested actions are deterministic: by stop reason, then category, then the policy's status
   check tool and alternatives, then partial results.
 """
@@ -57,7 +58,7 @@ from proxy.recovery.outcome import (
     outcome_name,
 )
 from proxy.recovery.reasons import BUDGET_EXHAUSTED, StopReason
-from proxy.recovery.redact import bound, redact
+from proxy.recovery.redact import bound, redact, scrub_arguments
 
 MESSAGE_LIMIT: Final = 1200
 PARTIAL_TEXT_LIMIT: Final = 1000
@@ -562,7 +563,9 @@ def unresolved_result(
             case RpcError(error=error):
                 rendered = rpc_error_as_result(error)
                 upstream_result = {"content": rendered["content"]}
-                report["jsonrpcError"] = rendered["structuredContent"]["jsonrpcError"]
+                # The report is the proxy's: the error's text and data repeat no argument value
+                # (the content block after the summary is the upstream's own, relayed as is).
+                report["jsonrpcError"] = scrub_arguments(rendered["structuredContent"]["jsonrpcError"], arguments)
             case _:
                 upstream_result = None
     upstream_content: list[Any] = []

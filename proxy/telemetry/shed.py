@@ -16,6 +16,16 @@ Contract:
     the client it feeds did not read.
   - `mcp_recovery_stderr_lines_dropped_total`: stdio children's stderr lines not logged (rate
     limit).
+  - `mcp_recovery_http_refused_total{reason}`: connections and requests the limits refused or
+    closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
+    complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
+    connection cap), `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
+    `sessions_per_client` (429: the client address holds its share).
+  - `mcp_recovery_relayed_timeouts_total`: relayed requests (not `tools/call`, which its policy
+    bounds) the upstream did not answer within the request timeout, answered -32001. No method
+    label: a method name is the caller's text, not a closed set.
+  - `mcp_recovery_sessions_closed_uninitialized_total`: 2025 sessions closed because nothing
+    followed their `initialize` within the session init timeout.
 Counters are process-wide because the parts that shed (frontends, relays, upstream adapters)
 have no telemetry handle; a test reads the difference around what it does.
 """
@@ -39,6 +49,17 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     ),
     "upstream_read_pauses": ("Times a stdio child's output was paused for a client that did not read.", None, ()),
     "stderr_lines_dropped": ("stdio children's stderr lines not logged (rate limit).", None, ()),
+    "http_refused": (
+        "HTTP connections and requests refused or closed by the proxy's limits, by which limit.",
+        "reason",
+        ("head_too_large", "head_timeout", "body_timeout", "connections", "sessions", "sessions_per_client"),
+    ),
+    "relayed_timeouts": ("Relayed requests the upstream did not answer within the request timeout.", None, ()),
+    "sessions_closed_uninitialized": (
+        "2025 sessions closed because nothing followed their initialize in time.",
+        None,
+        (),
+    ),
 }
 OTHER = "other"
 

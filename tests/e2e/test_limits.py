@@ -71,6 +71,15 @@ async def open_session(http: httpx.AsyncClient, url: str) -> dict[str, str]:
     return {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
 
 
+async def counter(http: httpx.AsyncClient, proxy: ProxyProcess, series: str) -> float:
+    """The value of one series on the proxy's /metrics (0 when absent)."""
+    text = (await http.get(proxy.admin + "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 # -- item 6: every relayed request has a timeout, and is cancelled upstream when it runs out ------
 
 
@@ -168,6 +177,8 @@ async def test_sessions_are_capped_per_client_address(tmp_path: Path) -> None:
                 r = await one.post(proxy.url, json=INIT, headers=HEADERS)
                 assert r.status_code == 429, r.text
                 assert "this client address holds its maximum of 2 sessions" in r.text
+                refused = 'mcp_recovery_http_refused_total{reason="sessions_per_client"}'
+                assert await counter(one, proxy, refused) == 1
                 await open_session(two, proxy.url)  # another address still gets one
 
 
@@ -194,6 +205,9 @@ async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhauste
                 good = await open_session(http, proxy.url)
                 await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **good})
                 silent = await open_session(http, proxy.url)  # never says anything more
+                r = await http.post(proxy.url, json=INIT, headers=HEADERS)
+                assert r.status_code == 503, r.text
+                assert await counter(http, proxy, 'mcp_recovery_http_refused_total{reason="sessions"}') == 1
                 ready = await http.get(proxy.admin + "/readyz")
                 assert ready.status_code == 503, ready.text
                 assert "no session slot free: 2 of 2 in use" in ready.text
@@ -204,6 +218,7 @@ async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhauste
                 assert r.status_code == 404, "the silent session was closed"
                 r = await http.post(proxy.url, json=ping, headers={**HEADERS, **good})
                 assert r.status_code == 200, "the initialized one was kept"
+                assert await counter(http, proxy, "mcp_recovery_sessions_closed_uninitialized_total") == 1
 
 
 # -- item 4, wired into the real proxy: both ports ---------------------------------------------------

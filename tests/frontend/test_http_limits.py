@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
+from proxy.telemetry.shed import SHED
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -108,6 +109,7 @@ async def test_a_request_in_one_read_and_one_in_pieces_are_served(server: int) -
 
 
 async def test_a_head_past_the_limit_is_answered_431_and_closed(server: int) -> None:
+    before = SHED.get("http_refused", "head_too_large")
     reader, writer = await asyncio.open_connection("127.0.0.1", server)
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: ")
     # More header than the limit, in pieces (the parser would keep joining them), never ended.
@@ -117,14 +119,17 @@ async def test_a_head_past_the_limit_is_answered_431_and_closed(server: int) -> 
         await writer.drain()
     data = await read_until_closed(reader)
     assert data.startswith(b"HTTP/1.1 431 "), data
+    assert SHED.get("http_refused", "head_too_large") - before == 1, "counted under its reason"
     writer.close()
 
 
 async def test_a_large_head_sent_at_once_gets_431(server: int) -> None:
+    before = SHED.get("http_refused", "head_too_large")
     reader, writer = await asyncio.open_connection("127.0.0.1", server)
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 8000 + b"\r\n\r\n")
     data = await read_until_closed(reader)
     assert data.startswith(b"HTTP/1.1 431 "), data
+    assert SHED.get("http_refused", "head_too_large") - before == 1, "counted under its reason"
     writer.close()
 
 
@@ -139,10 +144,12 @@ async def test_a_body_larger_than_the_head_limit_in_the_heads_read_is_not_mistak
 
 
 async def test_a_half_sent_head_is_answered_408_and_closed(server: int) -> None:
+    before = SHED.get("http_refused", "head_timeout")
     reader, writer = await asyncio.open_connection("127.0.0.1", server)
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")  # never ends
     data = await read_until_closed(reader)
     assert data.startswith(b"HTTP/1.1 408 "), data
+    assert SHED.get("http_refused", "head_timeout") - before == 1, "counted under its reason"
     writer.close()
 
 
@@ -154,18 +161,22 @@ async def test_a_connection_that_sends_nothing_is_closed(server: int) -> None:
 
 
 async def test_a_stalled_body_is_answered_408_and_the_app_sees_a_disconnect(server: int) -> None:
+    before = SHED.get("http_refused", "body_timeout")
     reader, writer = await asyncio.open_connection("127.0.0.1", server)
     writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npartial")
     data = await read_until_closed(reader)
     assert data.startswith(b"HTTP/1.1 408 "), data
+    assert SHED.get("http_refused", "body_timeout") - before == 1, "counted under its reason"
     writer.close()
 
 
 async def test_connections_past_the_cap_are_answered_503_and_closed(patient_server: int) -> None:
+    before = SHED.get("http_refused", "connections")
     held = [await asyncio.open_connection("127.0.0.1", patient_server) for _ in range(4)]
     reader, writer = await asyncio.open_connection("127.0.0.1", patient_server)
     data = await read_until_closed(reader)
     assert data.startswith(b"HTTP/1.1 503 "), data
+    assert SHED.get("http_refused", "connections") - before == 1, "counted under its reason"
     writer.close()
     # One held connection goes: a new one is served again.
     held.pop()[1].close()

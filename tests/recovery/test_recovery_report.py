@@ -515,3 +515,16 @@ def test_a_ledger_summary_from_a_shared_store_cannot_break_the_result(assert_sch
     )
     assert_schema_valid(result)
     assert result["structuredContent"]["classification"]["source"] == "default"
+
+
+def test_scrub_arguments_removes_argument_values_from_a_json_value_and_keeps_its_shape():
+    from proxy.recovery.redact import scrub_arguments
+
+    arguments = {"password": "wombat-Pq7Zr", "n": 123456, "short": "ab"}
+    data = {"input": {"password": "wombat-Pq7Zr", "n": 123456}, "said": ["failed for wombat-Pq7Zr", 7], "ok": True}
+    assert scrub_arguments(data, arguments) == {
+        "input": {"password": "[argument]", "n": "[argument]"},
+        "said": ["failed for [argument]", 7],
+        "ok": True,
+    }
+    assert scrub_arguments(data, None) is data

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from proxy.relay import Relay, ToolCatalog
+from proxy.telemetry.shed import SHED
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -33,7 +34,9 @@ async def test_a_request_the_upstream_never_answers_is_answered_with_a_timeout_e
     link = MemoryLink()
     relay = Relay(link, catalog=ToolCatalog(), request_timeout_s=0.05)  # type: ignore[arg-type]
     out = RecordingOutbox()
+    before = SHED.get("relayed_timeouts")
     await asyncio.wait_for(relay.handle_request(read(7), out), 10)
+    assert SHED.get("relayed_timeouts") - before == 1
     [answer] = out.messages
     assert answer["id"] == 7
     assert answer["error"]["code"] == -32001

@@ -11,10 +11,12 @@ the fix, so it runs (and fails) on the code before it.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -160,3 +162,88 @@ async def test_results_and_reports_of_an_echoing_upstream_carry_no_secret(
     log = (tmp_path / "proxy.log").read_text(errors="replace")
     assert "echo_error" in log, log[-2000:]  # the call log line of the unresolved call was written
     assert_clean("the proxy's log", log)
+
+
+# -- a secret the CALLER sends, in a tool call's arguments ----------------------------------------
+#
+# What "result" means here: the caller sent the value, so the upstream's own content blocks (and a
+# JSON-RPC error the upstream wrote), relayed to that same caller, may repeat it; the proxy does
+# not rewrite what the upstream says to the caller who asked. What must not repeat it is
+# everything the PROXY writes: its unresolved report (the summary text first in `content`, the
+# report in `_meta`, each `attemptedSteps` detail), a ledger refusal, the log (with
+# `--call-log all`), /metrics, /readyz, /policies and the exported spans.
+
+ARG_CANARY = "wombat-Pq7Zr"  # plain: no credential pattern knows it, only `redact(arguments=...)`
+ARG_POLICY = """
+retry_on: [transient]
+attempts: 2
+deadline: 5s
+attempt_timeout: 400ms
+min_attempt_time: 100ms
+backoff: {initial: 10ms, max: 20ms, multiplier: 2, jitter: full}
+unclassified: transient
+"""
+REPORT_KEY = "io.mcp-recovery-proxy/unresolved"
+
+
+def _proxy_parts(result: Any) -> list[tuple[str, str]]:
+    """The parts of a tool result the proxy wrote: its report in `_meta` and its summary block."""
+    dumped = result.model_dump(mode="json", by_alias=True)
+    meta = dumped.get("_meta") or dumped.get("meta") or {}
+    parts = [(f"_meta[{key!r}]", json.dumps(value)) for key, value in meta.items() if key.startswith("io.mcp-recovery")]
+    content = dumped.get("content") or []
+    if content:
+        parts.append(("the summary block", json.dumps(content[0])))
+    return parts
+
+
+@pytest.mark.anyio
+async def test_a_secret_in_the_arguments_is_not_repeated_by_the_proxy(
+    echo_tools_upstream: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.telemetry.test_otlp import Receiver
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "defaults.yaml").write_text(ARG_POLICY)
+    arguments = {"password": ARG_CANARY, "note": "x"}
+    with Receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.port}")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+        extra = ["--call-log", "all", "--policies", str(policies)]
+        proxy = ProxyProcess(upstream_url=echo_tools_upstream, extra=extra, log_path=tmp_path / "proxy.log")
+        proxy.start()
+        try:
+            results: dict[str, Any] = {}
+            async with Client(proxy.url, mode="legacy") as client:
+                await client.list_tools()  # the proxy learns the tools are read-only: retried
+                for tool in ("args_transient", "args_rpc_error", "args_result", "args_slow"):
+                    results[tool] = await client.call_tool(tool, arguments)
+                # The identical call again: refused by the ledger, the upstream untouched.
+                results["ledger"] = await client.call_tool("args_transient", arguments)
+            for tool, result in results.items():
+                assert result.is_error, (tool, result)
+                parts = _proxy_parts(result)
+                assert parts, (tool, result)
+                for where, text in parts:
+                    assert ARG_CANARY not in text, f"{ARG_CANARY!r} in {tool}'s {where}: {text[:2000]}"
+            # Each path ran: the upstream's echo reached the proxy (the redacted detail says so).
+            report = {t: json.dumps(r.model_dump(mode="json", by_alias=True)) for t, r in results.items()}
+            assert "attempts_exhausted" in report["args_transient"], report["args_transient"][:2000]
+            assert "ledger_exhausted" in report["ledger"], report["ledger"][:2000]
+            assert "[argument]" in report["args_transient"], "the echoed value was seen and replaced"
+            async with httpx.AsyncClient(timeout=BOUND_S) as http:
+                for path in ("/readyz", "/metrics", "/policies"):
+                    answer = await http.get(proxy.admin + path)
+                    assert answer.status_code == 200
+                    assert ARG_CANARY not in answer.text, f"{ARG_CANARY!r} in {path}"
+        finally:
+            proxy.stop()  # flushes the span exporter
+        spans = receiver.spans()
+        assert any(s.kind == s.SPAN_KIND_CLIENT for _, s in spans), "attempt spans were exported"
+        for _, span in spans:
+            assert ARG_CANARY.encode() not in span.SerializeToString(), f"{ARG_CANARY!r} in span {span.name}"
+    log = (tmp_path / "proxy.log").read_text(errors="replace")
+    assert "args_rpc_error" in log, log[-2000:]  # the call log lines were written
+    assert ARG_CANARY not in log, "the proxy's log repeats the argument"

@@ -11,23 +11,19 @@ setting and holds a JSON list (`--upstream-header` → `MCP_RECOVERY_UPSTREAM_HE
 from __future__ import annotations
 
 import argparse
-import asyncio
-import atexit
 import contextlib
-import logging
 import os
-import shlex
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from proxy import early
 
-from proxy.errors import PolicyError
-from proxy.settings import Settings
+if TYPE_CHECKING:
+    from proxy.settings import Settings
 
-log = logging.getLogger("proxy")
+# Only cheap modules above: `serve --listen stdio` starts its upstream (`proxy.early`) before the
+# rest (pydantic, asyncio, the server) is imported, so that the two overlap.
 
 
 def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
@@ -105,6 +101,22 @@ def _configure_logging(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    early.start(argv)
+    try:
+        return _main(argv)
+    finally:
+        early.discard()  # one nobody took: the settings were invalid, or the proxy stopped early
+
+
+def _main(argv: list[str]) -> int:
+    import asyncio
+    import shlex
+
+    from pydantic import ValidationError
+
+    from proxy.errors import PolicyError
+    from proxy.settings import Settings
+
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -122,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         values["upstream_command"] = shlex.join([sys.executable, "-m", "proxy.demo.server"])
         # One refund book for every demo server process of this run (each 2025 session has its own).
+        import atexit
+        import tempfile
+
         state = Path(tempfile.gettempdir()) / f"mcp-recovery-proxy-demo-{os.getpid()}.json"
         if "DEMO_STATE_FILE" not in os.environ:
             os.environ["DEMO_STATE_FILE"] = str(state)

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from proxy.engine import Engine
@@ -31,6 +30,8 @@ from proxy.service import Service, build_upstream
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from proxy.frontend.uvicorn_h1 import HttpLimits
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
@@ -60,22 +61,26 @@ def http_limits(settings: Settings) -> HttpLimits:
     )
 
 
-class _Server(uvicorn.Server):
+def _server(config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> uvicorn.Server:
     """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
     and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
-    logged as "Exception in ASGI application")."""
+    logged as "Exception in ASGI application"). uvicorn is imported only here and in
+    `_uvicorn_config`: `--listen stdio` without `--admin` never needs it, and its ~50 ms of imports
+    were on the way to a stdio client's first answer (issue 12)."""
+    import uvicorn
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> None:
-        super().__init__(config)
-        self._on_shutdown = on_shutdown
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if on_shutdown is not None:
+                on_shutdown()
+            await super().shutdown(sockets)
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self._on_shutdown is not None:
-            self._on_shutdown()
-        await super().shutdown(sockets)
+    return _Server(config)
 
 
 def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
+    import uvicorn
+
     from proxy.frontend.uvicorn_h1 import LimitedHttpToolsProtocol
 
     return uvicorn.Config(
@@ -148,7 +153,7 @@ async def _serve(
         admin_app = build_admin_app(
             service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
         )
-        admin_server = uvicorn.Server(
+        admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))
         )
     if settings.listen == "stdio":
@@ -176,7 +181,7 @@ async def _serve(
     from proxy.frontend.http import McpHttpApp
 
     app = McpHttpApp(service, settings)
-    main_server = _Server(
+    main_server = _server(
         _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
         on_shutdown=app.close_streams,
     )

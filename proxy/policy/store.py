@@ -31,8 +31,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import watchfiles
-
 from proxy.errors import PolicyError
 from proxy.policy.compile import load_builtin_policies, load_policy_dir
 from proxy.policy.compiled import PolicySet
@@ -144,6 +142,10 @@ class PolicyStore:
         self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="policy-watcher")
 
     async def _watch(self) -> None:
+        # Imported here: without a policy folder (the usual `--listen stdio` sidecar) nothing is
+        # watched, and its imports (~15 ms, anyio among them) delayed a stdio client's first answer.
+        import watchfiles
+
         assert self.folder is not None
         while not self._stop.is_set():
             try:

@@ -6,7 +6,10 @@
 - `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no
-  spare is kept, no separate probe child is started while it lives).
+  spare is kept, no separate probe child is started while it lives). That child is usually the
+  one `proxy.early` started before the proxy's own imports: it is adopted (`_adopt`: its pipes
+  through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
+  a respawn after it is spawned the normal way.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
@@ -39,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import proxy.early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
     LATEST_MODERN,
@@ -640,6 +644,14 @@ class StdioUpstream:
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
         loop = asyncio.get_running_loop()
+        # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
+        early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
+        if early is not None:
+            protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes))
+            self._spawned += 1
+            child = _Child(protocol, self.description, on_line, on_exit)
+            child.tasks.append(asyncio.create_task(_end_with_output(child)))
+            return child
         try:
             _, protocol = await loop.subprocess_exec(
                 lambda: _ChildProtocol(self.max_message_bytes),
@@ -715,6 +727,87 @@ class StdioUpstream:
         if self._modern is not None and self._modern._child is not None and self._modern._child.alive:
             n += 1
         return n
+
+
+class _AdoptedTransport:
+    """What `_Child` needs of a `SubprocessTransport`, for the child `proxy.early` started before the
+    event loop existed (asyncio cannot wrap a running process in its own transport): the three pipe
+    transports, the pid, and the exit status, read when the process's pidfd becomes readable."""
+
+    def __init__(self, early: proxy.early.EarlyChild) -> None:
+        self._early = early
+        self._pipes: dict[int, asyncio.BaseTransport] = {}
+        self._closed = False
+
+    def get_pid(self) -> int:
+        return self._early.popen.pid
+
+    def get_returncode(self) -> int | None:
+        return self._early.popen.returncode
+
+    def get_pipe_transport(self, fd: int) -> asyncio.BaseTransport | None:
+        return self._pipes.get(fd)
+
+    def is_closing(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        for pipe in self._pipes.values():
+            pipe.close()
+
+
+class _PipeProtocol(asyncio.Protocol):
+    """One pipe of an adopted child, forwarded to its `_ChildProtocol` as a subprocess transport
+    would (asyncio's own subprocess pipes do the same)."""
+
+    def __init__(self, child: _ChildProtocol, fd: int) -> None:
+        self.child = child
+        self.fd = fd
+
+    def data_received(self, data: bytes) -> None:
+        self.child.pipe_data_received(self.fd, data)
+
+    def eof_received(self) -> None:
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.child.pipe_connection_lost(self.fd, exc)
+
+    def pause_writing(self) -> None:
+        self.child.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.child.resume_writing()
+
+
+async def _adopt(early: proxy.early.EarlyChild, protocol: _ChildProtocol) -> _ChildProtocol:
+    """Connect `protocol` to a child `proxy.early` started: its pipes through the loop's pipe
+    transports, its exit through its pidfd (reaped with the `Popen` that started it)."""
+    loop = asyncio.get_running_loop()
+    transport = _AdoptedTransport(early)
+    popen = early.popen
+    assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    pipes = transport._pipes
+    try:
+        pipes[0], _ = await loop.connect_write_pipe(lambda: _PipeProtocol(protocol, 0), popen.stdin)
+        pipes[1], _ = await loop.connect_read_pipe(lambda: _PipeProtocol(protocol, 1), popen.stdout)
+        pipes[2], _ = await loop.connect_read_pipe(lambda: _PipeProtocol(protocol, 2), popen.stderr)
+    except BaseException:
+        transport.close()
+        early.kill()
+        raise
+
+    def exited() -> None:
+        loop.remove_reader(early.pidfd)
+        os.close(early.pidfd)
+        early.pidfd = -1
+        popen.poll()  # readable pidfd: the guard has exited, so this reaps it at once
+        protocol.process_exited()
+
+    loop.add_reader(early.pidfd, exited)
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol
 
 
 def _spare_line(child: _Child, line: bytes) -> None:

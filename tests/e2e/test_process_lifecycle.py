@@ -98,3 +98,35 @@ def test_sigterm_stops_a_stdio_proxy_with_status_0(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def test_no_upstream_process_outlives_a_killed_stdio_proxy(tmp_path: Path) -> None:
+    """The child `--listen stdio` starts before its imports (`proxy.early`) and then adopts is
+    still guarded: a SIGKILLed proxy takes it (and what it started) with it."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    command = scripted_stdio_command(journal.path, tmp_path / "state.json")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "proxy", "serve", "--listen", "stdio", "--", *command],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "proxy.log", "wb"),
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        init = (
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+            b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
+        )
+        proc.stdin.write(init)
+        proc.stdin.flush()
+        assert b'"protocolVersion"' in proc.stdout.readline()
+        children = journal.pids()
+        assert len(boots(journal)) == 1 and children and all(pid_alive(p) for p in children)
+        proc.kill()
+        proc.wait(timeout=5)
+        journal.wait_for(lambda j: not any(pid_alive(p) for p in children), timeout_s=10, what="children gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)

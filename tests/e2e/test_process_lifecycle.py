@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -70,63 +72,54 @@ def test_sigterm_stops_an_http_proxy_with_status_0(tmp_path: Path) -> None:
         proxy.stop()
 
 
-def test_sigterm_stops_a_stdio_proxy_with_status_0(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "journal.jsonl")
+INITIALIZE_LINE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+    b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
+)
+
+
+@contextmanager
+def initialized_stdio_proxy(tmp_path: Path, journal: Journal) -> Iterator[subprocess.Popen[bytes]]:
+    """`serve --listen stdio` in front of the scripted server, its client's initialize answered;
+    the proxy is killed on the way out if the test left it running."""
     command = scripted_stdio_command(journal.path, tmp_path / "state.json")
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "proxy", "serve", "--listen", "stdio", "--", *command],
-        cwd=REPO_ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=open(tmp_path / "proxy.log", "wb"),
-    )
+    with open(tmp_path / "proxy.log", "wb") as log:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "proxy", "serve", "--listen", "stdio", "--", *command],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
     try:
         assert proc.stdin is not None and proc.stdout is not None
-        init = (
-            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
-            b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
-        )
-        proc.stdin.write(init)
+        proc.stdin.write(INITIALIZE_LINE)
         proc.stdin.flush()
-        assert b'"protocolVersion"' in proc.stdout.readline()  # bounded by the wait below if it hangs
+        assert b'"protocolVersion"' in proc.stdout.readline()  # bounded by the test's timeout if it hangs
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_sigterm_stops_a_stdio_proxy_with_status_0(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    with initialized_stdio_proxy(tmp_path, journal) as proc:
         children = journal.pids()
         assert children
         proc.send_signal(signal.SIGTERM)  # the client still holds stdin open
         assert proc.wait(timeout=20) == 0, (tmp_path / "proxy.log").read_text()[-3000:]
         journal.wait_for(lambda j: not any(pid_alive(p) for p in children), timeout_s=10, what="children gone")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def test_no_upstream_process_outlives_a_killed_stdio_proxy(tmp_path: Path) -> None:
     """The child `--listen stdio` starts before its imports (`proxy.early`) and then adopts is
     still guarded: a SIGKILLed proxy takes it (and what it started) with it."""
     journal = Journal(tmp_path / "journal.jsonl")
-    command = scripted_stdio_command(journal.path, tmp_path / "state.json")
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "proxy", "serve", "--listen", "stdio", "--", *command],
-        cwd=REPO_ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=open(tmp_path / "proxy.log", "wb"),
-    )
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        init = (
-            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
-            b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
-        )
-        proc.stdin.write(init)
-        proc.stdin.flush()
-        assert b'"protocolVersion"' in proc.stdout.readline()
+    with initialized_stdio_proxy(tmp_path, journal) as proc:
         children = journal.pids()
         assert len(boots(journal)) == 1 and children and all(pid_alive(p) for p in children)
         proc.kill()
         proc.wait(timeout=5)
         journal.wait_for(lambda j: not any(pid_alive(p) for p in children), timeout_s=10, what="children gone")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)

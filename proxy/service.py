@@ -161,9 +161,24 @@ class Service:
             await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
-        if self.legacy_supported() and len(self.sessions) >= self.settings.max_sessions:
-            return False, f"no session slot free: {len(self.sessions)} of {self.settings.max_sessions} in use"
+        if self.legacy_supported():
+            full = self.no_session_slot()
+            if full is not None:
+                return False, full
         return True, None
+
+    def no_session_slot(self) -> str | None:
+        """Why a new 2025 session cannot be opened now (None: it can). The one answer both
+        admission (`new_session`, 503) and readiness (`/readyz`) give: a session holds its slot
+        until its upstream link is closed, not only until it leaves `sessions` (a stdio child
+        that is still stopping counts against the upstream's cap of children, so an `initialize`
+        in that window was refused while `/readyz` said ready)."""
+        limit = self.settings.max_sessions
+        held = len(self.sessions) + len(self._closing)
+        if held < limit:
+            return None
+        closing = f" ({len(self._closing)} closing)" if self._closing else ""
+        return f"no session slot free: {held} of {limit} in use{closing}"
 
     async def _check(self, timeout_s: float, *, unless_checked_within_s: float = 0.0) -> None:
         """Ask the upstream now (one check at a time; skipped if another finished within
@@ -275,12 +290,13 @@ class Service:
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
         """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
         settings = self.settings
-        if len(self.sessions) >= settings.max_sessions:
+        full = self.no_session_slot()
+        if full is not None:
             SHED.count("http_refused", "sessions")
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
                 Dispatch.NO,
-                f"the proxy holds its maximum of {settings.max_sessions} sessions",
+                f"the proxy holds its maximum of {settings.max_sessions} sessions ({full})",
             )
         if client is not None:
             held = sum(1 for c in self._session_clients.values() if c == client)

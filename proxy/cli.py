@@ -58,6 +58,17 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--session-init-timeout-s", type=float, default=s, help="an uninitialized session is closed after (10)"
     )
+    p.add_argument(
+        "--stream-buffer-bytes", type=int, default=s, help="queued per response or listen stream not read (4 MiB)"
+    )
+    p.add_argument(
+        "--replay-stream-bytes", type=int, default=s, help="kept for resumption per 2025 response stream (17 MiB)"
+    )
+    p.add_argument("--replay-total-bytes", type=int, default=s, help="kept for resumption in total (64 MiB)")
+    p.add_argument("--stderr-burst-lines", type=int, default=s, help="stdio child output lines logged at once (100)")
+    p.add_argument(
+        "--stderr-lines-per-s", type=float, default=s, help="stdio child output lines logged a second after (20)"
+    )
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(

@@ -59,6 +59,8 @@ def build_upstream(settings: Settings) -> Upstream:
             max_children=settings.max_sessions,
             spares=settings.stdio_spares,
             single_session=single,
+            stderr_burst_lines=settings.stderr_burst_lines,
+            stderr_lines_per_s=settings.stderr_lines_per_s,
         )
     url = settings.upstream
     if not url:

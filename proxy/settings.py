@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -45,6 +45,30 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a session with no request or notifications/initialized after initialize closes"
     )
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
+    stream_buffer_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="what one response or listen stream queues for a client that does not read",
+    )
+    replay_stream_bytes: int = Field(
+        17 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="events one 2025 response stream keeps for resumption (Last-Event-ID)",
+    )
+    replay_total_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=64 * 1024,
+        le=16 * 1024 * 1024 * 1024,
+        description="events all 2025 response streams keep for resumption, together",
+    )
+    stderr_burst_lines: int = Field(
+        100, ge=0, le=1_000_000, description="stdio child output lines logged at once before the rate applies"
+    )
+    stderr_lines_per_s: float = Field(
+        20.0, ge=0, le=1_000_000, description="stdio child output lines logged per second after the burst"
+    )
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
@@ -67,6 +91,15 @@ class Settings(BaseSettings):
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
         return value
+
+    @model_validator(mode="after")
+    def _check_replay_bounds(self) -> Settings:
+        if self.replay_total_bytes < self.replay_stream_bytes:
+            raise ValueError(
+                f"replay_total_bytes ({self.replay_total_bytes}) must be at least replay_stream_bytes "
+                f"({self.replay_stream_bytes}): one stream's events count in the total"
+            )
+        return self
 
     @property
     def upstream_argv(self) -> list[str]:

@@ -167,6 +167,32 @@ async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
     assert not child.alive and child.returncode is not None, "shutdown waited for it"
 
 
+async def test_the_stderr_budget_comes_from_the_settings(caplog: pytest.LogCaptureFixture) -> None:
+    """`--stderr-burst-lines` and `--stderr-lines-per-s` reach every child's log budget (they were
+    constants): with a burst of 5 and no refill, 5 of the 5000 lines are logged, the rest counted."""
+    from proxy.service import build_upstream
+    from proxy.settings import Settings
+    from proxy.telemetry.shed import SHED
+
+    settings = Settings(upstream_command=f"{sys.executable} -c 'pass'", stderr_burst_lines=5, stderr_lines_per_s=0)
+    upstream = build_upstream(settings)
+    assert isinstance(upstream, StdioUpstream)
+    upstream.command = [sys.executable, "-c", CHILD]
+    before = SHED.get("stderr_lines_dropped")
+    link = await upstream.open(Era.LEGACY)
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.upstream"):
+            assert (await _call(link, "spew"))["result"] == {"method": "spew"}
+            protocol = link._child.protocol
+            await link.aclose()
+            await asyncio.wait_for(protocol.stderr_closed.wait(), 10)
+        logged = [r.getMessage() for r in caplog.records if "stderr line " in r.getMessage()]
+        assert len(logged) == 5
+        assert SHED.get("stderr_lines_dropped") - before == 4995
+    finally:
+        await upstream.aclose()
+
+
 async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_still_stopping() -> None:
     """At the session cap, a closed session's child that lingers after its stdin closes still
     counts against the upstream's cap of children: an `initialize` then got 503 while `/readyz`

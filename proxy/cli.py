@@ -54,7 +54,20 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--max-requests-per-session", type=int, default=s, help="upstream requests in flight per session (32)"
     )
     p.add_argument("--max-sessions", type=int, default=s)
-    p.add_argument("--max-sessions-per-client", type=int, default=s, help="2025 sessions per client address (16)")
+    p.add_argument(
+        "--max-sessions-per-client", type=int, default=s, help="2025 sessions per client (a quarter of --max-sessions)"
+    )
+    p.add_argument(
+        "--max-upstream-per-client",
+        type=int,
+        default=s,
+        help="one client's share of an HTTP/SSE upstream's connections, every session and era (48)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        default=s,
+        help="proxies trusted to name the client in X-Forwarded-For, comma-separated addresses/networks (none)",
+    )
     p.add_argument(
         "--session-init-timeout-s", type=float, default=s, help="an uninitialized session is closed after (10)"
     )

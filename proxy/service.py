@@ -33,6 +33,7 @@ from typing import Any
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
+from proxy.shares import ClientShares
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -106,6 +107,9 @@ class Service:
         self._stopping = False
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
+        # Each client's share of a network upstream's connections, across its sessions and both
+        # eras (a stdio upstream has no pool to share: each 2025 session has its own child).
+        self.shares = None if self._supervised else ClientShares(settings.max_upstream_per_client)
         # One stdio client's one child: its answer to the client's first request is the probe
         # (a probe of its own would fix the child's era, or start a second process).
         self._deferred = bool(getattr(upstream, "single_session", False))
@@ -275,7 +279,12 @@ class Service:
             # Shared by every 2026 caller, unless the one client on stdio is the only caller.
             shared = self.settings.listen != "stdio"
             self._modern = Relay(
-                link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
+                link,
+                catalog=self.catalog,
+                tool_calls=self.tool_calls,
+                shared=shared,
+                shares=self.shares,
+                **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
         return self._modern
@@ -290,7 +299,7 @@ class Service:
         return {"request_timeout_s": self.settings.request_timeout_s, "max_in_flight": cap}
 
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
-        """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
+        """A 2025 session for `client` (`ClientIdentity.key`; None: unknown, not counted per client)."""
         settings = self.settings
         full = self.no_session_slot()
         if full is not None:
@@ -302,18 +311,24 @@ class Service:
             )
         if client is not None:
             held = sum(1 for c in self._session_clients.values() if c == client)
-            if held >= settings.max_sessions_per_client:
+            if held >= settings.sessions_per_client:
                 SHED.count("http_refused", "sessions_per_client")
                 raise UpstreamFailure(
                     FailureKind.OVERLOADED,
                     Dispatch.NO,
-                    f"this client address holds its maximum of {settings.max_sessions_per_client} sessions",
+                    f"this client address holds its maximum of {settings.sessions_per_client} sessions",
                     http_status=429,
                 )
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id, **self._relay_limits()
+            link,
+            catalog=self.catalog,
+            tool_calls=self.tool_calls,
+            session_id=session_id,
+            shares=self.shares,
+            client=client,
+            **self._relay_limits(),
         )
         self.sessions[session_id] = relay
         if client is not None:

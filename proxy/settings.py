@@ -7,13 +7,15 @@ Only how the process runs lives here; per-tool recovery behaviour lives in the p
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -40,7 +42,20 @@ class Settings(BaseSettings):
     max_requests_per_session: int = Field(
         32, ge=1, description="upstream requests in flight per 2025 session (per client address for 2026)"
     )
-    max_sessions_per_client: int = Field(16, ge=1, description="2025 sessions per client address")
+    max_upstream_per_client: int = Field(
+        48,
+        ge=2,
+        description="one client's share of an HTTP/SSE upstream's connections: requests in flight, every session "
+        "and both eras, listen streams included; as many more may wait, beyond that refused",
+    )
+    max_sessions_per_client: int | None = Field(
+        None, ge=1, description="2025 sessions per client (default: a quarter of --max-sessions)"
+    )
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="proxies trusted to name the client in X-Forwarded-For (IP addresses or networks, "
+        "comma-separated); none by default: the TCP peer is the client",
+    )
     session_init_timeout_s: float = Field(
         10.0, gt=0, description="a session with no request or notifications/initialized after initialize closes"
     )
@@ -91,6 +106,51 @@ class Settings(BaseSettings):
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
         return value
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split_forwarded(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        if isinstance(value, list):  # a repeated flag, each possibly comma-separated
+            return [item.strip() for v in value for item in str(v).split(",") if item.strip()]
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_forwarded(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item == "*":
+                raise ValueError(
+                    "'*' would let any caller choose its client address by writing X-Forwarded-For: "
+                    "name the proxies' addresses or network (e.g. 10.0.0.0/8)"
+                )
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or network: {item[:80]!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_shares(self) -> Settings:
+        if self.max_sessions_per_client is None:
+            # A quarter of the slots: at least four clients can always hold sessions, and the
+            # share follows --max-sessions when an operator changes it (docs/security.md).
+            self.max_sessions_per_client = max(1, self.max_sessions // 4)
+        if self.upstream and self.max_upstream_per_client <= self.max_sessions_per_client:
+            raise ValueError(
+                f"max_upstream_per_client ({self.max_upstream_per_client}) must exceed max_sessions_per_client "
+                f"({self.max_sessions_per_client}): each session's upstream listen stream holds one of the "
+                "client's connections, and its requests need at least one more"
+            )
+        return self
+
+    @property
+    def sessions_per_client(self) -> int:
+        return self.max_sessions_per_client or max(1, self.max_sessions // 4)
 
     @model_validator(mode="after")
     def _check_replay_bounds(self) -> Settings:

@@ -45,6 +45,7 @@ from mcp.shared.inbound import (
 )
 
 from proxy import jsonrpc
+from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
@@ -455,12 +456,6 @@ class _LateWatches:
             self._started[stream] = self._loop.create_task(self._app._watch_disconnect(receive, stream, cancel))
 
 
-def _client_host(scope: Scope) -> str | None:
-    """The peer's address (not its port): what per-client limits count by."""
-    client = scope.get("client")
-    return str(client[0]) if client else None
-
-
 class McpHttpApp:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
@@ -475,6 +470,7 @@ class McpHttpApp:
             origins += LOOPBACK_ORIGIN_PATTERNS
         self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self.stream_buffer_bytes = settings.stream_buffer_bytes
+        self.clients = ClientIdentity(trusts_proxies=bool(settings.forwarded_allow_ips))
         self._replays = _Replays(settings.replay_stream_bytes, settings.replay_total_bytes)
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
@@ -661,7 +657,8 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=_client_host(scope))
+        caller = self.clients.key(scope, headers)
+        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=caller)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
@@ -719,7 +716,7 @@ class McpHttpApp:
                 await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                session_id, relay = await service.new_session(_client_host(scope))
+                session_id, relay = await service.new_session(self.clients.key(scope, headers))
             except UpstreamFailure as failure:
                 status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
                 await _respond_error(

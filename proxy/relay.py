@@ -33,6 +33,7 @@ within their own timeout, so one session cannot hold every pooled upstream conne
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -384,7 +385,7 @@ class Relay:
         self.client = client
         listen_share = getattr(link, "set_listen_share", None)
         if shares is not None and client is not None and listen_share is not None:
-            listen_share(shares.of(client))  # the session's upstream listen stream counts too
+            listen_share(functools.partial(shares.of, client))  # its upstream listen stream counts too
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         self.catalog = catalog

@@ -284,16 +284,18 @@ class LinkBase:
 
     _pending: PendingTable
     _unsolicited: OnMessage
-    _listen_share: ListenShare | None = None
+    _listen_share: Callable[[], ListenShare] | None = None
 
-    def set_listen_share(self, share: ListenShare) -> None:
+    def set_listen_share(self, share: Callable[[], ListenShare]) -> None:
         """The 2025 session's client share: the link's upstream listen stream (HTTP: the GET
-        stream; legacy SSE: the session's stream itself) holds one of its connections."""
+        stream; legacy SSE: the session's stream itself) holds one of its connections. `share`
+        gives the client's current one each time a stream opens (an idle share may have been
+        forgotten and made anew meanwhile)."""
         self._listen_share = share
 
     @contextlib.contextmanager
     def _holding_listen_share(self) -> Iterator[None]:
-        share = self._listen_share
+        share = self._listen_share() if self._listen_share is not None else None
         if share is not None:
             share.force_take()
         try:

@@ -25,9 +25,14 @@ transport and revision require (`_cancel_upstream`) and answered with a JSON-RPC
 (`REQUEST_TIMEOUT`, -32001) that says so, and counted (`mcp_recovery_relayed_timeouts_total`).
 Requests that are long-lived by design
 (`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight cap bounds
-them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller's address) has at
-most that many requests upstream at once, `tools/call` attempts included; more wait their turn
-within their own timeout, so one session cannot hold every pooled upstream connection.
+them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller) has at most that
+many requests upstream at once, `tools/call` attempts included; more wait their turn within their
+own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
+`proxy.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
+session, the caller on the shared relay) has at most its share upstream across all its sessions
+and both eras, its sessions' upstream listen streams included (the relay hands the link its
+share); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
+failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_share"}`).
 """
 
 from __future__ import annotations
@@ -581,9 +586,11 @@ class Relay:
             client = self.client if self.client is not None else self._caller_of.get(outbox)
             if client is not None:
                 share = self.shares.of(client)
-                share_waiting = not share.try_take()
-                if share_waiting and share.max_waiters is not None and len(share.waiters) >= share.max_waiters:
-                    if slots is not None and not waiting:
+                # Taken once the session's own slot is (a request waiting for that one must not
+                # hold a connection of the client's share meanwhile).
+                share_waiting = waiting or not share.try_take()
+                if not waiting and share_waiting and len(share.waiters) >= self.shares.limit:
+                    if slots is not None:
                         self._free_slot(slots)
                     raise self._share_refused()
         if response_timeout_s is None:
@@ -594,10 +601,11 @@ class Relay:
                     waiting = False
                 if share_waiting:
                     assert share is not None
-                    try:
-                        await share.take(self._loop())
-                    except SharesFull:
-                        raise self._share_refused() from None
+                    if not share.try_take():
+                        try:
+                            await share.take(self._loop())
+                        except SharesFull:
+                            raise self._share_refused() from None
                     share_waiting = False
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 if sent is not None:
@@ -629,10 +637,11 @@ class Relay:
                 waiting = False
             if share_waiting:  # so does waiting for the client's share
                 assert share is not None
-                try:
-                    await share.take(loop)
-                except SharesFull:
-                    raise self._share_refused() from None
+                if not share.try_take():
+                    try:
+                        await share.take(loop)
+                    except SharesFull:
+                        raise self._share_refused() from None
                 share_waiting = False
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()

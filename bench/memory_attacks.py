@@ -254,7 +254,7 @@ class Proxy:
             argv += ["--", sys.executable, str(upstream)]
         env = {**os.environ, "PYTHONPATH": str(repo)}
         self.proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 90  # a stdio upstream on the SDK starts slowly on a busy machine
+        deadline = time.monotonic() + 180  # a stdio upstream on the SDK starts slowly on a busy machine
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{self.admin}/readyz", timeout=1).status_code == 200:

@@ -152,3 +152,28 @@ def test_the_bounds_are_validated(values: dict[str, int], wrong: str) -> None:
 
     with pytest.raises(ValidationError, match=wrong):
         Settings(**values)
+
+
+def test_trusted_proxies_are_addresses_or_networks_never_anyone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from proxy.cli import build_parser
+
+    assert Settings().forwarded_allow_ips == [], "none by default: X-Forwarded-For is not read"
+    args = build_parser().parse_args(["serve", "--forwarded-allow-ips", "10.0.0.0/8, 192.0.2.7"])
+    assert Settings(forwarded_allow_ips=args.forwarded_allow_ips).forwarded_allow_ips == ["10.0.0.0/8", "192.0.2.7"]
+    monkeypatch.setenv("MCP_RECOVERY_FORWARDED_ALLOW_IPS", "fd00::/8,10.1.2.3")
+    assert Settings().forwarded_allow_ips == ["fd00::/8", "10.1.2.3"]
+    for bad in ("*", "ingress.local", "10.0.0.0/99"):
+        with pytest.raises(ValidationError, match="forwarded_allow_ips"):
+            Settings(forwarded_allow_ips=bad)
+
+
+def test_sessions_per_client_default_to_a_quarter_and_the_upstream_share_must_exceed_them() -> None:
+    from pydantic import ValidationError
+
+    assert Settings().max_sessions_per_client == 16
+    assert Settings(max_sessions=200).max_sessions_per_client == 50
+    assert Settings(max_sessions=2).max_sessions_per_client == 1
+    with pytest.raises(ValidationError, match="max_upstream_per_client"):
+        Settings(upstream="http://127.0.0.1:1/mcp", max_sessions_per_client=48, max_upstream_per_client=48)

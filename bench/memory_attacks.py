@@ -483,7 +483,7 @@ def _flooded(journal: Path, call_id: str, timeout_s: float) -> bool:
         try:
             for line in journal.read_text().splitlines():
                 event = json.loads(line)
-                if event.get("event") == "flooded" and event.get("call_id") == call_id:
+                if event.get("event") == "flooded" and event.get("call") == call_id:
                     return True
         except (OSError, ValueError):
             pass

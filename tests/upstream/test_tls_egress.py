@@ -97,7 +97,11 @@ async def legacy_echo(up: HttpUpstream | SseUpstream, texts: list[str]) -> list[
             "jsonrpc": "2.0",
             "id": link.new_id(),
             "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
         }
         await asyncio.wait_for((await link.send_request(init)).response, WAIT)
         await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})

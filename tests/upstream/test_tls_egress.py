@@ -388,3 +388,20 @@ def test_an_encrypted_client_key_needs_its_passphrase_and_never_shows_it(tmp_pat
 def test_the_ca_replaces_the_system_roots(pki: Pki) -> None:
     with_ca = client_context(ca=pki.ca)
     assert [c["subject"] for c in with_ca.get_ca_certs()] == [((("commonName", "mcp-recovery-proxy test CA"),),)]
+
+
+def test_the_command_refuses_to_start_on_a_bad_tls_setting_from_flag_or_environment(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+
+    missing = str(tmp_path / "missing-ca.pem")
+    assert main(["serve", "--upstream", "https://127.0.0.1:9/mcp", "--upstream-ca", missing]) == 2
+    assert f"--upstream-ca {missing}: cannot be read" in capsys.readouterr().err
+    monkeypatch.setenv("MCP_RECOVERY_UPSTREAM_CLIENT_CERT", str(pki.client_cert))
+    monkeypatch.setenv("MCP_RECOVERY_UPSTREAM_CLIENT_KEY", str(pki.server_key))
+    assert main(["serve", "--upstream", "https://127.0.0.1:9/mcp"]) == 2
+    assert "the key does not belong to the certificate" in capsys.readouterr().err
+    # A TLS flag for an upstream without TLS is refused, not ignored.
+    assert main(["serve", "--upstream", "http://127.0.0.1:9/mcp"]) == 2
+    assert "only for an https:// upstream" in capsys.readouterr().err

@@ -11,7 +11,9 @@ environment variables (monkeypatched), read by `proxy.upstream.egress.route_for`
 from __future__ import annotations
 
 import asyncio
+import shutil
 import ssl
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,12 @@ from mcp.server.transport_security import TransportSecuritySettings
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.upstream import egress
 from proxy.upstream.base import Era
-from proxy.upstream.http import HttpUpstream
+from proxy.upstream.h1 import HttpClient, TlsClosed, TlsError
+from proxy.upstream.http import HttpUpstream, translate_exception
 from proxy.upstream.sse import SseUpstream
 from proxy.upstream.tls import TlsConfigError, client_context
 from tests.fixtures.egress_proxy import EgressProxy
+from tests.fixtures.helpers import free_port, terminate, wait_port
 from tests.fixtures.tls import Pki, make_pki
 
 from .servers import Journal, serve, sse_app, streamable_app
@@ -192,6 +196,45 @@ async def test_a_certificate_for_another_name_fails_naming_the_mismatch(tmp_path
             assert "mismatch" in failure.detail.lower() and "does not name localhost" in failure.detail, failure.detail
         finally:
             await up.aclose()
+
+
+@pytest.fixture
+def openssl_mtls_port(pki: Pki) -> Iterator[int]:
+    """`openssl s_server` requiring a client certificate (-Verify), answering GET with a page."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command (Debian package openssl)")
+    port = free_port()
+    tls = ["-cert", str(pki.server_cert), "-key", str(pki.server_key), "-CAfile", str(pki.ca)]
+    server = subprocess.Popen(
+        ["openssl", "s_server", "-quiet", "-Verify", "1", "-www", "-accept", f"127.0.0.1:{port}", *tls],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port)
+        yield port
+    finally:
+        terminate(server)  # type: ignore[arg-type]
+
+
+async def test_an_alert_from_an_openssl_server_refusing_no_client_certificate_is_not_dispatched(
+    pki: Pki, openssl_mtls_port: int
+) -> None:
+    """OpenSSL-based servers (nginx, Envoy, Go alike) answer a missing client certificate in TLS 1.3
+    with an alert after the client's handshake: nothing was processed, so dispatch no."""
+    client = HttpClient(f"https://localhost:{openssl_mtls_port}/", ssl_context=client_context(ca=pki.ca))
+    with pytest.raises(TlsError) as info:
+        await asyncio.wait_for(client.request("GET"), WAIT)
+    await client.aclose()
+    assert not isinstance(info.value, TlsClosed) and "certificate required" in str(info.value)
+    failure = translate_exception(info.value, written=True)
+    assert failure.kind is FailureKind.CONNECT_FAILED and failure.dispatched is Dispatch.NO
+    assert "--upstream-client-cert" in failure.detail
+    good = HttpClient(f"https://localhost:{openssl_mtls_port}/", ssl_context=mtls(pki))
+    async with await asyncio.wait_for(good.request("GET"), WAIT) as response:
+        assert response.status == 200
+    await good.aclose()
 
 
 # --- the egress proxy ---------------------------------------------------------------------------

@@ -1129,7 +1129,9 @@ class HttpClient:
             raise TlsError(tls_failure_text(exc, self.host, self.port)) from exc
         except OSError as exc:  # refused, unreachable, DNS (gaierror), a close during the handshake
             conn.close()
-            what = "during the TLS handshake " if tls is not None and conn.transport is None else ""
+            # asyncio reports a peer that closes in the middle of the handshake as a reset.
+            reset = isinstance(exc, ConnectionResetError | ConnectionAbortedError)
+            what = "during the TLS handshake " if tls is not None and reset else ""
             raise ConnectError(
                 f"cannot connect to {self.host}:{self.port} {what}({type(exc).__name__}: {exc})"
             ) from exc

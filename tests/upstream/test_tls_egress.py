@@ -294,6 +294,22 @@ async def test_the_legacy_sse_upstream_over_tls_through_the_tunnel(
             await up.aclose()
 
 
+async def test_a_proxy_without_credentials_gets_no_proxy_authorization(
+    pki: Pki, mtls_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with EgressProxy(names={NAME: "127.0.0.1"}) as open_proxy:
+        monkeypatch.setenv("HTTPS_PROXY", open_proxy.url)
+        url = f"https://{NAME}:{mtls_port}/mcp"
+        route = egress.route_for(url)
+        assert route is not None and route.authorization is None and route.secret_values == ()
+        up = HttpUpstream(url, ssl_context=mtls(pki), proxy=route)
+        try:
+            assert await modern_echo(up, "open") == "open"
+            assert open_proxy.opened and all(t.authorization is None for t in open_proxy.tunnels)
+        finally:
+            await up.aclose()
+
+
 @pytest.mark.parametrize(
     ("refuse_with", "password", "expected"),
     [

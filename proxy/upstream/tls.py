@@ -1,8 +1,9 @@
 """The TLS client context for an HTTPS upstream, built once at start from the settings.
 
 Contract:
-- `client_context(ca=..., cert=..., key=..., key_password_file=...)` returns one `ssl.SSLContext`
-  that every connection to the upstream (direct or through an egress proxy's tunnel) uses.
+- `client_context(ca=..., cert=..., key=..., key_password=...)` returns one `ssl.SSLContext` that
+  every connection to the upstream (direct or through an egress proxy's tunnel) uses;
+  `read_key_password(file)` reads the passphrase.
   Certificate and hostname verification are always on: there is no switch to turn them off (a
   private CA, or a self-signed server certificate itself, given with `--upstream-ca` is the way
   to trust an upstream the system roots do not know).

@@ -61,7 +61,10 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--max-sessions", type=int, default=s)
     p.add_argument(
-        "--max-sessions-per-client", type=int, default=s, help="2025 sessions per client (a quarter of --max-sessions)"
+        "--max-sessions-per-client",
+        type=int,
+        default=s,
+        help="2025 sessions per client (a quarter of --max-sessions, at least 4)",
     )
     p.add_argument(
         "--max-upstream-per-client",

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
         "and both eras, listen streams included; as many more may wait, beyond that refused",
     )
     max_sessions_per_client: int | None = Field(
-        None, ge=1, description="2025 sessions per client (default: a quarter of --max-sessions)"
+        None, ge=1, description="2025 sessions per client (default: a quarter of --max-sessions, at least 4)"
     )
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -146,8 +146,10 @@ class Settings(BaseSettings):
     def _check_shares(self) -> Settings:
         if self.max_sessions_per_client is None:
             # A quarter of the slots: at least four clients can always hold sessions, and the
-            # share follows --max-sessions when an operator changes it (docs/security.md).
-            self.max_sessions_per_client = max(1, self.max_sessions // 4)
+            # share follows --max-sessions when an operator changes it; never fewer than 4 (or
+            # all of a smaller --max-sessions), so a small proxy still serves one client's
+            # several sessions (docs/security.md).
+            self.max_sessions_per_client = max(min(4, self.max_sessions), self.max_sessions // 4)
         if self.upstream and self.max_upstream_per_client <= self.max_sessions_per_client:
             raise ValueError(
                 f"max_upstream_per_client ({self.max_upstream_per_client}) must exceed max_sessions_per_client "
@@ -158,7 +160,7 @@ class Settings(BaseSettings):
 
     @property
     def sessions_per_client(self) -> int:
-        return self.max_sessions_per_client or max(1, self.max_sessions // 4)
+        return self.max_sessions_per_client or max(min(4, self.max_sessions), self.max_sessions // 4)
 
     @model_validator(mode="after")
     def _check_replay_bounds(self) -> Settings:

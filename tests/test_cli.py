@@ -174,6 +174,7 @@ def test_sessions_per_client_default_to_a_quarter_and_the_upstream_share_must_ex
 
     assert Settings().max_sessions_per_client == 16
     assert Settings(max_sessions=200).max_sessions_per_client == 50
-    assert Settings(max_sessions=2).max_sessions_per_client == 1
+    assert Settings(max_sessions=8).max_sessions_per_client == 4, "never fewer than 4"
+    assert Settings(max_sessions=2).max_sessions_per_client == 2, "or all of a smaller total"
     with pytest.raises(ValidationError, match="max_upstream_per_client"):
         Settings(upstream="http://127.0.0.1:1/mcp", max_sessions_per_client=48, max_upstream_per_client=48)

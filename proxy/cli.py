@@ -63,6 +63,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--stdio-spares", type=int, default=s, help="stdio children started ahead for new 2025 sessions (1; 0: off)"
     )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=s,
+        help="on SIGTERM (or stdin closing, with --listen stdio): calls in flight may finish within (20)",
+    )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)

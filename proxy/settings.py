@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     stdio_spares: int = Field(
         1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
     )
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
+    )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
     log_level: str = "info"

@@ -61,7 +61,10 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(
-        "--stdio-spares", type=int, default=s, help="stdio children started ahead for new 2025 sessions (1; 0: off)"
+        "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"
+    )
+    p.add_argument(
+        "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
     )
     p.add_argument(
         "--shutdown-grace-s",

@@ -64,6 +64,8 @@ def build_upstream(settings: Settings) -> Upstream:
             settings.upstream_argv,
             max_children=settings.max_sessions,
             spares=settings.stdio_spares,
+            spare_starts=settings.stdio_spare_starts,
+            spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
         )
     url = settings.upstream
@@ -427,3 +429,6 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
+            reap_spares = getattr(self.upstream, "reap_idle_spares", None)
+            if reap_spares is not None:
+                reap_spares()  # warm-pool children unused as long (a stdio upstream)

@@ -64,6 +64,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"
     )
     p.add_argument(
+        "--stdio-sessions",
+        choices=["per-session", "shared"],
+        default=s,
+        help="2025 sessions over a stdio upstream: a child each (default), or all on one shared child",
+    )
+    p.add_argument(
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
     )
     p.add_argument(

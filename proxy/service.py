@@ -67,6 +67,7 @@ def build_upstream(settings: Settings) -> Upstream:
             spare_starts=settings.stdio_spare_starts,
             spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
+            shared_sessions=settings.stdio_sessions == "shared",
         )
     url = settings.upstream
     if not url:
@@ -360,10 +361,13 @@ class Service:
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link,
+            link,  # type: ignore[arg-type]
             catalog=self.catalog,
             tool_calls=self.tool_calls,
             session_id=session_id,
+            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
+            # can be tied to its own requests
+            shared=getattr(link, "shared", None),
             requests=self.requests,
             **self._relay_limits(),
         )

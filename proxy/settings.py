@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     stdio_spares: int = Field(
         1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
     )
+    stdio_sessions: Literal["per-session", "shared"] = Field(
+        "per-session",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+    )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"

@@ -51,6 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import proxy.early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -73,6 +74,9 @@ from proxy.upstream.base import (
     discover_request,
     initialize_request,
 )
+
+if TYPE_CHECKING:
+    from proxy.upstream.stdio_shared import SessionLink, SharedSessions
 
 log = logging.getLogger("proxy.upstream.stdio")
 stderr_log = logging.getLogger("proxy.upstream.stderr")
@@ -522,6 +526,7 @@ class StdioUpstream:
         spare_starts: int = 2,
         spare_idle_s: float = 600.0,
         single_session: bool = False,
+        shared_sessions: bool = False,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -536,8 +541,11 @@ class StdioUpstream:
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
         self.single_session = single_session
-        # the warm pool (module docstring); one session needs none (`prestart` starts its child)
-        self.spares = 0 if single_session else spares
+        # `--stdio-sessions shared`: every 2025 session on one child (proxy/upstream/stdio_shared.py)
+        self.shared_sessions = shared_sessions and not single_session
+        self._shared: SharedSessions | None = None
+        # the warm pool (module docstring); one session, or shared sessions, need none
+        self.spares = 0 if single_session or self.shared_sessions else spares
         self.spare_starts = max(1, spare_starts)
         self.spare_idle_s = spare_idle_s
         self._pool: deque[_Child] = deque()  # started, oldest first
@@ -582,11 +590,17 @@ class StdioUpstream:
         if link is not None:
             await link.aclose()
 
-    async def open(self, era: Era) -> StdioLink:
+    async def open(self, era: Era) -> StdioLink | SessionLink:
         if era is Era.MODERN:
             if self._modern is None:
                 self._modern = StdioLink(self, Era.MODERN)
             return self._modern
+        if self.shared_sessions:
+            if self._shared is None:
+                from proxy.upstream.stdio_shared import SharedSessions
+
+                self._shared = SharedSessions(self)
+            return self._shared.session()  # bounded by the proxy's --max-sessions, not by children
         if len(self._links) >= self.max_children:
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
@@ -631,6 +645,8 @@ class StdioUpstream:
         links = list(self._links)
         if self._modern is not None:
             links.append(self._modern)
+        if self._shared is not None:
+            links.append(self._shared.link)
         for link in links:
             child = link._child
             if child is None or child is but or child.protocol.overflow:
@@ -655,6 +671,9 @@ class StdioUpstream:
         if self._modern is not None:
             links.append(self._modern)
             self._modern = None
+        if self._shared is not None:
+            links.append(self._shared.link)
+            self._shared = None
         await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
@@ -794,8 +813,9 @@ class StdioUpstream:
     @property
     def children(self) -> int:
         n = sum(1 for link in self._links if link._child is not None and link._child.alive)
-        if self._modern is not None and self._modern._child is not None and self._modern._child.alive:
-            n += 1
+        for link in (self._modern, self._shared.link if self._shared is not None else None):
+            if link is not None and link._child is not None and link._child.alive:
+                n += 1
         return n
 
 

@@ -66,7 +66,7 @@ async def test_sigterm_lets_a_short_call_finish_and_ends_a_long_one_as_shutdown(
         upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
         extra=["--shutdown-grace-s", str(GRACE_S)],
         log_path=tmp_path / "proxy.log",
-    ).start()
+    ).start(timeout_s=60)
     assert proxy.proc is not None
     results: dict[str, Any] = {}
     try:

@@ -23,7 +23,9 @@ call's answer (what an agent that opens a session per call waits for); then the 
 time over the 2026 leg's (the issue's target: within 2x with shared children). Every leg is
 bounded in count and time (`--bound-s`), every call by `--call-bound-s`; the proxy is started and
 stopped by its pid. `--max-sessions-per-client` is raised to the session count on the proxy,
-since every client here has the same address. Not a test and not in CI.
+since every client here has the same address, and `--session-init-timeout-s` to 120 s (on a loaded
+machine the clients' own CPU can delay `notifications/initialized` past the default 10 s, and
+what is measured is sessions, not that protection). Not a test and not in CI.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
         str(max(64, sessions)),
         "--max-sessions-per-client",
         str(max(64, sessions)),
+        # benign clients that a loaded machine can keep from sending notifications/initialized
+        # within the default 10 s: what is measured is sessions, not that protection
+        "--session-init-timeout-s",
+        "120",
         *extra,
         "--",
         PYTHON,
@@ -178,10 +184,11 @@ def children_of(pid: int) -> int:
     for p in below:
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
-                if b"bench/upstream.py" in f.read():
-                    n += 1
+                argv = f.read()
         except OSError:
             continue
+        if b"bench/upstream.py" in argv and b"_guard.py" not in argv:
+            n += 1
     return n
 
 

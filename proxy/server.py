@@ -4,7 +4,8 @@ The HTTP frontend and the admin endpoint run as two uvicorn servers in one event
 either stops (a signal reaches whichever installed its handlers last) the other is told to stop,
 and the service's shutdown stops every upstream child.
 
-SIGTERM (and SIGINT) is a graceful shutdown and the process then exits 0, in both listen modes
+SIGTERM (and SIGINT where a uvicorn server runs: an HTTP listener or `--admin`) is a graceful
+shutdown and the process then exits 0, in both listen modes
 (docs/reliability.md): `/readyz` turns 503 and new sessions and requests are refused (HTTP 503
 with a JSON-RPC error) while the listeners stay open; requests in flight may finish within
 `--shutdown-grace-s`; the rest end (a `tools/call` as an unresolved `shutdown` result, its attempt

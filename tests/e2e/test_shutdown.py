@@ -174,3 +174,37 @@ def test_stdio_proxy_shuts_down_gracefully(tmp_path: Path, how: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+
+
+async def test_a_second_sigterm_ends_the_grace_period_at_once(tmp_path: Path) -> None:
+    """With a 120 s grace period, a call still running after a second SIGTERM is ended at once:
+    the test's 60 s bound would fail otherwise."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
+        extra=["--shutdown-grace-s", "120"],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+    assert proxy.proc is not None
+    results: dict[str, Any] = {}
+    try:
+        with anyio.fail_after(BOUND_S):
+
+            async def call() -> None:
+                async with Client(proxy.url, mode="2026-07-28") as client:
+                    await client.list_tools()
+                    results["long"] = await client.call_tool("hang", {"seconds": 110.0, "call_id": "long"})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await journal.await_for(lambda j: started(j, "long"), timeout_s=20, what="the call running")
+                os.kill(proxy.proc.pid, signal.SIGTERM)
+                async with httpx.AsyncClient(timeout=5.0) as http:
+                    # the proxy's own answer turns 503: asked again until it does (bounded by fail_after)
+                    while (await http.get(proxy.admin + "/readyz")).status_code != 503:
+                        pass
+                os.kill(proxy.proc.pid, signal.SIGTERM)
+            assert results["long"].meta[UNRESOLVED]["stopReason"] == "shutdown"
+            assert await anyio.to_thread.run_sync(proxy.proc.wait) == 0
+    finally:
+        proxy.stop()

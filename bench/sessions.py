@@ -226,7 +226,7 @@ async def main() -> int:
         # by rate, not wall time: a leg cut short by its bound answered fewer calls
         rates = {k: len(r["times"]) / float(r["wall"]) for k, r in results.items()}  # type: ignore[arg-type]
         ratio = rates["2026"] / rates["2025"] if rates["2025"] else float("inf")
-        print(f"  2026 sessions/s over 2025 sessions/s: {ratio:.2f}x (issue 16 target with shared children: at most 2x)")
+        print(f"  2026 rate / 2025 rate: {ratio:.2f}x (issue 16 target with shared children: at most 2x)")
     failed = sum(len(r["failures"]) for r in results.values())  # type: ignore[arg-type]
     return 1 if failed else 0
 

@@ -81,7 +81,7 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=repo, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     ready = f"http://127.0.0.1:{admin}/readyz"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a loaded machine starts a Python server slowly
     while True:
         if proc.poll() is not None:
             raise SystemExit(f"the proxy exited with {proc.returncode}: {log.read_text()[-2000:]}")
@@ -92,7 +92,7 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
             pass
         if time.monotonic() > deadline:
             stop(proc)
-            raise SystemExit(f"the proxy was not ready within 30 s: {log.read_text()[-2000:]}")
+            raise SystemExit(f"the proxy was not ready within 120 s: {log.read_text()[-2000:]}")
         time.sleep(0.05)
     return proc, f"http://127.0.0.1:{port}/mcp", f"http://127.0.0.1:{admin}"
 

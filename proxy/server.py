@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
-from proxy.service import Service, build_upstream
+from proxy.service import Service, build_upstream, upstream_secrets
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
 
 async def run(settings: Settings) -> int:
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
-    SECRETS.set(settings.header_pairs().values())
+    SECRETS.set(upstream_secrets(settings))
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)

@@ -12,7 +12,10 @@ For one call:
 3. `decide` says deliver, retry after a backoff, or give up; a give-up becomes the enriched
    unresolved result, and a budget exhaustion is written to the ledger.
 A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
-disconnected has not cancelled: the attempt in flight finishes, no new one starts.
+disconnected has not cancelled: the attempt in flight finishes, no new one starts. A cancellation
+while `stopping` is set is the end of the shutdown grace period (proxy/lifecycle.py), not the
+caller's: the call resolves as an unresolved result with stop reason `shutdown`, the attempt in
+flight (cancelled upstream by the relay) recorded as its last, dispatch unknown.
 """
 
 from __future__ import annotations
@@ -144,6 +147,8 @@ class Engine:
     ) -> None:
         self.policies = policies
         self.max_concurrent_calls = max_concurrent_calls
+        # The shutdown grace period is over: a cancelled call answers `shutdown` (module docstring).
+        self.stopping = False
         self.in_flight = 0
         # Calls in flight per tool label, read by the metrics at scrape time (no event per start).
         self.calls_in_flight: dict[str, int] = {}
@@ -234,6 +239,11 @@ class Engine:
             except UpstreamFailure as failure:
                 first = TransportError.from_failure(failure)
             except asyncio.CancelledError:
+                if self.stopping:
+                    _uncancel()
+                    call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
+                    call.start_after_first(started)
+                    return call.shut_down(None, started)
                 if self.telemetry.active:
                     self.telemetry.emit(
                         CallFinished(
@@ -572,11 +582,38 @@ class _Call:
                         partials = list(progress.notes) if progress is not None else []
                         return self._give_up(decision, partials=partials)
         except asyncio.CancelledError:
+            if e.stopping:
+                _uncancel()
+                return self.shut_down(progress, started if self.in_flight else None)
             # The attempt the caller's cancellation stopped counts: it was sent (or being sent).
             self._finished(
                 "cancelled", StopReason.CANCELLED, None, False, attempts=len(self.attempts) + bool(self.in_flight)
             )
             raise
+
+    def shut_down(self, progress: _Progress | None, attempt_started: float | None) -> Message:
+        """The shutdown grace period ended during this call: an unresolved `shutdown` result. The
+        attempt in flight (started at `attempt_started`, None between attempts) was cancelled
+        upstream; it is recorded as the last attempt, dispatch unknown (it may have run)."""
+        e, state = self.e, self.state
+        if attempt_started is not None:
+            outcome = TransportError(
+                FailureKind.CLOSED, Dispatch.UNKNOWN, "cancelled upstream: the proxy is shutting down"
+            )
+            classified = classify(outcome, self.policy)
+            self.state = state.attempted()
+            self.attempts.append(
+                AttemptRecord(
+                    len(self.attempts) + 1,
+                    attempt_started - state.started_at_s,
+                    e.clock() - attempt_started,
+                    outcome,
+                    classified,
+                    None,
+                )
+            )
+        partials = list(progress.notes) if progress is not None else []
+        return self._give_up(GiveUp(StopReason.SHUTDOWN), partials=partials)
 
     def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
         if classified is _SUCCESS:
@@ -760,6 +797,13 @@ class _Call:
                 unknown,
             )
         )
+
+
+def _uncancel() -> None:
+    """Take back the shutdown's cancellation of the current task: the call answers instead."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 _NO_TRACE: Mapping[str, str] = {}

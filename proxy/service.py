@@ -18,6 +18,11 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
   counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
   silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
+- Shutdown (`drain`): `/readyz` turns 503 and new sessions are refused at once (the frontends
+  refuse new requests too, while `draining`); requests in flight may finish within the grace
+  period; what is still running then is ended (proxy/lifecycle.py: a `tools/call` resolves as an
+  unresolved `shutdown` result, cancelled upstream), and the cancellations are sent before
+  `aclose` stops the children.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry, UpstreamStatus
@@ -67,7 +73,10 @@ def build_upstream(settings: Settings) -> Upstream:
             settings.upstream_argv,
             max_children=settings.max_sessions,
             spares=settings.stdio_spares,
+            spare_starts=settings.stdio_spare_starts,
+            spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
+            shared_sessions=settings.stdio_sessions == "shared",
         )
     url = settings.upstream
     if not url:
@@ -171,6 +180,10 @@ class Service:
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
         self._stopping = False
+        self.requests = InFlight()  # every relay's requests in flight (for a graceful shutdown)
+        self.draining = False  # shutting down: no new sessions or requests, /readyz 503
+        self._drained: asyncio.Future[None] | None = None
+        self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
         # One stdio client's one child: its answer to the client's first request is the probe
@@ -208,6 +221,49 @@ class Service:
         await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
 
+    def cut_drain_short(self) -> None:
+        """A second stop signal: end what is in flight now instead of at the grace period's end."""
+        self._cut_short.set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking work, let requests in flight finish within `grace_s` (or until
+        `cut_drain_short`), then end the rest; returns how many were ended. A second call (stdin
+        closed, then SIGTERM) cuts the first one short and waits for it. The children keep running
+        until `aclose`."""
+        if self._drained is not None:
+            self._cut_short.set()
+            await asyncio.shield(self._drained)
+            return 0
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            return await self._drain(grace_s)
+        finally:
+            self._drained.set_result(None)
+
+    async def _drain(self, grace_s: float) -> int:
+        self.draining = True
+        requests = self.requests
+        log.info("shutting down: %d requests in flight, up to %g s to finish", requests.counted, grace_s)
+        waiting = asyncio.ensure_future(requests.wait_idle(grace_s))
+        cut = asyncio.ensure_future(self._cut_short.wait())
+        try:
+            await asyncio.wait([waiting, cut], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            cut.cancel()
+        if not requests.tasks:
+            return 0
+        engine = self.tool_calls
+        if engine is not None and hasattr(engine, "stopping"):
+            engine.stopping = True
+        ended = requests.end()
+        log.warning("shutdown grace period over: ending %d requests still in flight", len(ended))
+        # Each ends at once (its attempt is cancelled, its answer written); bounded all the same.
+        await asyncio.wait(ended, timeout=5.0)
+        relays = [*self.sessions.values(), *([self._modern] if self._modern is not None else [])]
+        await asyncio.gather(*(relay.settle() for relay in relays), return_exceptions=True)
+        return len(ended)
+
     @property
     def ready(self) -> bool:
         if self.capabilities is None and self._deferred:
@@ -223,6 +279,8 @@ class Service:
         `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
         flowed is noticed; the verdict is cached in between.
         """
+        if self.draining:
+            return False, "shutting down"
         if self.capabilities is None and not (self._deferred and self.health.up is True):
             return False, self.probe_error or "upstream not probed yet"
         interval_s = self.settings.ready_check_interval_s
@@ -327,7 +385,12 @@ class Service:
             # Shared by every 2026 caller, unless the one client on stdio is the only caller.
             shared = self.settings.listen != "stdio"
             self._modern = Relay(
-                link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
+                link,
+                catalog=self.catalog,
+                tool_calls=self.tool_calls,
+                shared=shared,
+                requests=self.requests,
+                **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
         return self._modern
@@ -344,6 +407,9 @@ class Service:
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
         """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
         settings = self.settings
+        if self.draining:
+            SHED.count("http_refused", "shutdown")
+            raise UpstreamFailure(FailureKind.OVERLOADED, Dispatch.NO, "the proxy is shutting down", http_status=503)
         if len(self.sessions) >= settings.max_sessions:
             SHED.count("http_refused", "sessions")
             raise UpstreamFailure(
@@ -364,7 +430,15 @@ class Service:
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id, **self._relay_limits()
+            link,  # type: ignore[arg-type]
+            catalog=self.catalog,
+            tool_calls=self.tool_calls,
+            session_id=session_id,
+            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
+            # can be tied to its own requests
+            shared=getattr(link, "shared", None),
+            requests=self.requests,
+            **self._relay_limits(),
         )
         self.sessions[session_id] = relay
         if client is not None:
@@ -428,3 +502,6 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
+            reap_spares = getattr(self.upstream, "reap_idle_spares", None)
+            if reap_spares is not None:
+                reap_spares()  # warm-pool children unused as long (a stdio upstream)

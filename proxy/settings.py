@@ -48,7 +48,15 @@ class Settings(BaseSettings):
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
-        1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
+        1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
+    )
+    stdio_sessions: Literal["per-session", "shared"] = Field(
+        "per-session",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+    )
+    stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_ca: Path | None = Field(

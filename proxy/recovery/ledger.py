@@ -168,3 +168,7 @@ class InMemoryLedger:
 
     def clear(self, op: str) -> None:
         self._entries.pop(op, None)
+
+    def ops(self) -> list[str]:
+        """Every operation held (live or not yet expired on read), oldest first: a copy."""
+        return list(self._entries)

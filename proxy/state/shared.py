@@ -182,6 +182,12 @@ class RedisState:
         self._resubscribe = asyncio.Event()
         self._reconcile_lock = asyncio.Lock()
         self._budget_keys: dict[str, str] = {}
+        # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -236,6 +242,7 @@ class RedisState:
         if self._up:
             log.warning("shared state %s down (%s): local state until it answers", self.description, self.last_error)
         self._up = False
+        self._changed()
 
     def _came_back(self) -> None:
         self._up = True
@@ -244,6 +251,7 @@ class RedisState:
             log.warning("shared state %s answers again: reconciling", self.description)
         self._ever_up = True
         self._resubscribe.set()  # the listener resubscribes and reconciles (one place does both)
+        self._changed()
 
     # -- the ledger -----------------------------------------------------------------------------
     def _key(self, op: str) -> str:
@@ -335,6 +343,7 @@ class RedisState:
                 self.ledger.clear(op)
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignored a malformed message on %s", self.channel)
+        self._changed()
 
     def _learn(
         self, op: str, budget_id: str, reason: str, recorded_ms: int, summary: str | Mapping[str, Any],
@@ -386,7 +395,7 @@ class RedisState:
                     entry = self.ledger.check(op, now)
                     if entry is not None:
                         args = self._record_args(entry, now, only_if_absent=True)
-                        self._record(keys=[self._key(op)], args=args, client=pipe)
+                        await self._record(keys=[self._key(op)], args=args, client=pipe)  # queued, no I/O
                         pushed += 1
                 for op in self._unsynced_clears:
                     pipe.delete(self._key(op))
@@ -401,6 +410,7 @@ class RedisState:
                 self._failed("reconcile", exc)
                 return
             self.reconciles += 1
+            self._changed()
 
     async def _pull(self) -> None:
         """Every live entry of the store into the local view; local entries the store lacks (it

@@ -68,7 +68,7 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
     )
     p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
-    p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.25)")
+    p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
     p.add_argument(
         "--state-sync-interval-s", type=float, default=s, help="retry budget counts exchanged with the store (0.25)"
     )

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     )
     state_prefix: str = Field("mcp-recovery:", min_length=1, max_length=64, description="key prefix in the store")
     state_timeout_s: float = Field(
-        0.25, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
+        0.5, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
     )
     state_sync_interval_s: float = Field(
         0.25, gt=0, le=10, description="how often the retry budget's counts are exchanged with the store"

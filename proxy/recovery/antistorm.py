@@ -158,9 +158,7 @@ class AntiStorm:
 
     def set_others(self, tool: str, calls: int, retries: int, now_s: float) -> None:
         """The other replicas' calls and retries over the window ending now (never negative)."""
-        st = self._tools.get(tool)
-        if st is None:
-            return
+        st = self._state(tool)
         st.others_calls = max(0, calls)
         st.others_retries = max(0, retries)
         st.others_at_s = now_s

@@ -7,6 +7,8 @@
   exhaustion kept for the store), `approve` (an approval refused: single use could not be
   checked), `clear`, `budget` (a sync of the retry budget's counts skipped).
 - `mcp_recovery_state_reconciles_total`: completed reconciliations (each (re)subscription).
+- `mcp_recovery_state_budget_syncs_total`: completed exchanges of the retry budget's counts (every
+  `--state-sync-interval-s` while the store answers).
 """
 
 from __future__ import annotations
@@ -47,3 +49,6 @@ class StateCollector:
         reconciles = CounterMetricFamily(PREFIX + "reconciles", "Reconciliations with the shared store.")
         reconciles.add_metric([], state.reconciles)
         yield reconciles
+        syncs = CounterMetricFamily(PREFIX + "budget_syncs", "Exchanges of the retry budget's counts with the store.")
+        syncs.add_metric([], state.budget_syncs)
+        yield syncs

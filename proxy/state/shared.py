@@ -137,7 +137,7 @@ class RedisState:
         url: str,
         *,
         prefix: str = "mcp-recovery:",
-        timeout_s: float = 0.25,
+        timeout_s: float = 0.5,
         sync_interval_s: float = 0.25,
         upstream_name: str = "",
         clock: Callable[[], float] = time.monotonic,
@@ -172,6 +172,7 @@ class RedisState:
         self.errors: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACKS, 0)
         self.reconciles = 0
+        self.budget_syncs = 0  # completed exchanges of the retry budget's counts
         self.last_error: str | None = "not connected yet"
         self._pending: dict[str, None] = {}  # ops recorded while the store was down (ordered set)
         self._unsynced_clears: dict[str, None] = {}
@@ -182,6 +183,7 @@ class RedisState:
         self._resubscribe = asyncio.Event()
         self._reconcile_lock = asyncio.Lock()
         self._budget_keys: dict[str, str] = {}
+        self._fleet_tools: list[str] = []  # tools any replica counted within the window (from the store)
         # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
         self.on_change: Callable[[], None] | None = None
 
@@ -466,24 +468,29 @@ class RedisState:
                 self.fallbacks["budget"] += 1
 
     async def sync_budget(self) -> None:
-        """Add this replica's new counts to the store's buckets and learn the others' totals (one
-        pipelined round trip for every tool); with nothing counted, a PING keeps `up` current."""
+        """One pipelined round trip: add this replica's new counts to the store's buckets, and read
+        the fleet's totals over the window for every tool any replica counted lately (the tools
+        are listed in the store, so a replica learns the fleet's count of a tool before its own
+        first retry of it). With nothing counted anywhere, a PING keeps `up` current."""
         antistorm = self._antistorm
-        counts = antistorm.counts()[:MAX_BUDGET_TOOLS] if antistorm is not None else []
-        if not counts:
+        if antistorm is None:
             await self._call("ping", self.client.ping())
+            self.budget_syncs += 1
             return
-        assert antistorm is not None
         now = self.clock()
         offset = self.wall() - now  # local (monotonic) seconds to the epoch seconds all replicas share
         now_epoch = math.floor(now + offset)
         oldest = math.floor(now) - WINDOW_S + 1
+        counts = dict(antistorm.counts()[:MAX_BUDGET_TOOLS])
+        tools = list(counts)
+        tools += [t for t in self._fleet_tools if t not in counts][: MAX_BUDGET_TOOLS - len(tools)]
         pipe = self.client.pipeline(transaction=False)
         own: list[tuple[str, int, int]] = []
+        updates: dict[tuple[str, int], tuple[int, int]] = {}
         flushed = self._flushed
-        for tool, buckets in counts:
+        for tool in tools:
             deltas: dict[int, tuple[int, int]] = {}
-            for second, calls, retries in buckets:
+            for second, calls, retries in counts.get(tool, ()):
                 if second < oldest:
                     continue
                 done = flushed.get((tool, second), (0, 0))
@@ -491,8 +498,8 @@ class RedisState:
                 if dc > 0 or dr > 0:
                     epoch = math.floor(second + offset)
                     c, r = deltas.get(epoch, (0, 0))
-                    deltas[epoch] = (c + max(dc, 0), r + max(dr, 0))
-                flushed[(tool, second)] = (calls, retries)
+                    deltas[epoch] = (c + dc, r + max(dr, 0))
+                    updates[(tool, second)] = (calls, retries)
             base = self._budget_key(tool)
             keys, args = [], []
             for epoch in range(now_epoch - WINDOW_S + 1, now_epoch + 1):
@@ -504,18 +511,35 @@ class RedisState:
                 args[-1] += sum(r for _, r in deltas.values())
             pipe.evalsha(self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
             own.append((tool, *antistorm.own_window(tool, now)))
-        for key in [k for k in flushed if k[1] < oldest]:
-            del flushed[key]
+        listed = self._tools_key()
+        if counts:
+            pipe.hset(listed, mapping=dict.fromkeys(counts, now_epoch))
+            pipe.expire(listed, 2 * WINDOW_S)
+        pipe.hgetall(listed)
         replies = await self._call("budget", pipe.execute(raise_on_error=False))
         if any(isinstance(reply, NoScriptError) for reply in replies):
-            # The store restarted (scripts are not persisted): load it; counted again next time.
+            # The store restarted (scripts are not persisted): load it; the counts go next time.
             await self._call("budget", self.client.script_load(_BUDGET))
             return
-        if any(isinstance(reply, Exception) for reply in replies):
-            self._failed("budget", next(r for r in replies if isinstance(r, Exception)))
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            self._failed("budget", failed)
             raise StoreUnavailable("budget")
-        for (tool, own_calls, own_retries), (calls, retries) in zip(own, replies, strict=True):
+        # Counted only once the store has them: counts made while it was down go when it returns.
+        flushed.update(updates)
+        for key in [k for k in flushed if k[1] < oldest]:
+            del flushed[key]
+        for (tool, own_calls, own_retries), (calls, retries) in zip(own, replies[: len(own)], strict=True):
             antistorm.set_others(tool, int(calls) - own_calls, int(retries) - own_retries, now)
+        seen = replies[-1]
+        self._fleet_tools = [
+            name.decode(errors="replace") for name, at in seen.items() if int(at) >= now_epoch - WINDOW_S
+        ][:MAX_BUDGET_TOOLS]
+        self.budget_syncs += 1
+
+    def _tools_key(self) -> str:
+        digest = hashlib.sha256(self._upstream_tag.encode()).hexdigest()[:16]
+        return f"{self.prefix}budget-tools:{{{digest}}}"
 
 
 def _glob_escape(text: str) -> str:

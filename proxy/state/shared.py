@@ -467,7 +467,7 @@ class RedisState:
             except StoreUnavailable:
                 self.fallbacks["budget"] += 1
 
-    async def sync_budget(self) -> None:
+    async def sync_budget(self, *, _again: bool = False) -> None:
         """One pipelined round trip: add this replica's new counts to the store's buckets, and read
         the fleet's totals over the window for every tool any replica counted lately (the tools
         are listed in the store, so a replica learns the fleet's count of a tool before its own
@@ -518,8 +518,11 @@ class RedisState:
         pipe.hgetall(listed)
         replies = await self._call("budget", pipe.execute(raise_on_error=False))
         if any(isinstance(reply, NoScriptError) for reply in replies):
-            # The store restarted (scripts are not persisted): load it; the counts go next time.
+            # A store that has not seen the script yet (a new or restarted one: scripts are not
+            # persisted): load it and send the same commands again (the increments did not run).
             await self._call("budget", self.client.script_load(_BUDGET))
+            if not _again:
+                await self.sync_budget(_again=True)  # nothing was counted yet: build it again
             return
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:

@@ -136,7 +136,9 @@ async def test_a_clear_on_one_replica_leaves_every_view(fleet: Fleet) -> None:
 
 
 def budget_policy() -> ToolPolicy:
-    limits = Limits(retry_budget_ratio=0.1, retry_budget_min_per_s=0.0, breaker_failures=None)
+    # 10% of the window's calls plus a floor of 2 retries per window: one floor for the fleet, so
+    # a replica alone would allow more than the fleet does
+    limits = Limits(retry_budget_ratio=0.1, retry_budget_min_per_s=0.2, breaker_failures=None)
     return ToolPolicy(tool="search", side_effect=SideEffect.READ_ONLY, anti_storm=limits)
 
 
@@ -145,20 +147,39 @@ async def test_the_retry_budget_counts_the_calls_and_retries_of_every_replica(fl
     assert a._antistorm is not None and b._antistorm is not None
     budget_a, budget_b, policy = a._antistorm, b._antistorm, budget_policy()
     now = time.monotonic()
-    for _ in range(100):
+    for _ in range(10):
         budget_a.count_call("search", now)
-    for _ in range(10):  # A spends the whole fleet's budget (10% of 100 calls)
+        budget_b.count_call("search", now)
+    for _ in range(3):  # A spends its own budget: 10% of 10 calls + the floor of 2
         assert budget_a.admit_retry("search", policy, now) is None
-    budget_b.count_call("search", now)  # B alone: 1 call, which allows no retry either way
+    assert budget_a.admit_retry("search", policy, now) is not None
     await a.sync_budget()
     await b.sync_budget()
+    # B alone would allow 3 retries; the fleet (20 calls: 2 + 2) has 1 left
+    assert budget_b.admit_retry("search", policy, time.monotonic()) is None
     refused = budget_b.admit_retry("search", policy, time.monotonic())
     assert refused is not None and refused.reason is StopReason.RETRY_BUDGET
-    # B's own traffic gives the fleet more room: 100 more calls on B allow 10 more retries in all
+    # more traffic anywhere gives the fleet more room: 100 more calls on A allow 10 more retries
     for _ in range(100):
-        budget_b.count_call("search", now)
+        budget_a.count_call("search", now)
+    await a.sync_budget()
     await b.sync_budget()
     assert budget_b.admit_retry("search", policy, time.monotonic()) is None
+
+
+async def test_a_replica_learns_the_fleets_count_of_a_tool_it_has_not_counted_yet(fleet: Fleet) -> None:
+    a, b = await fleet.replica(), await fleet.replica()
+    assert a._antistorm is not None and b._antistorm is not None
+    policy = budget_policy()
+    now = time.monotonic()
+    for _ in range(2):  # the floor: 2 retries of the window, spent on A (which counted no call)
+        assert a._antistorm.admit_retry("search", policy, now) is None
+    await a.sync_budget()  # A's counts, and the tool listed
+    await b.sync_budget()  # B reads the listing
+    await b.sync_budget()  # and the tool's totals
+    b._antistorm.count_call("search", time.monotonic())
+    refused = b._antistorm.admit_retry("search", policy, time.monotonic())
+    assert refused is not None and refused.reason is StopReason.RETRY_BUDGET
 
 
 async def test_a_store_that_is_gone_is_skipped_within_the_bound_and_reconciled_when_it_returns(

@@ -27,7 +27,8 @@ from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 from tests.state.redis_server import RedisServer
 
-pytestmark = pytest.mark.anyio
+# Bounded, and generous: each proxy starts a Python upstream, which takes seconds on a loaded machine.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 BOUND_S = 60.0
 DEADLINE_S = 4.0
 
@@ -68,7 +69,7 @@ class Pair:
         n = len(self.proxies)
         command = scripted_stdio_command(self.journal.path, self.tmp / "state.json")
         args = ["--policies", str(self.policies), "--state", self.store.url, "--state-prefix", self.prefix]
-        args += ["--state-sync-interval-s", "0.05", *self.extra, *more]
+        args += ["--state-sync-interval-s", "0.05", "--stdio-spares", "0", *self.extra, *more]
         proxy = ProxyProcess(upstream=command, extra=args, log_path=self.tmp / f"proxy{n}.log")
         self.stack.callback(proxy.stop)
         proxy.start(timeout_s=90)  # bounded, and generous: CI and this machine run loaded
@@ -240,7 +241,8 @@ async def test_a_store_killed_mid_run_leaves_every_call_answered_in_time_on_loca
                     durations.append(time.monotonic() - started)
                     assert not result.is_error
                     answered += 1
-                    await anyio.lowlevel.checkpoint()
+                    if answered == 20:
+                        midway.set()
 
         async def kill_midway() -> None:
             await midway.wait()
@@ -248,10 +250,10 @@ async def test_a_store_killed_mid_run_leaves_every_call_answered_in_time_on_loca
 
         with anyio.fail_after(BOUND_S):
             async with anyio.create_task_group() as tg:
-                for proxy in (pair.a, pair.b, pair.a, pair.b):
-                    tg.start_soon(load, proxy, 60)
+                for proxy in (pair.a, pair.b):
+                    tg.start_soon(load, proxy, 30)
                 tg.start_soon(kill_midway)
-        assert answered == 240 and max(durations) < DEADLINE_S
+        assert answered == 60 and max(durations) < DEADLINE_S
         # the ledger still refuses on local state; a new exhaustion is kept locally
         with anyio.fail_after(DEADLINE_S + 2):
             again = report(await call(pair.b, "always_fail", exhausting(cid)))

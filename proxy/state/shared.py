@@ -169,6 +169,7 @@ class RedisState:
         self._budget_sha = hashlib.sha1(_BUDGET.encode()).hexdigest()  # the name Redis gives the script
         self._up = False
         self._ever_up = False
+        self._closed = False
         self.errors: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACKS, 0)
         self.reconciles = 0
@@ -182,6 +183,7 @@ class RedisState:
         self._background: set[asyncio.Task[Any]] = set()
         self._resubscribe = asyncio.Event()
         self._reconcile_lock = asyncio.Lock()
+        self._sync_lock = asyncio.Lock()
         self._budget_keys: dict[str, str] = {}
         self._fleet_tools: list[str] = []  # tools any replica counted within the window (from the store)
         # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
@@ -208,13 +210,17 @@ class RedisState:
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._sync_loop())]
 
     async def aclose(self) -> None:
-        for task in [*self._tasks, *self._background]:
+        """Stop the listener, the sync task and background clears, bounded: on Python 3.11 a
+        cancellation that lands as a `wait_for` completes can be lost, so the loops also stop on
+        `_closed`, and the wait for them is bounded."""
+        self._closed = True
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=4 * self.timeout_s + 1)
         with contextlib.suppress(Exception):
-            await self.client.aclose()
+            await asyncio.wait_for(self.client.aclose(), self.timeout_s)
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"store": self.description, "up": self._up}
@@ -362,14 +368,14 @@ class RedisState:
     async def _listen(self) -> None:
         """Subscribe, reconcile, then apply every message; start again after any failure."""
         delay_s = 0.05
-        while True:
+        while not self._closed:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await self._call("subscribe", pubsub.subscribe(self.channel))
                 self._resubscribe.clear()
                 await self._reconcile()
                 delay_s = 0.05
-                while not self._resubscribe.is_set():
+                while not self._resubscribe.is_set() and not self._closed:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._on_message(message["data"])
@@ -460,18 +466,23 @@ class RedisState:
         return tag
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(self.sync_interval_s)
             try:
                 await self.sync_budget()
             except StoreUnavailable:
                 self.fallbacks["budget"] += 1
 
-    async def sync_budget(self, *, _again: bool = False) -> None:
+    async def sync_budget(self) -> None:
         """One pipelined round trip: add this replica's new counts to the store's buckets, and read
         the fleet's totals over the window for every tool any replica counted lately (the tools
         are listed in the store, so a replica learns the fleet's count of a tool before its own
-        first retry of it). With nothing counted anywhere, a PING keeps `up` current."""
+        first retry of it). With nothing counted anywhere, a PING keeps `up` current. One at a
+        time: two at once would send the same new counts twice."""
+        async with self._sync_lock:
+            await self._sync_budget()
+
+    async def _sync_budget(self, *, _again: bool = False) -> None:
         antistorm = self._antistorm
         if antistorm is None:
             await self._call("ping", self.client.ping())
@@ -522,7 +533,7 @@ class RedisState:
             # persisted): load it and send the same commands again (the increments did not run).
             await self._call("budget", self.client.script_load(_BUDGET))
             if not _again:
-                await self.sync_budget(_again=True)  # nothing was counted yet: build it again
+                await self._sync_budget(_again=True)  # nothing was counted yet: build it again
             return
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:

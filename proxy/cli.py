@@ -85,6 +85,20 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="on SIGTERM (or stdin closing, with --listen stdio): calls in flight may finish within (20)",
     )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
+    p.add_argument(
+        "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
+    )
+    p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
+    p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
+    p.add_argument(
+        "--state-sync-interval-s", type=float, default=s, help="retry budget counts exchanged with the store (0.25)"
+    )
+    p.add_argument(
+        "--state-required-for-ready",
+        action="store_true",
+        default=s,
+        help="an unreachable shared store fails /readyz (default: serve on local state)",
+    )
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)
     p.add_argument(

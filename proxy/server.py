@@ -36,6 +36,7 @@ from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream, upstream_secrets
 from proxy.settings import Settings
+from proxy.state import build_state
 
 if TYPE_CHECKING:
     import uvicorn
@@ -49,13 +50,15 @@ log = logging.getLogger("proxy.server")
 
 def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None) -> Service:
     upstream = build_upstream(settings)
+    state = build_state(settings, upstream_name=upstream.description)
     engine = Engine(
         policies=lambda: policies.current,
         telemetry=telemetry,
         upstream_name=upstream.description,
         max_concurrent_calls=settings.max_concurrent_calls,
+        shared=state,
     )
-    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
+    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry, state=state)
 
 
 def http_limits(settings: Settings) -> HttpLimits:
@@ -127,7 +130,12 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
 
 async def run(settings: Settings) -> int:
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
-    SECRETS.set(upstream_secrets(settings))
+    secrets = upstream_secrets(settings)
+    if settings.state != "memory":
+        from proxy.state.shared import url_secrets
+
+        secrets = [*secrets, *url_secrets(settings.state)]  # the store's password, if its URL carries one
+    SECRETS.set(secrets)
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -136,6 +144,10 @@ async def run(settings: Settings) -> int:
     if isinstance(service.tool_calls, Engine):
         bundle.metrics.watch_circuits(service.tool_calls.antistorm.circuits)
         bundle.metrics.watch_in_flight(service.tool_calls.in_flight_by_tool)
+    if service.state is not None:
+        from proxy.state.metrics import StateCollector
+
+        bundle.registry.register(StateCollector(service.state))
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())

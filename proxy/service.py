@@ -41,6 +41,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
+from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -161,8 +162,10 @@ class Service:
         *,
         tool_calls: ToolCallHandler | None = None,
         telemetry: Telemetry | None = None,
+        state: SharedState | None = None,
     ) -> None:
         self.settings = settings
+        self.state = state  # the shared store (None: the engine's memory is the whole state)
         self.upstream = upstream
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
@@ -196,6 +199,8 @@ class Service:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.state is not None:
+            await self.state.start()  # bounded: an unreachable store leaves the proxy on local state
         if self._deferred:
             self.probe_error = "waiting for the client's first request (the upstream process is starting)"
             self.upstream.prestart()  # type: ignore[attr-defined]
@@ -220,6 +225,8 @@ class Service:
         closing = list(self._closing)
         await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
+        if self.state is not None:
+            await self.state.aclose()
 
     def cut_drain_short(self) -> None:
         """A second stop signal: end what is in flight now instead of at the grace period's end."""
@@ -288,6 +295,8 @@ class Service:
             await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
+        if self.state is not None and not self.state.up and self.settings.state_required_for_ready:
+            return False, f"shared state store unreachable: {self.state.status().get('error') or 'down'}"
         if self.legacy_supported() and len(self.sessions) >= self.settings.max_sessions:
             return False, f"no session slot free: {len(self.sessions)} of {self.settings.max_sessions} in use"
         return True, None

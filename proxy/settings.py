@@ -68,6 +68,21 @@ class Settings(BaseSettings):
         None, description="a file whose first line is the passphrase of an encrypted --upstream-client-key"
     )
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
+    state: str = Field(
+        "memory",
+        description="where the ledger, approvals and retry budget live: memory, or a shared store at "
+        "redis://, rediss://, valkey:// or valkeys:// (docs/state.md)",
+    )
+    state_prefix: str = Field("mcp-recovery:", min_length=1, max_length=64, description="key prefix in the store")
+    state_timeout_s: float = Field(
+        0.5, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
+    )
+    state_sync_interval_s: float = Field(
+        0.25, gt=0, le=10, description="how often the retry budget's counts are exchanged with the store"
+    )
+    state_required_for_ready: bool = Field(
+        False, description="an unreachable shared store makes /readyz fail (off: the proxy serves on local state)"
+    )
     log_level: str = "info"
     log_json: bool = False
     call_log: Literal["all", "problems", "off"] = Field(
@@ -83,6 +98,13 @@ class Settings(BaseSettings):
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
         return value
+
+    @field_validator("state")
+    @classmethod
+    def _check_state(cls, value: str) -> str:
+        if value == "memory" or value.startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
+            return value
+        raise ValueError("--state takes 'memory' or redis://, rediss://, valkey://, valkeys:// URL")
 
     @property
     def upstream_argv(self) -> list[str]:

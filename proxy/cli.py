@@ -94,9 +94,38 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(
-        "--stdio-spares", type=int, default=s, help="stdio children started ahead for new 2025 sessions (1; 0: off)"
+        "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"
+    )
+    p.add_argument(
+        "--stdio-sessions",
+        choices=["per-session", "shared"],
+        default=s,
+        help="2025 sessions over a stdio upstream: a child each (default), or all on one shared child",
+    )
+    p.add_argument(
+        "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
+    )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=s,
+        help="on SIGTERM (or stdin closing, with --listen stdio): calls in flight may finish within (20)",
     )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
+    p.add_argument(
+        "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
+    )
+    p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
+    p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
+    p.add_argument(
+        "--state-sync-interval-s", type=float, default=s, help="retry budget counts exchanged with the store (0.25)"
+    )
+    p.add_argument(
+        "--state-required-for-ready",
+        action="store_true",
+        default=s,
+        help="an unreachable shared store fails /readyz (default: serve on local state)",
+    )
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)
     p.add_argument(

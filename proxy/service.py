@@ -18,6 +18,11 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
   counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
   silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
+- Shutdown (`drain`): `/readyz` turns 503 and new sessions are refused at once (the frontends
+  refuse new requests too, while `draining`); requests in flight may finish within the grace
+  period; what is still running then is ended (proxy/lifecycle.py: a `tools/call` resolves as an
+  unresolved `shutdown` result, cancelled upstream), and the cancellations are sent before
+  `aclose` stops the children.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
 from proxy.shares import ClientShares
+from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -68,9 +75,12 @@ def build_upstream(settings: Settings) -> Upstream:
             settings.upstream_argv,
             max_children=settings.max_sessions,
             spares=settings.stdio_spares,
+            spare_starts=settings.stdio_spare_starts,
+            spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
             stderr_burst_lines=settings.stderr_burst_lines,
             stderr_lines_per_s=settings.stderr_lines_per_s,
+            shared_sessions=settings.stdio_sessions == "shared",
         )
     url = settings.upstream
     if not url:
@@ -155,8 +165,10 @@ class Service:
         *,
         tool_calls: ToolCallHandler | None = None,
         telemetry: Telemetry | None = None,
+        state: SharedState | None = None,
     ) -> None:
         self.settings = settings
+        self.state = state  # the shared store (None: the engine's memory is the whole state)
         self.upstream = upstream
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
@@ -174,6 +186,10 @@ class Service:
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
         self._stopping = False
+        self.requests = InFlight()  # every relay's requests in flight (for a graceful shutdown)
+        self.draining = False  # shutting down: no new sessions or requests, /readyz 503
+        self._drained: asyncio.Future[None] | None = None
+        self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
         # Each client's share of a network upstream's connections, across its sessions and both
@@ -189,6 +205,8 @@ class Service:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.state is not None:
+            await self.state.start()  # bounded: an unreachable store leaves the proxy on local state
         if self._deferred:
             self.probe_error = "waiting for the client's first request (the upstream process is starting)"
             self.upstream.prestart()  # type: ignore[attr-defined]
@@ -213,6 +231,51 @@ class Service:
         closing = list(self._closing)
         await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
+        if self.state is not None:
+            await self.state.aclose()
+
+    def cut_drain_short(self) -> None:
+        """A second stop signal: end what is in flight now instead of at the grace period's end."""
+        self._cut_short.set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking work, let requests in flight finish within `grace_s` (or until
+        `cut_drain_short`), then end the rest; returns how many were ended. A second call (stdin
+        closed, then SIGTERM) cuts the first one short and waits for it. The children keep running
+        until `aclose`."""
+        if self._drained is not None:
+            self._cut_short.set()
+            await asyncio.shield(self._drained)
+            return 0
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            return await self._drain(grace_s)
+        finally:
+            self._drained.set_result(None)
+
+    async def _drain(self, grace_s: float) -> int:
+        self.draining = True
+        requests = self.requests
+        log.info("shutting down: %d requests in flight, up to %g s to finish", requests.counted, grace_s)
+        waiting = asyncio.ensure_future(requests.wait_idle(grace_s))
+        cut = asyncio.ensure_future(self._cut_short.wait())
+        try:
+            await asyncio.wait([waiting, cut], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            cut.cancel()
+        if not requests.tasks:
+            return 0
+        engine = self.tool_calls
+        if engine is not None and hasattr(engine, "stopping"):
+            engine.stopping = True
+        ended = requests.end()
+        log.warning("shutdown grace period over: ending %d requests still in flight", len(ended))
+        # Each ends at once (its attempt is cancelled, its answer written); bounded all the same.
+        await asyncio.wait(ended, timeout=5.0)
+        relays = [*self.sessions.values(), *([self._modern] if self._modern is not None else [])]
+        await asyncio.gather(*(relay.settle() for relay in relays), return_exceptions=True)
+        return len(ended)
 
     @property
     def ready(self) -> bool:
@@ -229,6 +292,8 @@ class Service:
         `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
         flowed is noticed; the verdict is cached in between.
         """
+        if self.draining:
+            return False, "shutting down"
         if self.capabilities is None and not (self._deferred and self.health.up is True):
             return False, self.probe_error or "upstream not probed yet"
         interval_s = self.settings.ready_check_interval_s
@@ -236,6 +301,8 @@ class Service:
             await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
+        if self.state is not None and not self.state.up and self.settings.state_required_for_ready:
+            return False, f"shared state store unreachable: {self.state.status().get('error') or 'down'}"
         if self.legacy_supported():
             full = self.no_session_slot()
             if full is not None:
@@ -353,6 +420,7 @@ class Service:
                 tool_calls=self.tool_calls,
                 shared=shared,
                 shares=self.shares,
+                requests=self.requests,
                 **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
@@ -370,6 +438,9 @@ class Service:
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
         """A 2025 session for `client` (`ClientIdentity.key`; None: unknown, not counted per client)."""
         settings = self.settings
+        if self.draining:
+            SHED.count("http_refused", "shutdown")
+            raise UpstreamFailure(FailureKind.OVERLOADED, Dispatch.NO, "the proxy is shutting down", http_status=503)
         full = self.no_session_slot()
         if full is not None:
             SHED.count("http_refused", "sessions")
@@ -391,10 +462,14 @@ class Service:
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link,
+            link,  # type: ignore[arg-type]
             catalog=self.catalog,
             tool_calls=self.tool_calls,
             session_id=session_id,
+            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
+            # can be tied to its own requests
+            shared=getattr(link, "shared", None),
+            requests=self.requests,
             shares=self.shares,
             client=client,
             **self._relay_limits(),
@@ -461,3 +536,6 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
+            reap_spares = getattr(self.upstream, "reap_idle_spares", None)
+            if reap_spares is not None:
+                reap_spares()  # warm-pool children unused as long (a stdio upstream)

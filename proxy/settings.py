@@ -87,7 +87,15 @@ class Settings(BaseSettings):
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
-        1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
+        1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
+    )
+    stdio_sessions: Literal["per-session", "shared"] = Field(
+        "per-session",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+    )
+    stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_ca: Path | None = Field(
@@ -99,6 +107,21 @@ class Settings(BaseSettings):
         None, description="a file whose first line is the passphrase of an encrypted --upstream-client-key"
     )
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
+    state: str = Field(
+        "memory",
+        description="where the ledger, approvals and retry budget live: memory, or a shared store at "
+        "redis://, rediss://, valkey:// or valkeys:// (docs/state.md)",
+    )
+    state_prefix: str = Field("mcp-recovery:", min_length=1, max_length=64, description="key prefix in the store")
+    state_timeout_s: float = Field(
+        0.5, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
+    )
+    state_sync_interval_s: float = Field(
+        0.25, gt=0, le=10, description="how often the retry budget's counts are exchanged with the store"
+    )
+    state_required_for_ready: bool = Field(
+        False, description="an unreachable shared store makes /readyz fail (off: the proxy serves on local state)"
+    )
     log_level: str = "info"
     log_json: bool = False
     call_log: Literal["all", "problems", "off"] = Field(
@@ -114,6 +137,13 @@ class Settings(BaseSettings):
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
         return value
+
+    @field_validator("state")
+    @classmethod
+    def _check_state(cls, value: str) -> str:
+        if value == "memory" or value.startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
+            return value
+        raise ValueError("--state takes 'memory' or redis://, rediss://, valkey://, valkeys:// URL")
 
     @field_validator("forwarded_allow_ips", mode="before")
     @classmethod

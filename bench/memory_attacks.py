@@ -21,6 +21,13 @@ attack and the RSS left once it is over (what the proxy still holds), in MiB.
   `resources/read`, one session sends `--reads` of them at once; meanwhile another session makes
   `--others` tool calls one after another, each of which must succeed; the attack ends when every
   read has been answered (with the request timeout's error, `--request-timeout-s`).
+- `stalled` (item 3, per upstream link): a caller reads its response head and then nothing more
+  (a socket with a 16 KiB receive buffer) while the upstream writes `--stalled-count` messages of
+  `--stalled-size` bytes for it; the attack ends when the upstream wrote the last one. One run per
+  link: `http-post` (a 2025 session's POST response stream, HTTP upstream), `http-listen` (its
+  listen stream, fed by the upstream's GET stream), `http-2026` (the shared 2026 HTTP link),
+  `sse-post` (a legacy SSE upstream), `stdio-2026` (the shared 2026 stdio child). The upstream is
+  the scripted SDK server of the tests (`tests/fixtures/scripted_server.py`, its `flood` tool).
 Each attack prints what the peer saw (status codes, answers) next to the figures, so a bound that
 did not act shows.
 
@@ -30,6 +37,7 @@ starts is stopped by its pid.
 
     .venv/bin/python bench/memory_attacks.py [--seconds 10] [--calls 200] [--answer-mib 8]
     .venv/bin/python bench/memory_attacks.py --only heads,halfheads,inits,reads
+    .venv/bin/python bench/memory_attacks.py --only stalled [--stalled-count 2000 --stalled-size 16384]
 """
 
 from __future__ import annotations
@@ -230,8 +238,8 @@ def _supported(repo: Path, extra: list[str]) -> list[str]:
 
 
 class Proxy:
-    def __init__(self, repo: Path, upstream: Path | str, extra: list[str] | None = None) -> None:
-        """`upstream`: a stdio server script, or the URL of an HTTP upstream."""
+    def __init__(self, repo: Path, upstream: Path | str | list[str], extra: list[str] | None = None) -> None:
+        """`upstream`: a stdio server script or command, or the URL of an HTTP upstream."""
         self.repo = repo
         self.port = free_port()
         self.admin = free_port()
@@ -240,11 +248,13 @@ class Proxy:
         argv += _supported(repo, extra or [])
         if isinstance(upstream, str):
             argv += ["--upstream", upstream]
+        elif isinstance(upstream, list):
+            argv += ["--", *upstream]
         else:
             argv += ["--", sys.executable, str(upstream)]
         env = {**os.environ, "PYTHONPATH": str(repo)}
         self.proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180  # a stdio upstream on the SDK starts slowly on a busy machine
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{self.admin}/readyz", timeout=1).status_code == 200:
@@ -451,7 +461,132 @@ def attack_reads(proxy: Proxy, count: int, others: int, wait_s: float) -> str:
     return asyncio.run(_reads(proxy, count, others, wait_s))
 
 
-def measure(repo: Path, upstream: Path | str, name: str, run, extra: list[str] | None = None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+SCRIPTED = REPO / "tests" / "fixtures" / "scripted_server.py"
+LINKS = ("http-post", "http-listen", "http-2026", "sse-post", "stdio-2026")
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def _dropped(client: httpx.Client, proxy: Proxy) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in client.get(f"http://127.0.0.1:{proxy.admin}/metrics").text.splitlines():
+        if line.startswith("mcp_recovery_dropped_messages_total{"):
+            out[line.split('"')[1]] = float(line.split()[-1])
+    return out
+
+
+def _flooded(journal: Path, call_id: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            for line in journal.read_text().splitlines():
+                event = json.loads(line)
+                if event.get("event") == "flooded" and event.get("call") == call_id:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def attack_stalled(proxy: Proxy, link: str, journal: Path, count: int, size: int) -> str:
+    """A caller that stops reading on `link` while the upstream writes `count` x `size` bytes."""
+    call_id = f"stalled-{link}-{time.monotonic_ns()}"
+    args = {"count": count, "size": size, "call_id": call_id}
+    with httpx.Client(timeout=60) as client:
+        before = _dropped(client, proxy)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", proxy.port))
+        try:
+            if link.endswith("2026"):
+                params = {
+                    "name": "flood",
+                    "arguments": {**args, "related": True},
+                    "_meta": {**MODERN_META, "progressToken": "p"},
+                }
+                headers = {
+                    "accept": "application/json, text/event-stream",
+                    "content-type": "application/json",
+                    "mcp-protocol-version": "2026-07-28",
+                    "mcp-method": "tools/call",
+                    "mcp-name": "flood",
+                }
+            else:
+                headers = {**open_session(client, proxy.url), "content-type": "application/json"}
+                params = {"name": "flood", "arguments": {**args, "related": True}, "_meta": {"progressToken": "p"}}
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+            if link == "http-listen":
+                head = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k not in ("accept", "content-type"))
+                sock.sendall(
+                    f"GET /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\naccept: text/event-stream\r\n{head}\r\n".encode()
+                )
+                seen = b""
+                while b"\r\n\r\n" not in seen:
+                    chunk = sock.recv(1024)
+                    if not chunk:
+                        return "the proxy closed the listen stream at once"
+                    seen += chunk
+                background = {**params, "arguments": {**args, "related": False}}
+                call_body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": background}
+                client.post(proxy.url, json=call_body, headers=headers).raise_for_status()
+            else:
+                head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                sock.sendall(
+                    f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n{head}content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            done = _flooded(journal, call_id, 120)
+        finally:
+            sock.close()
+        after = _dropped(client, proxy)
+    shed = {k: int(v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0)}
+    wrote = f"{count} x {size // 1024} KiB written" + ("" if done else " (not all within 120 s)")
+    return f"{wrote}; dropped {shed or 'nothing'}"
+
+
+def measure_stalled(repo: Path, tmp: Path, link: str, count: int, size: int) -> dict[str, Any]:
+    kind = link.split("-")[0]
+    journal = tmp / f"journal-{link}.jsonl"
+    extra = ["--request-timeout-s", "120"]
+    if kind == "stdio":
+        command = [sys.executable, str(SCRIPTED), "--transport", "stdio", "--journal", str(journal)]
+        return measure(repo, command, link, lambda p: attack_stalled(p, link, journal, count, size), extra)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(SCRIPTED), "--transport", kind, "--journal", str(journal), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {kind} upstream did not start") from None
+                time.sleep(0.05)
+        url = ("sse+" if kind == "sse" else "") + f"http://127.0.0.1:{port}/" + ("sse" if kind == "sse" else "mcp")
+        return measure(repo, url, link, lambda p: attack_stalled(p, link, journal, count, size), extra)
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGTERM)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(server.pid, signal.SIGKILL)
+                server.wait(10)
+
+
+def measure(
+    repo: Path, upstream: Path | str | list[str], name: str, run, extra: list[str] | None = None
+) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     proxy = Proxy(repo, upstream, extra)
     try:
         time.sleep(1.0)
@@ -505,7 +640,7 @@ class HttpUpstream:
                 self.proc.wait(10)
 
 
-ATTACKS = ("listen", "resume", "heads", "halfheads", "inits", "reads")
+ATTACKS = ("listen", "resume", "heads", "halfheads", "inits", "reads", "stalled")
 
 
 def main() -> None:
@@ -522,6 +657,9 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=100)
     parser.add_argument("--others", type=int, default=20, help="the other session's calls during `reads`")
     parser.add_argument("--request-timeout-s", type=float, default=10.0, help="the proxy's, for `reads`")
+    parser.add_argument("--stalled-count", type=int, default=2000, help="messages written for the stalled caller")
+    parser.add_argument("--stalled-size", type=int, default=16384, help="bytes of each")
+    parser.add_argument("--links", default=",".join(LINKS), help=f"`stalled`: a subset of {','.join(LINKS)}")
     parser.add_argument("--only", default=",".join(ATTACKS), help=f"a comma-separated subset of {','.join(ATTACKS)}")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -571,18 +709,23 @@ def main() -> None:
                 )
             finally:
                 held.stop()
+        if "stalled" in chosen:
+            for link in [x for x in args.links.split(",") if x]:
+                results[f"stalled {link}"] = measure_stalled(
+                    args.repo, Path(tmp), link, args.stalled_count, args.stalled_size
+                )
     if args.json:
         print(json.dumps(results))
         return
     print(f"proxy from {args.repo}")
     print(
-        f"{'attack':<10} {'idle MiB':>9} {'peak MiB':>9} {'after MiB':>10} {'growth':>8} "
+        f"{'attack':<22} {'idle MiB':>9} {'peak MiB':>9} {'after MiB':>10} {'growth':>8} "
         f"{'tree idle':>10} {'tree peak':>10} {'seconds':>8}  what the peer saw"
     )
     for name, r in results.items():
         growth = r["peak_mib"] - r["idle_mib"]
         print(
-            f"{name:<10} {r['idle_mib']:>9.0f} {r['peak_mib']:>9.0f} {r['after_mib']:>10.0f} {growth:>+8.0f} "
+            f"{name:<22} {r['idle_mib']:>9.0f} {r['peak_mib']:>9.0f} {r['after_mib']:>10.0f} {growth:>+8.0f} "
             f"{r['idle_tree_mib']:>10.0f} {r['peak_tree_mib']:>10.0f} {r['seconds']:>8.1f}  {r['seen']}"
         )
 

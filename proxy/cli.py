@@ -60,9 +60,36 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--max-requests-per-session", type=int, default=s, help="upstream requests in flight per session (32)"
     )
     p.add_argument("--max-sessions", type=int, default=s)
-    p.add_argument("--max-sessions-per-client", type=int, default=s, help="2025 sessions per client address (16)")
+    p.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=s,
+        help="2025 sessions per client (a quarter of --max-sessions, at least 4)",
+    )
+    p.add_argument(
+        "--max-upstream-per-client",
+        type=int,
+        default=s,
+        help="one client's share of an HTTP/SSE upstream's connections, every session and era (48)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        default=s,
+        help="proxies trusted to name the client in X-Forwarded-For, comma-separated addresses/networks (none)",
+    )
     p.add_argument(
         "--session-init-timeout-s", type=float, default=s, help="an uninitialized session is closed after (10)"
+    )
+    p.add_argument(
+        "--stream-buffer-bytes", type=int, default=s, help="queued per response or listen stream not read (4 MiB)"
+    )
+    p.add_argument(
+        "--replay-stream-bytes", type=int, default=s, help="kept for resumption per 2025 response stream (17 MiB)"
+    )
+    p.add_argument("--replay-total-bytes", type=int, default=s, help="kept for resumption in total (64 MiB)")
+    p.add_argument("--stderr-burst-lines", type=int, default=s, help="stdio child output lines logged at once (100)")
+    p.add_argument(
+        "--stderr-lines-per-s", type=float, default=s, help="stdio child output lines logged a second after (20)"
     )
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)

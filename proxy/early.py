@@ -41,25 +41,38 @@ class EarlyChild:
         self.popen = popen
         self.pidfd = pidfd
 
-    def kill(self) -> None:
-        """End the guard's whole group now (SIGTERM: the guard then ends the command's group)."""
+    def kill(self, grace_s: float = 2.0) -> None:
+        """End the guard's whole group now: SIGTERM (the guard then ends the command's group), and
+        SIGKILL to the group if it is still there after `grace_s`, as `_Child.terminate` does for
+        a spawned child. The guard escalates by itself when it can act; a guard that cannot (not
+        yet past its start, stopped, or stuck) must not leave a command that ignores SIGTERM
+        running with the proxy's pipes."""
         import signal
 
-        if self.popen.poll() is None:
+        pid = self.popen.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.popen.poll() is not None:
+                break
             try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
+                os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
+                break
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
                 pass
+        # The guard is gone; anything of its group it left behind goes too (no one else can have
+        # this group id while a member of it lives).
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         for f in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             if f is not None:
                 f.close()
         try:
             os.close(self.pidfd)
         except OSError:
-            pass
-        try:
-            self.popen.wait(5.0)
-        except subprocess.TimeoutExpired:
             pass
 
 

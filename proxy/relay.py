@@ -25,15 +25,20 @@ transport and revision require (`_cancel_upstream`) and answered with a JSON-RPC
 (`REQUEST_TIMEOUT`, -32001) that says so, and counted (`mcp_recovery_relayed_timeouts_total`).
 Requests that are long-lived by design
 (`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight cap bounds
-them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller's address) has at
-most that many requests upstream at once, `tools/call` attempts included; more wait their turn
-within their own timeout, so one session cannot hold every pooled upstream connection.
+them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller) has at most that
+many requests upstream at once, `tools/call` attempts included; more wait their turn within their
+own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
+`proxy.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
+session, the caller on the shared relay) has at most its share upstream across all its sessions
+and both eras, its sessions' upstream listen streams included (the relay hands the link its
+share); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
+failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_share"}`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -44,7 +49,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, Protocol
 
-from proxy.errors import UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
@@ -59,6 +64,7 @@ from proxy.jsonrpc import (
     valid_id,
 )
 from proxy.lifecycle import InFlight
+from proxy.shares import ClientShares, SharesFull, Slots
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
@@ -183,51 +189,6 @@ def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:
     text = f"the upstream did not answer {bounded(str(method), 80)} within {timeout_s:g} s; the proxy cancelled it"
     data = {PROXY_FAILURE_KEY: {"kind": "timeout", "dispatched": "unknown", "timeoutMs": int(timeout_s * 1000)}}
     return error(id_, REQUEST_TIMEOUT, text, data)
-
-
-class _Slots:
-    """At most `limit` holders at once; the rest wait in arrival order (a slot passes straight from
-    the one who frees it to the next waiter). Cancel-safe: a waiter cancelled after a slot was
-    handed to it passes the slot on."""
-
-    __slots__ = ("held", "limit", "waiters")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
-
-    def try_take(self) -> bool:
-        if self.held < self.limit and not self.waiters:
-            self.held += 1
-            return True
-        return False
-
-    async def take(self, loop: asyncio.AbstractEventLoop) -> None:
-        waiter: asyncio.Future[None] = loop.create_future()
-        self.waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.give_back()
-            else:
-                with contextlib.suppress(ValueError):
-                    self.waiters.remove(waiter)
-            raise
-
-    def give_back(self) -> None:
-        waiters = self.waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot passes on: `held` stays
-                return
-        self.held -= 1
-
-    @property
-    def idle(self) -> bool:
-        return self.held == 0 and not self.waiters
 
 
 class AttemptTimedOut(TimeoutError):
@@ -416,6 +377,8 @@ class Relay:
         shared: bool | None = None,
         request_timeout_s: float | None = None,
         max_in_flight: int | None = None,
+        shares: ClientShares | None = None,
+        client: Any = None,
         requests: InFlight | None = None,
     ) -> None:
         self.link = link
@@ -424,8 +387,15 @@ class Relay:
         self.request_timeout_s = request_timeout_s
         # Upstream requests in flight, per caller (None: the session itself); see the module docstring.
         self.max_in_flight = max_in_flight
-        self._slots: dict[Any, _Slots] = {}
+        self._slots: dict[Any, Slots] = {}
         self._caller_of: dict[Outbox, Any] = {}  # the shared relay: which caller an outbox serves
+        # Each client's share of the upstream across all its sessions and both eras (None: no
+        # pool to share, a stdio upstream); `client` is this session's client (None: shared relay).
+        self.shares = shares
+        self.client = client
+        listen_share = getattr(link, "set_listen_share", None)
+        if shares is not None and client is not None and listen_share is not None:
+            listen_share(functools.partial(shares.of, client))  # its upstream listen stream counts too
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         self.catalog = catalog
@@ -508,7 +478,7 @@ class Relay:
             self._inflight[down_id] = task  # type: ignore[assignment]
         if requests is not None:
             requests.enter(task, method in LONG_LIVED)  # type: ignore[arg-type]
-        if caller is not None and self.max_in_flight is not None:
+        if caller is not None and (self.max_in_flight is not None or self.shares is not None):
             self._caller_of[outbox] = caller
         try:
             if method == "tools/call" and self._tool_calls is not None:
@@ -620,20 +590,41 @@ class Relay:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
             self._related(message, outbox, progress)
 
-        slots: _Slots | None = None
+        slots: Slots | None = None
         waiting = False  # for a slot; once it has one, the attempt gives it back when it ends
         if self.max_in_flight is not None:
             key = self._caller_of.get(outbox)
             slots = self._slots.get(key)
             if slots is None:
-                slots = self._slots[key] = _Slots(self.max_in_flight)
+                slots = self._slots[key] = Slots(self.max_in_flight)
             waiting = not slots.try_take()
+        share: Slots | None = None
+        share_waiting = False
+        if self.shares is not None:
+            client = self.client if self.client is not None else self._caller_of.get(outbox)
+            if client is not None:
+                share = self.shares.of(client)
+                # Taken once the session's own slot is (a request waiting for that one must not
+                # hold a connection of the client's share meanwhile).
+                share_waiting = waiting or not share.try_take()
+                if not waiting and share_waiting and len(share.waiters) >= self.shares.limit:
+                    if slots is not None:
+                        self._free_slot(slots)
+                    raise self._share_refused()
         if response_timeout_s is None:
             try:
                 if waiting:
                     assert slots is not None
                     await slots.take(self._loop())
                     waiting = False
+                if share_waiting:
+                    assert share is not None
+                    if not share.try_take():
+                        try:
+                            await share.take(self._loop())
+                        except SharesFull:
+                            raise self._share_refused() from None
+                    share_waiting = False
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 if sent is not None:
                     sent.set()
@@ -645,6 +636,8 @@ class Relay:
             finally:
                 if slots is not None and not waiting:
                     self._free_slot(slots)
+                if share is not None and not share_waiting:
+                    share.give_back()
         # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
         deadlines = self._deadlines
@@ -660,6 +653,14 @@ class Relay:
                 assert slots is not None
                 await slots.take(loop)
                 waiting = False
+            if share_waiting:  # so does waiting for the client's share
+                assert share is not None
+                if not share.try_take():
+                    try:
+                        await share.take(loop)
+                    except SharesFull:
+                        raise self._share_refused() from None
+                share_waiting = False
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
@@ -678,8 +679,22 @@ class Relay:
             deadlines.end(timer)
             if slots is not None and not waiting:
                 self._free_slot(slots)
+            if share is not None and not share_waiting:
+                share.give_back()
 
-    def _free_slot(self, slots: _Slots) -> None:
+    def _share_refused(self) -> UpstreamFailure:
+        """A client with its whole share of the upstream in flight and as many requests waiting:
+        refused at once, before anything was sent (counted)."""
+        SHED.count("http_refused", "upstream_share")
+        assert self.shares is not None
+        limit = self.shares.limit
+        return UpstreamFailure(
+            FailureKind.OVERLOADED,
+            Dispatch.NO,
+            f"this client has its share of the upstream in use ({limit} requests in flight and {limit} waiting)",
+        )
+
+    def _free_slot(self, slots: Slots) -> None:
         slots.give_back()
         if slots.idle and len(self._slots) > 64:  # bounded: forget idle callers once there are many
             for key, entry in list(self._slots.items()):

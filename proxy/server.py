@@ -101,7 +101,15 @@ def _server(
     return _Server(config)
 
 
-def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits: HttpLimits) -> uvicorn.Config:
+def _uvicorn_config(
+    app: object,
+    host: str,
+    port: int,
+    *,
+    lifespan: str,
+    limits: HttpLimits,
+    forwarded_allow_ips: list[str] | None = None,
+) -> uvicorn.Config:
     import uvicorn
 
     from proxy.frontend.uvicorn_h1 import LimitedHttpToolsProtocol
@@ -120,9 +128,12 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
         # uvicorn's httptools protocol with the response head and body in one write, and bounds on
         # request heads, slow peers and connections (see there).
         http=LimitedHttpToolsProtocol.with_limits(limits),
-        # Per-client limits count the TCP peer's address; X-Forwarded-* is not parsed (any caller
-        # could write it, and trusting it is a deployment decision the proxy does not need).
-        proxy_headers=False,
+        # Per-client limits count the client's address (proxy.clients). X-Forwarded-For is read
+        # only from the proxies `--forwarded-allow-ips` names, by uvicorn's ProxyHeadersMiddleware;
+        # with none named it is not read at all (uvicorn would otherwise trust 127.0.0.1 and ::1,
+        # or whatever FORWARDED_ALLOW_IPS holds, by default).
+        proxy_headers=bool(forwarded_allow_ips),
+        forwarded_allow_ips=list(forwarded_allow_ips) if forwarded_allow_ips else [],
         server_header=False,
         timeout_graceful_shutdown=5,
     )
@@ -229,7 +240,14 @@ async def _serve(
 
     app = McpHttpApp(service, settings)
     main_server = _server(
-        _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
+        _uvicorn_config(
+            app,
+            settings.listen_host,
+            settings.listen_port,
+            lifespan="on",
+            limits=http_limits(settings),
+            forwarded_allow_ips=settings.forwarded_allow_ips,
+        ),
         on_shutdown=app.close_streams,
         on_signal=on_signal,
     )

@@ -41,6 +41,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
+from proxy.shares import ClientShares
 from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
@@ -77,6 +78,8 @@ def build_upstream(settings: Settings) -> Upstream:
             spare_starts=settings.stdio_spare_starts,
             spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
+            stderr_burst_lines=settings.stderr_burst_lines,
+            stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
         )
     url = settings.upstream
@@ -189,6 +192,9 @@ class Service:
         self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
+        # Each client's share of a network upstream's connections, across its sessions and both
+        # eras (a stdio upstream has no pool to share: each 2025 session has its own child).
+        self.shares = None if self._supervised else ClientShares(settings.max_upstream_per_client)
         # One stdio client's one child: its answer to the client's first request is the probe
         # (a probe of its own would fix the child's era, or start a second process).
         self._deferred = bool(getattr(upstream, "single_session", False))
@@ -297,9 +303,24 @@ class Service:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
         if self.state is not None and not self.state.up and self.settings.state_required_for_ready:
             return False, f"shared state store unreachable: {self.state.status().get('error') or 'down'}"
-        if self.legacy_supported() and len(self.sessions) >= self.settings.max_sessions:
-            return False, f"no session slot free: {len(self.sessions)} of {self.settings.max_sessions} in use"
+        if self.legacy_supported():
+            full = self.no_session_slot()
+            if full is not None:
+                return False, full
         return True, None
+
+    def no_session_slot(self) -> str | None:
+        """Why a new 2025 session cannot be opened now (None: it can). The one answer both
+        admission (`new_session`, 503) and readiness (`/readyz`) give: a session holds its slot
+        until its upstream link is closed, not only until it leaves `sessions` (a stdio child
+        that is still stopping counts against the upstream's cap of children, so an `initialize`
+        in that window was refused while `/readyz` said ready)."""
+        limit = self.settings.max_sessions
+        held = len(self.sessions) + len(self._closing)
+        if held < limit:
+            return None
+        closing = f" ({len(self._closing)} closing)" if self._closing else ""
+        return f"no session slot free: {held} of {limit} in use{closing}"
 
     async def _check(self, timeout_s: float, *, unless_checked_within_s: float = 0.0) -> None:
         """Ask the upstream now (one check at a time; skipped if another finished within
@@ -398,6 +419,7 @@ class Service:
                 catalog=self.catalog,
                 tool_calls=self.tool_calls,
                 shared=shared,
+                shares=self.shares,
                 requests=self.requests,
                 **self._relay_limits(),
             )
@@ -414,26 +436,27 @@ class Service:
         return {"request_timeout_s": self.settings.request_timeout_s, "max_in_flight": cap}
 
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
-        """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
+        """A 2025 session for `client` (`ClientIdentity.key`; None: unknown, not counted per client)."""
         settings = self.settings
         if self.draining:
             SHED.count("http_refused", "shutdown")
             raise UpstreamFailure(FailureKind.OVERLOADED, Dispatch.NO, "the proxy is shutting down", http_status=503)
-        if len(self.sessions) >= settings.max_sessions:
+        full = self.no_session_slot()
+        if full is not None:
             SHED.count("http_refused", "sessions")
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
                 Dispatch.NO,
-                f"the proxy holds its maximum of {settings.max_sessions} sessions",
+                f"the proxy holds its maximum of {settings.max_sessions} sessions ({full})",
             )
         if client is not None:
             held = sum(1 for c in self._session_clients.values() if c == client)
-            if held >= settings.max_sessions_per_client:
+            if held >= settings.sessions_per_client:
                 SHED.count("http_refused", "sessions_per_client")
                 raise UpstreamFailure(
                     FailureKind.OVERLOADED,
                     Dispatch.NO,
-                    f"this client address holds its maximum of {settings.max_sessions_per_client} sessions",
+                    f"this client address holds its maximum of {settings.sessions_per_client} sessions",
                     http_status=429,
                 )
         link = await self.upstream.open(Era.LEGACY)
@@ -447,6 +470,8 @@ class Service:
             # can be tied to its own requests
             shared=getattr(link, "shared", None),
             requests=self.requests,
+            shares=self.shares,
+            client=client,
             **self._relay_limits(),
         )
         self.sessions[session_id] = relay

@@ -7,13 +7,15 @@ Only how the process runs lives here; per-tool recovery behaviour lives in the p
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -40,11 +42,48 @@ class Settings(BaseSettings):
     max_requests_per_session: int = Field(
         32, ge=1, description="upstream requests in flight per 2025 session (per client address for 2026)"
     )
-    max_sessions_per_client: int = Field(16, ge=1, description="2025 sessions per client address")
+    max_upstream_per_client: int = Field(
+        48,
+        ge=2,
+        description="one client's share of an HTTP/SSE upstream's connections: requests in flight, every session "
+        "and both eras, listen streams included; as many more may wait, beyond that refused",
+    )
+    max_sessions_per_client: int | None = Field(
+        None, ge=1, description="2025 sessions per client (default: a quarter of --max-sessions, at least 4)"
+    )
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="proxies trusted to name the client in X-Forwarded-For (IP addresses or networks, "
+        "comma-separated); none by default: the TCP peer is the client",
+    )
     session_init_timeout_s: float = Field(
         10.0, gt=0, description="a session with no request or notifications/initialized after initialize closes"
     )
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
+    stream_buffer_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="what one response or listen stream queues for a client that does not read",
+    )
+    replay_stream_bytes: int = Field(
+        17 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="events one 2025 response stream keeps for resumption (Last-Event-ID)",
+    )
+    replay_total_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=64 * 1024,
+        le=16 * 1024 * 1024 * 1024,
+        description="events all 2025 response streams keep for resumption, together",
+    )
+    stderr_burst_lines: int = Field(
+        100, ge=0, le=1_000_000, description="stdio child output lines logged at once before the rate applies"
+    )
+    stderr_lines_per_s: float = Field(
+        20.0, ge=0, le=1_000_000, description="stdio child output lines logged per second after the burst"
+    )
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
@@ -105,6 +144,62 @@ class Settings(BaseSettings):
         if value == "memory" or value.startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
             return value
         raise ValueError("--state takes 'memory' or redis://, rediss://, valkey://, valkeys:// URL")
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split_forwarded(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        if isinstance(value, list):  # a repeated flag, each possibly comma-separated
+            return [item.strip() for v in value for item in str(v).split(",") if item.strip()]
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_forwarded(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item == "*":
+                raise ValueError(
+                    "'*' would let any caller choose its client address by writing X-Forwarded-For: "
+                    "name the proxies' addresses or network (e.g. 10.0.0.0/8)"
+                )
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or network: {item[:80]!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_shares(self) -> Settings:
+        if self.max_sessions_per_client is None:
+            # A quarter of the slots: at least four clients can always hold sessions, and the
+            # share follows --max-sessions when an operator changes it; never fewer than 4 (or
+            # all of a smaller --max-sessions), so a small proxy still serves one client's
+            # several sessions (docs/security.md).
+            self.max_sessions_per_client = max(min(4, self.max_sessions), self.max_sessions // 4)
+        if self.upstream and self.max_upstream_per_client <= self.max_sessions_per_client:
+            raise ValueError(
+                f"max_upstream_per_client ({self.max_upstream_per_client}) must exceed max_sessions_per_client "
+                f"({self.max_sessions_per_client}): each session's upstream listen stream holds one of the "
+                "client's connections, and its requests need at least one more"
+            )
+        return self
+
+    @property
+    def sessions_per_client(self) -> int:
+        return self.max_sessions_per_client or max(min(4, self.max_sessions), self.max_sessions // 4)
+
+    @model_validator(mode="after")
+    def _check_replay_bounds(self) -> Settings:
+        if self.replay_total_bytes < self.replay_stream_bytes:
+            raise ValueError(
+                f"replay_total_bytes ({self.replay_total_bytes}) must be at least replay_stream_bytes "
+                f"({self.replay_stream_bytes}): one stream's events count in the total"
+            )
+        return self
 
     @property
     def upstream_argv(self) -> list[str]:

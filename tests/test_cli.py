@@ -110,3 +110,71 @@ def test_call_log_takes_a_flag_or_the_environment_and_refuses_other_values(monke
     assert args.call_log == "off"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--call-log", "some"])
+
+
+BOUND_SETTINGS = {
+    # field: (flag value, the default it replaces)
+    "stream_buffer_bytes": ("131072", 4 * 1024 * 1024),
+    "replay_stream_bytes": ("1048576", 17 * 1024 * 1024),
+    "replay_total_bytes": ("33554432", 64 * 1024 * 1024),
+    "stderr_burst_lines": ("5", 100),
+    "stderr_lines_per_s": ("0.5", 20.0),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BOUND_SETTINGS))
+def test_the_stream_replay_and_stderr_bounds_are_settings_with_their_defaults(
+    field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13: these were constants in the frontend and the stdio upstream."""
+    from proxy.cli import build_parser
+
+    value, default = BOUND_SETTINGS[field]
+    assert Settings().model_dump()[field] == default
+    args = build_parser().parse_args(["serve", f"--{field.replace('_', '-')}", value])
+    assert float(getattr(args, field)) == float(value)
+    monkeypatch.setenv(f"MCP_RECOVERY_{field.upper()}", value)
+    assert float(Settings().model_dump()[field]) == float(value)
+
+
+@pytest.mark.parametrize(
+    ("values", "wrong"),
+    [
+        ({"stream_buffer_bytes": 1024}, "stream_buffer_bytes"),
+        ({"replay_stream_bytes": 10}, "replay_stream_bytes"),
+        ({"replay_stream_bytes": 8 << 20, "replay_total_bytes": 4 << 20}, "replay_total_bytes"),
+        ({"stderr_burst_lines": -1}, "stderr_burst_lines"),
+        ({"stderr_lines_per_s": -1}, "stderr_lines_per_s"),
+    ],
+)
+def test_the_bounds_are_validated(values: dict[str, int], wrong: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=wrong):
+        Settings(**values)
+
+
+def test_trusted_proxies_are_addresses_or_networks_never_anyone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from proxy.cli import build_parser
+
+    assert Settings().forwarded_allow_ips == [], "none by default: X-Forwarded-For is not read"
+    args = build_parser().parse_args(["serve", "--forwarded-allow-ips", "10.0.0.0/8, 192.0.2.7"])
+    assert Settings(forwarded_allow_ips=args.forwarded_allow_ips).forwarded_allow_ips == ["10.0.0.0/8", "192.0.2.7"]
+    monkeypatch.setenv("MCP_RECOVERY_FORWARDED_ALLOW_IPS", "fd00::/8,10.1.2.3")
+    assert Settings().forwarded_allow_ips == ["fd00::/8", "10.1.2.3"]
+    for bad in ("*", "ingress.local", "10.0.0.0/99"):
+        with pytest.raises(ValidationError, match="forwarded_allow_ips"):
+            Settings(forwarded_allow_ips=bad)
+
+
+def test_sessions_per_client_default_to_a_quarter_and_the_upstream_share_must_exceed_them() -> None:
+    from pydantic import ValidationError
+
+    assert Settings().max_sessions_per_client == 16
+    assert Settings(max_sessions=200).max_sessions_per_client == 50
+    assert Settings(max_sessions=8).max_sessions_per_client == 4, "never fewer than 4"
+    assert Settings(max_sessions=2).max_sessions_per_client == 2, "or all of a smaller total"
+    with pytest.raises(ValidationError, match="max_upstream_per_client"):
+        Settings(upstream="http://127.0.0.1:1/mcp", max_sessions_per_client=48, max_upstream_per_client=48)

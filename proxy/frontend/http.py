@@ -15,9 +15,9 @@
 - Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
   malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
 - Bounded for a client that does not read: every response and listen stream queues at most
-  `STREAM_BUFFER_BYTES` (then a response stream drops what is not its answer and a listen stream
-  is closed, counted), and the buffers kept for resumption are bounded in bytes per response and
-  in total (`_Replays`).
+  `--stream-buffer-bytes` (then a response stream drops what is not its answer and a listen
+  stream is closed, counted), and the buffers kept for resumption are bounded in bytes per
+  response (`--replay-stream-bytes`) and in total (`--replay-total-bytes`) (`_Replays`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from mcp.shared.inbound import (
 )
 
 from proxy import jsonrpc
+from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
@@ -80,8 +81,9 @@ RETRY_MS = 1000
 # What one response or listen stream may hold for a client that does not read (its writer waits
 # on the socket meanwhile). A single message is always taken when nothing is queued, so any
 # message within the message limit passes; beyond the bound a request stream drops what is not
-# its answer, and a listen stream is closed (the client may open another).
-STREAM_BUFFER_BYTES = 4 * 1024 * 1024
+# its answer, and a listen stream is closed (the client may open another). The default of
+# `--stream-buffer-bytes`; the app passes the configured value to every stream.
+STREAM_BUFFER_BYTES: int = Settings.model_fields["stream_buffer_bytes"].default
 
 
 class ClientGone(Exception):
@@ -296,9 +298,10 @@ class _Replay:
 
 # Resumption buffers: one response may keep its answer (up to the 16 MiB message limit) and some
 # notifications; all of them together hold at most `REPLAY_TOTAL_BYTES` (200 calls with 8 MiB
-# answers held 1.8 GB for 30 s when only the event count was bounded).
-REPLAY_STREAM_BYTES = 17 * 1024 * 1024
-REPLAY_TOTAL_BYTES = 64 * 1024 * 1024
+# answers held 1.8 GB for 30 s when only the event count was bounded). Defaults of
+# `--replay-stream-bytes` and `--replay-total-bytes`.
+REPLAY_STREAM_BYTES: int = Settings.model_fields["replay_stream_bytes"].default
+REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
 
 
 class _Replays:
@@ -453,12 +456,6 @@ class _LateWatches:
             self._started[stream] = self._loop.create_task(self._app._watch_disconnect(receive, stream, cancel))
 
 
-def _client_host(scope: Scope) -> str | None:
-    """The peer's address (not its port): what per-client limits count by."""
-    client = scope.get("client")
-    return str(client[0]) if client else None
-
-
 class McpHttpApp:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
@@ -472,7 +469,9 @@ class McpHttpApp:
             hosts += LOOPBACK_HOST_PATTERNS
             origins += LOOPBACK_ORIGIN_PATTERNS
         self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
-        self._replays = _Replays()
+        self.stream_buffer_bytes = settings.stream_buffer_bytes
+        self.clients = ClientIdentity(trusts_proxies=bool(settings.forwarded_allow_ips))
+        self._replays = _Replays(settings.replay_stream_bytes, settings.replay_total_bytes)
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
         # Open 2025 listen streams: they never end by themselves, so shutdown ends them
@@ -668,7 +667,8 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=_client_host(scope))
+        caller = self.clients.key(scope, headers)
+        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=caller)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
@@ -726,7 +726,7 @@ class McpHttpApp:
                 await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                session_id, relay = await service.new_session(_client_host(scope))
+                session_id, relay = await service.new_session(self.clients.key(scope, headers))
             except UpstreamFailure as failure:
                 status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
                 await _respond_error(
@@ -807,7 +807,7 @@ class McpHttpApp:
         loop = asyncio.get_running_loop()  # once per request (a getpid() syscall on Python 3.11)
         task = asyncio.current_task(loop)
         assert task is not None
-        stream = _Stream(loop, keep_after_close=not modern)
+        stream = _Stream(loop, keep_after_close=not modern, max_bytes=self.stream_buffer_bytes)
         down_id = stream.down_id = request["id"]
         extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
         writer: asyncio.Task[bool] | None = None
@@ -1015,7 +1015,7 @@ class McpHttpApp:
         if self._shutting_down:
             await _respond_error(send, 503, None, jsonrpc.INTERNAL_ERROR, "the proxy is shutting down")
             return
-        stream = _Stream(asyncio.get_running_loop(), listen=True)
+        stream = _Stream(asyncio.get_running_loop(), listen=True, max_bytes=self.stream_buffer_bytes)
         if not relay.attach_listen(stream):
             await _respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return

@@ -20,8 +20,10 @@ Contract:
     closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
     connection cap), `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
-    `sessions_per_client` (429: the client address holds its share), `shutdown` (503: a new
-    session, request or listen stream while the proxy shuts down).
+    `sessions_per_client` (429: the client holds its share of sessions), `upstream_share` (a
+    request refused at once: its client has its whole share of the upstream in flight and as
+    many requests waiting), `shutdown` (503: a new session, request or listen stream while the
+    proxy shuts down).
   - `mcp_recovery_relayed_timeouts_total`: relayed requests (not `tools/call`, which its policy
     bounds) the upstream did not answer within the request timeout, answered -32001. No method
     label: a method name is the caller's text, not a closed set.
@@ -60,6 +62,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "connections",
             "sessions",
             "sessions_per_client",
+            "upstream_share",
             "shutdown",
         ),
     ),

@@ -991,17 +991,20 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                async with await self._client.request("GET", headers=headers) as response:
-                    if not opening.done():
-                        opening.set_result(None)  # the server has the stream (or refused it)
-                    if response.status in (404, 405):
-                        return  # no standalone stream offered, or the session is gone
-                    if response.status != 200 or content_type(response) != "text/event-stream":
-                        failures += 1
-                    else:
-                        failures = 0
-                        async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
-                            self._deliver_unsolicited(msg)
+                # The stream holds a pooled connection for as long as it lasts: it counts in the
+                # client's share of the upstream (the relay set it).
+                with self._holding_listen_share():
+                    async with await self._client.request("GET", headers=headers) as response:
+                        if not opening.done():
+                            opening.set_result(None)  # the server has the stream (or refused it)
+                        if response.status in (404, 405):
+                            return  # no standalone stream offered, or the session is gone
+                        if response.status != 200 or content_type(response) != "text/event-stream":
+                            failures += 1
+                        else:
+                            failures = 0
+                            async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                                self._deliver_unsolicited(msg)
             except (*CLIENT_ERRORS, SseError) as exc:
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
                 failures += 1

@@ -240,6 +240,12 @@ class SseLegacyLink(LinkBase):
             ) from None
 
     async def _read(self, conn: _Connection) -> None:
+        # The session's one stream holds a pooled connection for as long as it lasts: it counts
+        # in the client's share of the upstream (the relay set it).
+        with self._holding_listen_share():
+            await self._read_stream(conn)
+
+    async def _read_stream(self, conn: _Connection) -> None:
         up = self._upstream
         try:
             async with await self._client.request("GET", headers={"accept": "text/event-stream"}) as response:

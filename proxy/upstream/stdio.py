@@ -33,9 +33,9 @@
   exchange it gave up on) are neither. `check()` starts a throwaway child and asks it `initialize`.
 - Messages are newline-delimited JSON; stdout lines that are not JSON are logged and skipped;
   stderr is logged line by line, never treated as an error signal. What a child can make the proxy
-  log is bounded: each line to 2000 characters, and per child to a burst of 100 lines, then 20 a
-  second (a token bucket); lines beyond are counted (`mcp_recovery_stderr_lines_dropped_total`)
-  and summed up in one log line.
+  log is bounded: each line to 2000 characters, and per child to a burst of `stderr_burst_lines`
+  (100), then `stderr_lines_per_s` (20) a second (a token bucket; both are settings); lines
+  beyond are counted (`mcp_recovery_stderr_lines_dropped_total`) and summed up in one log line.
 """
 
 from __future__ import annotations
@@ -88,22 +88,24 @@ _TERMINATE_GRACE_S = 2.0
 
 class _LineBudget:
     """A token bucket for the log lines one child can cause (its stderr, its non-JSON stdout):
-    `BURST` lines at once, then `RATE` a second. A child writing 200k lines in 2.5 s made as many
+    `burst` lines at once, then `rate` a second. A child writing 200k lines in 2.5 s made as many
     log lines; what the bucket refuses is counted (`mcp_recovery_stderr_lines_dropped_total`) and
     summed up in one line when logging resumes or the child's stderr ends."""
 
-    __slots__ = ("at", "dropped", "tokens")
-    BURST = 100
+    __slots__ = ("at", "burst", "dropped", "rate", "tokens")
+    BURST = 100  # the defaults of --stderr-burst-lines and --stderr-lines-per-s
     RATE = 20.0
 
-    def __init__(self) -> None:
-        self.tokens = float(self.BURST)
+    def __init__(self, burst: int = BURST, rate: float = RATE) -> None:
+        self.burst = float(burst)
+        self.rate = rate
+        self.tokens = self.burst
         self.at = time.monotonic()
         self.dropped = 0
 
     def take(self, name: str) -> bool:
         now = time.monotonic()
-        self.tokens = min(float(self.BURST), self.tokens + (now - self.at) * self.RATE)
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
         if self.tokens < 1.0:
             self.dropped += 1
@@ -116,11 +118,11 @@ class _LineBudget:
     def summarize(self, name: str) -> None:
         if self.dropped:
             stderr_log.warning(
-                "%s: %d output lines not logged (at most %d a second, bursts of %d)",
+                "%s: %d output lines not logged (at most %g a second, bursts of %d)",
                 name,
                 self.dropped,
-                int(self.RATE),
-                self.BURST,
+                self.rate,
+                int(self.burst),
             )
             self.dropped = 0
 
@@ -130,14 +132,14 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
     moment its bytes arrive (no reader task to wake per message), stderr is logged line by line,
     and writes to stdin are flow-controlled (`drain` waits while the pipe is full)."""
 
-    def __init__(self, max_line: int) -> None:
+    def __init__(self, max_line: int, log_budget: tuple[int, float] = (_LineBudget.BURST, _LineBudget.RATE)) -> None:
         self.max_line = max_line
         self.transport: asyncio.SubprocessTransport | None = None
         self.child: _Child | None = None
         self.exited = asyncio.get_running_loop().create_future()
         self.stdout_closed = asyncio.Event()
         self.stderr_closed = asyncio.Event()
-        self.log_budget = _LineBudget()
+        self.log_budget = _LineBudget(*log_budget)
         self._out = bytearray()
         self._err = bytearray()
         self._paused: asyncio.Future[None] | None = None
@@ -526,6 +528,8 @@ class StdioUpstream:
         spare_starts: int = 2,
         spare_idle_s: float = 600.0,
         single_session: bool = False,
+        stderr_burst_lines: int = _LineBudget.BURST,
+        stderr_lines_per_s: float = _LineBudget.RATE,
         shared_sessions: bool = False,
     ) -> None:
         if not command:
@@ -538,6 +542,7 @@ class StdioUpstream:
         self.max_message_bytes = max_message_bytes
         self.handshake_timeout_s = handshake_timeout_s
         self.max_restart_backoff_s = max_restart_backoff_s
+        self.log_budget = (stderr_burst_lines, stderr_lines_per_s)  # each child's own bucket
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
         self.single_session = single_session
@@ -682,14 +687,14 @@ class StdioUpstream:
         # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
         early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
         if early is not None:
-            protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes))
+            protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
             self._spawned += 1
             child = _Child(protocol, self.description, on_line, on_exit)
             child.tasks.append(asyncio.create_task(_end_with_output(child)))
             return child
         try:
             _, protocol = await loop.subprocess_exec(
-                lambda: _ChildProtocol(self.max_message_bytes),
+                lambda: _ChildProtocol(self.max_message_bytes, self.log_budget),
                 *argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -233,3 +233,118 @@ async def test_the_proxy_answers_431_to_a_head_past_its_limit_on_both_ports(tmp_
                 while chunk := sock.recv(65536):
                     data += chunk
             assert data.startswith(b"HTTP/1.1 431 "), (port, data)
+
+
+# -- a client's share of the upstream across its sessions (issue 13, the review's item 1) ---------
+
+
+async def test_one_client_with_many_sessions_cannot_take_the_upstream_pool_from_another_client(
+    tmp_path: Path,
+) -> None:
+    """One address, four 2025 sessions (each with its upstream listen stream), 30 unanswered
+    reads per session: before, each session's own cap (32) let the four hold all 100 pooled
+    connections, and a second client's read failed. Now the client's share (--max-upstream-per-
+    client, 48: requests and listen streams of every session together) is all it gets; as many
+    more wait, the rest are refused at once (-32603, counted), and the other client is answered."""
+    for proxy, journal in proxy_for("http", tmp_path, ["--request-timeout-s", "60"]):
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+        async with (
+            httpx.AsyncClient(timeout=60, limits=limits, transport=_local("127.0.0.1", limits)) as hog,
+            loopback_client("127.0.0.2") as other_client,
+        ):
+            sessions = []
+            for _ in range(4):
+                session = await open_session(hog, proxy.url)
+                await hog.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
+                sessions.append(session)
+            held = [
+                asyncio.create_task(
+                    hog.post(proxy.url, json=read(f"hog-{s}-{i}", 60, 10 + i), headers={**HEADERS, **session})
+                )
+                for s, session in enumerate(sessions)
+                for i in range(30)
+            ]
+            try:
+                with anyio.fail_after(BOUND_S):
+                    refused = 'mcp_recovery_http_refused_total{reason="upstream_share"}'
+
+                    # Every request is upstream, among the 48 waiting, or refused at once.
+                    while True:
+                        started = len(journal.events(tool="slow_resource", event="started"))
+                        n_refused = int(await counter(hog, proxy, refused))
+                        if started + n_refused >= 120 - 48:  # (before the share: 100 started)
+                            break
+                        await anyio.sleep(0.05)  # polled: /metrics offers no event
+                    other = await open_session(other_client, proxy.url)
+                    await other_client.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **other})
+                    r = await other_client.post(proxy.url, json=read("other", 0), headers={**HEADERS, **other})
+                    assert r.status_code == 200, r.text
+                    assert "slept 0s" in r.text, r.text
+                    ready = await other_client.get(proxy.admin + "/readyz")
+                    assert ready.status_code == 200, ready.text
+                    # The share is 48 connections; the four sessions' listen streams hold up to
+                    # four of them (one that opened after the requests took the 48 holds its own
+                    # past the share, and the next request freed goes to it instead).
+                    assert 48 - 4 <= started <= 48, started
+                    assert started + n_refused == 120 - 48
+                    while len(done := [t for t in held if t.done()]) < n_refused:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)  # their answers may still be on their way
+                    assert len(done) == n_refused, [t.result().text[:300] for t in done]
+                    for t in done:
+                        assert "this client has its share of the upstream in use" in t.result().text
+                assert len(journal.events(tool="slow_resource", event="started")) == started + 1
+            finally:
+                for task in held:
+                    task.cancel()
+                for session in sessions:
+                    await hog.delete(proxy.url, headers={**HEADERS, **session})
+
+
+def _local(address: str, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    return httpx.AsyncHTTPTransport(local_address=address, limits=limits)
+
+
+# -- per-client limits behind an ingress (issue 13, the review's item 2) ---------------------------
+
+
+async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_session_share(tmp_path: Path) -> None:
+    """Behind an ingress every caller has the ingress's address: with --max-sessions-per-client 2
+    the whole proxy held two sessions. With --forwarded-allow-ips naming the ingress, each client
+    it names in X-Forwarded-For counts on its own; a caller the list does not name cannot choose
+    its key by writing the header."""
+    extra = ["--max-sessions-per-client", "2", "--forwarded-allow-ips", "127.0.0.1"]
+    for proxy, _ in proxy_for("stdio", tmp_path, extra):
+        with anyio.fail_after(BOUND_S):
+            async with loopback_client("127.0.0.1") as ingress, loopback_client("127.0.0.2") as direct:
+                for client in ("203.0.113.1", "203.0.113.2"):
+                    forwarded = {**HEADERS, "x-forwarded-for": client}
+                    for _ in range(2):
+                        r = await ingress.post(proxy.url, json=INIT, headers=forwarded)
+                        assert r.status_code == 200, r.text
+                        session = {"mcp-session-id": r.headers["mcp-session-id"]}
+                        await ingress.post(proxy.url, json=INITIALIZED, headers={**forwarded, **session})
+                    r = await ingress.post(proxy.url, json=INIT, headers=forwarded)
+                    assert r.status_code == 429, (client, r.text)
+                # Not a trusted proxy: its X-Forwarded-For is not read, each caller is its address.
+                for i in range(2):
+                    spoofed = {**HEADERS, "x-forwarded-for": f"198.51.100.{i}"}
+                    r = await direct.post(proxy.url, json=INIT, headers=spoofed)
+                    assert r.status_code == 200, r.text
+                    session = {"mcp-session-id": r.headers["mcp-session-id"]}
+                    await direct.post(proxy.url, json=INITIALIZED, headers={**spoofed, **session})
+                r = await direct.post(proxy.url, json=INIT, headers={**HEADERS, "x-forwarded-for": "198.51.100.9"})
+                assert r.status_code == 429, r.text
+
+
+async def test_without_trusted_proxies_x_forwarded_for_is_ignored_and_said_so_once(tmp_path: Path) -> None:
+    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "1"]):
+        with anyio.fail_after(BOUND_S):
+            async with loopback_client("127.0.0.1") as http:
+                r = await http.post(proxy.url, json=INIT, headers={**HEADERS, "x-forwarded-for": "203.0.113.1"})
+                assert r.status_code == 200, r.text
+                session = {"mcp-session-id": r.headers["mcp-session-id"]}
+                await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
+                r = await http.post(proxy.url, json=INIT, headers={**HEADERS, "x-forwarded-for": "203.0.113.2"})
+                assert r.status_code == 429, r.text
+        log = proxy.log_tail(200_000)
+        assert log.count("--forwarded-allow-ips") == 1, log[-2000:]

@@ -5,6 +5,7 @@ and 200 calls with 8 MiB answers held 1.8 GB for 30 s in resumption buffers boun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -126,3 +127,57 @@ async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -
     await app._resume(send, receive, lost, 0)
     body = b"".join(written)
     assert b'"id":"call-7"' in body and b'"error"' in body and b"no longer held" in body
+
+
+async def test_the_app_bounds_its_streams_and_replays_by_the_settings() -> None:
+    """`--stream-buffer-bytes` and the replay bounds reach the streams the app opens (they were
+    constants). A listen stream nobody reads is closed at the configured 128 KiB, not at 4 MiB."""
+    from proxy.frontend.http import McpHttpApp
+    from proxy.service import Service
+    from proxy.settings import Settings
+    from proxy.upstream.stdio import StdioUpstream
+
+    settings = Settings(stream_buffer_bytes=128 * 1024, replay_stream_bytes=1 << 20, replay_total_bytes=3 << 20)
+    app = McpHttpApp(Service(settings, StdioUpstream(["true"])), settings)
+    assert (app._replays.stream_bytes, app._replays.total_bytes) == (1 << 20, 3 << 20)
+
+    class Session:  # the relay side of a listen stream: what the frontend attaches to
+        stream: _Stream | None = None
+
+        def attach_listen(self, stream: _Stream) -> bool:
+            self.stream = stream
+            return True
+
+        def detach_listen(self, stream: _Stream) -> None:
+            pass
+
+    session = Session()
+    app.service.sessions["s1"] = session  # type: ignore[assignment]
+    started = asyncio.Event()
+    never = asyncio.Event()  # the client reads nothing: the first body write blocks
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            started.set()
+            return
+        await never.wait()
+
+    async def receive() -> dict:
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    headers = {"accept": "text/event-stream", "mcp-session-id": "s1"}
+    listening = asyncio.create_task(app._get(receive, send, headers))
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        stream = session.stream
+        assert stream is not None
+        sent = 0
+        while not stream.closed:
+            stream.send(_note(sent, size=16 * 1024))
+            sent += 1
+            assert sent < 64, "closed at 128 KiB, long before the default 4 MiB"
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening

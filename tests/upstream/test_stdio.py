@@ -223,6 +223,71 @@ async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
     assert not child.alive and child.returncode is not None, "shutdown waited for it"
 
 
+async def test_the_stderr_budget_comes_from_the_settings(caplog: pytest.LogCaptureFixture) -> None:
+    """`--stderr-burst-lines` and `--stderr-lines-per-s` reach every child's log budget (they were
+    constants): with a burst of 5 and no refill, 5 of the 5000 lines are logged, the rest counted."""
+    from proxy.service import build_upstream
+    from proxy.settings import Settings
+    from proxy.telemetry.shed import SHED
+
+    settings = Settings(upstream_command=f"{sys.executable} -c 'pass'", stderr_burst_lines=5, stderr_lines_per_s=0)
+    upstream = build_upstream(settings)
+    assert isinstance(upstream, StdioUpstream)
+    upstream.command = [sys.executable, "-c", CHILD]
+    before = SHED.get("stderr_lines_dropped")
+    link = await upstream.open(Era.LEGACY)
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.upstream"):
+            assert (await _call(link, "spew"))["result"] == {"method": "spew"}
+            protocol = link._child.protocol
+            await link.aclose()
+            await asyncio.wait_for(protocol.stderr_closed.wait(), 10)
+        logged = [r.getMessage() for r in caplog.records if "stderr line " in r.getMessage()]
+        assert len(logged) == 5
+        assert SHED.get("stderr_lines_dropped") - before == 4995
+    finally:
+        await upstream.aclose()
+
+
+async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_still_stopping() -> None:
+    """At the session cap, a closed session's child that lingers after its stdin closes still
+    counts against the upstream's cap of children: an `initialize` then got 503 while `/readyz`
+    said ready. Both now read one answer (`Service.no_session_slot`), through the whole window."""
+    from proxy.service import Service
+    from proxy.settings import Settings
+    from proxy.upstream.base import Capabilities
+
+    lingering = CHILD + "\ntime.sleep(30)\n"  # answers until stdin closes, then lingers
+    upstream = StdioUpstream([sys.executable, "-c", lingering], spares=0, max_children=1)
+    settings = Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x", max_sessions=1)
+    service = Service(settings, upstream)
+    service.capabilities = Capabilities(legacy=True, modern=False)  # as a start-up probe leaves it
+
+    async def admitted() -> bool:
+        try:
+            session_id, _ = await service.new_session()
+        except UpstreamFailure:
+            return False
+        await service.close_session(session_id)
+        return True
+
+    try:
+        session_id, relay = await service.new_session()
+        await _call(relay.link, "initialize")
+        child = relay.link._child  # type: ignore[attr-defined]
+        assert await service.close_session(session_id)
+        assert child.alive, "the child is still stopping (it lingers after its stdin closed)"
+        ready, why = await service.readiness()
+        assert not ready and why is not None and "closing" in why, why
+        assert not await admitted(), "admission says the same"
+        await asyncio.wait_for(child.exited.wait(), 20)
+        await asyncio.wait_for(asyncio.gather(*service._closing), 20)
+        assert await service.readiness() == (True, None)
+        assert await admitted()
+    finally:
+        await service.aclose()
+
+
 async def test_a_child_flooding_stderr_is_logged_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
     """Issue 13 item 7: every stderr line became a log line (200k lines in 2.5 s). Now a burst of
     100 lines, then 20 a second, per child; the rest is counted and summed up in one line."""

@@ -124,3 +124,29 @@ async def test_a_different_command_ends_the_early_child() -> None:
         assert popen.returncode is not None
     finally:
         await upstream.aclose()
+
+
+def test_killing_an_early_child_escalates_to_sigkill_when_its_group_ignores_sigterm() -> None:
+    """A group whose leader traps SIGTERM (a guard that cannot act, with a command that ignores
+    SIGTERM) is killed after the grace period, as a spawned child's group is (`_Child.terminate`);
+    before, `kill` sent SIGTERM only, waited 5 s and returned with the group still running."""
+    import subprocess
+
+    script = "trap '' TERM; echo ready >&2; while :; do sleep 0.1; done"
+    popen = subprocess.Popen(
+        ["sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert popen.stderr is not None
+    assert popen.stderr.readline() == b"ready\n"  # the trap is set
+    child = early.EarlyChild(["sh"], popen, os.pidfd_open(popen.pid))
+    try:
+        child.kill()
+        assert popen.poll() == -signal.SIGKILL
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(5)

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from proxy.auth import Authenticator, build_authenticator
+from proxy.auth.tokens import read_secret_file
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream
-from proxy.settings import Settings
+from proxy.settings import LOOPBACK_HOSTS, Settings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -108,6 +110,16 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
 async def run(settings: Settings) -> int:
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
     SECRETS.set(settings.header_pairs().values())
+    # Before anything starts: auth settings that cannot work refuse the start (cli.py prints why).
+    auth = build_authenticator(settings)
+    admin_token = None
+    if settings.admin_token_file is not None:
+        admin_token = read_secret_file(settings.admin_token_file, "--admin-token-file")
+    if settings.auth == "none" and settings.listen != "stdio" and settings.listen_host not in LOOPBACK_HOSTS:
+        log.warning(
+            "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
+            settings.listen,
+        )
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -119,12 +131,16 @@ async def run(settings: Settings) -> int:
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
+    if auth is not None:
+        await auth.start()
     stop = asyncio.Event()
     restore = _on_sigterm(stop)
     try:
-        return await _serve(settings, service, policies, bundle.registry, stop)
+        return await _serve(settings, service, policies, bundle.registry, stop, auth=auth, admin_token=admin_token)
     finally:
         restore()
+        if auth is not None:
+            await auth.aclose()
         await policies.aclose()
         await bundle.shutdown()
 
@@ -143,7 +159,14 @@ def _on_sigterm(stop: asyncio.Event) -> Callable[[], None]:
 
 
 async def _serve(
-    settings: Settings, service: Service, policies: PolicyStore, registry: CollectorRegistry, stop: asyncio.Event
+    settings: Settings,
+    service: Service,
+    policies: PolicyStore,
+    registry: CollectorRegistry,
+    stop: asyncio.Event,
+    *,
+    auth: Authenticator | None = None,
+    admin_token: str | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
@@ -180,7 +203,7 @@ async def _serve(
     # for (bench/stdio_startup.py).
     from proxy.frontend.http import McpHttpApp
 
-    app = McpHttpApp(service, settings)
+    app = McpHttpApp(service, settings, auth=auth)
     main_server = _server(
         _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
         on_shutdown=app.close_streams,

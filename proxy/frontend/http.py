@@ -45,6 +45,7 @@ from mcp.shared.inbound import (
 )
 
 from proxy import jsonrpc
+from proxy.auth.base import Authenticator
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
@@ -460,8 +461,9 @@ def _client_host(scope: Scope) -> str | None:
 
 
 class McpHttpApp:
-    def __init__(self, service: Service, settings: Settings) -> None:
+    def __init__(self, service: Service, settings: Settings, *, auth: Authenticator | None = None) -> None:
         self.service = service
+        self.auth = auth
         self.path = settings.listen_path.rstrip("/") or "/"
         self.max_body = settings.max_body_bytes
         host = settings.listen_host

@@ -149,3 +149,13 @@ def test_a_scope_that_cannot_go_in_a_challenge_is_a_policy_problem(tmp_path: Pat
     (tmp_path / "pay.yaml").write_text("tools: [pay]\nrequired_scopes: ['a\"b']\n")
     with pytest.raises(PolicyError, match="required_scopes"):
         load_policy_dir(tmp_path)
+
+
+def test_the_metadata_url_an_upstream_challenge_names_is_read_back() -> None:
+    from proxy.auth.challenge import resource_metadata_of
+
+    assert resource_metadata_of('Bearer error="x", resource_metadata="http://up:1/custom/m.json"') == (
+        "http://up:1/custom/m.json"
+    )
+    assert resource_metadata_of("Bearer resource_metadata=http://up:1/m") == "http://up:1/m"
+    assert resource_metadata_of('Bearer realm="r"') is None

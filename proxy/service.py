@@ -101,8 +101,7 @@ class Service:
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
         # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)
-        self.eras_refusal: UpstreamFailure | None = None
-        self._eras_lock = asyncio.Lock()
+        self.probe_refusal: UpstreamFailure | None = None
         self._recheck: asyncio.Task[None] | None = None
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
@@ -237,44 +236,21 @@ class Service:
 
     def _probed_behind_auth(self, refusal: UpstreamFailure) -> None:
         """`--auth passthrough`: the upstream refused the proxy's own probe for want of a caller's
-        credential, which the proxy does not have. It answered, so it is up; which eras it speaks
-        is asked again with the first caller's credential (`learn_eras`). Meanwhile it counts as a
-        2025 server (the revision every server speaks), and the refusal is kept: it is what the
-        upstream tells a caller without a credential."""
+        credential, which the proxy does not have. It answered, so it is up. Which eras it speaks
+        cannot be asked without a credential, and asking with a caller's would be a request the
+        caller did not make (a server may count them, or rotate on them): both eras are served,
+        each request goes upstream in its caller's era, and the upstream answers it as it would
+        directly (a 2025-only server refuses a 2026 request itself). The refusal is kept: its
+        challenge names where the upstream's metadata lives."""
         self.capabilities = Capabilities(
             legacy=True,
-            modern=False,
-            detail=f"probe refused with HTTP {refusal.http_status}: eras asked again with a caller's credential",
+            modern=True,
+            detail=f"probe refused with HTTP {refusal.http_status}: both eras relayed, the upstream answers",
         )
-        self.eras_refusal = refusal
+        self.probe_refusal = refusal
         self.probe_error = None
         log.info("upstream %s requires the caller's credentials: %s", self.upstream.description, self.capabilities)
         self.health.answered()
-
-    async def learn_eras(self, authorization: str | None) -> UpstreamFailure | None:
-        """passthrough, while the eras are unknown (`eras_refusal` is set): probe the upstream with
-        this caller's `Authorization`. Returns the upstream's refusal (no credential: the one the
-        proxy's own probe got; a credential it refused: its answer to that), else None (learnt, or
-        the probe failed otherwise: the request goes on and meets the same upstream)."""
-        if self.eras_refusal is None:
-            return None
-        if not authorization:
-            return self.eras_refusal
-        async with self._eras_lock:
-            if self.eras_refusal is None:
-                return None
-            try:
-                caps = await asyncio.wait_for(
-                    self.upstream.probe({"authorization": authorization}),  # type: ignore[call-arg]
-                    PROBE_TIMEOUT_S,
-                )
-            except UpstreamFailure as exc:
-                return exc if exc.http_status in (401, 403) else None
-            except TimeoutError:
-                return None
-            self.capabilities, self.eras_refusal = caps, None
-            log.info("upstream %s, probed with a caller's credential: %s", self.upstream.description, caps)
-            return None
 
     async def _probe_until_ready(self) -> None:
         delay_s = 0.5

@@ -19,9 +19,12 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
   carries (passthrough: the refusal's JSON body repeats them, as the upstream's did).
 - `upstream_refusal(failure)`: an upstream's 401/403 (passthrough) as an `AuthRefused` keeping its
   challenge, error and description.
-- `rewrite_metadata(document, resource)`: the upstream's metadata document with `resource` set
-  to the proxy's public URL (clients discard a document whose `resource` is not the URL they
-  dialled); None when it is not a JSON object.
+- `rewrite_metadata(document, upstream_url, public_url)`: the upstream's metadata document with
+  its `resource` moved from the upstream's URL to the proxy's public URL (clients discard a
+  document whose `resource` is not the URL they dialled): the upstream's URL itself becomes the
+  public URL, a prefix of it (a resource named by its origin) the same prefix of the public URL.
+  A `resource` that names neither is left as it is: a client must still see that mismatch, as
+  it would directly. None when the document is not a JSON object.
 """
 
 from __future__ import annotations
@@ -98,7 +101,15 @@ def upstream_refusal(failure: UpstreamFailure) -> AuthRefused:
     )
 
 
-def rewrite_metadata(document: Any, resource: str) -> dict[str, Any] | None:
+def rewrite_metadata(document: Any, upstream_url: str, public_url: str) -> dict[str, Any] | None:
     if not isinstance(document, dict):
         return None
-    return {**document, "resource": resource}
+    named = document.get("resource")
+    if not isinstance(named, str):
+        return document
+    upstream, public, named_ = upstream_url.rstrip("/"), public_url.rstrip("/"), named.rstrip("/")
+    if not (upstream == named_ or upstream.startswith(named_ + "/")):
+        return document  # a resource that is not the upstream: the client must see the mismatch
+    rest = upstream[len(named_) :]  # the upstream's path below the named resource
+    mapped = public[: -len(rest)] if rest and public.endswith(rest) else public
+    return {**document, "resource": mapped}

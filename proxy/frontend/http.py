@@ -55,7 +55,6 @@ from proxy.auth.challenge import (
     resource_metadata_of,
     rewrite_challenge,
     rewrite_metadata,
-    upstream_refusal,
 )
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
@@ -652,8 +651,8 @@ class McpHttpApp:
         url = getattr(self.service.upstream, "url", None)
         if fetch is None or not isinstance(url, str):
             return None
-        if self._upstream_metadata_target is None and self.service.eras_refusal is not None:
-            self._note_upstream_metadata(self.service.eras_refusal.challenge)
+        if self._upstream_metadata_target is None and self.service.probe_refusal is not None:
+            self._note_upstream_metadata(self.service.probe_refusal.challenge)
         upstream_path = urlsplit(url).path.rstrip("/")
         targets = (self._upstream_metadata_target, WELL_KNOWN + upstream_path, WELL_KNOWN)
         for target in dict.fromkeys(t for t in targets if t is not None):
@@ -665,7 +664,7 @@ class McpHttpApp:
             if status != 200:
                 continue
             try:
-                document = rewrite_metadata(jsonrpc.loads(raw), self.public_url)
+                document = rewrite_metadata(jsonrpc.loads(raw), url, self.public_url)
             except ValueError:
                 document = None
             if document is not None:
@@ -790,13 +789,6 @@ class McpHttpApp:
             id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
             await _respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
             return
-        if self._forward_credentials and self.service.eras_refusal is not None:
-            # passthrough, the upstream's eras still unknown (it refused the proxy's own probe):
-            # learn them with this caller's credential, or answer what the upstream answers
-            refusal = await self.service.learn_eras(headers.get("authorization"))
-            if refusal is not None:
-                await self._refuse(send, upstream_refusal(refusal), "POST")
-                return
         version = headers.get("mcp-protocol-version")
         if version in jsonrpc.MODERN_VERSIONS and message.get("method") == "initialize" and "id" in message:
             # A 2026 endpoint has no handshake: initialize is an unknown method there.

@@ -126,12 +126,16 @@ def test_an_upstream_refusal_keeps_its_status_challenge_and_error() -> None:
     assert refused.challenge == failure.challenge
 
 
-def test_metadata_gets_the_proxys_resource() -> None:
-    assert rewrite_metadata({"resource": "http://up/mcp", "x": 1}, "https://p/mcp") == {
-        "resource": "https://p/mcp",
-        "x": 1,
+def test_metadata_naming_the_upstream_gets_the_proxys_resource_and_a_mismatch_stays() -> None:
+    up, public = "http://up:1/mcp", "https://p/mcp"
+    assert rewrite_metadata({"resource": "http://up:1/mcp", "x": 1}, up, public) == {"resource": public, "x": 1}
+    assert rewrite_metadata({"resource": "http://up:1"}, up, public) == {"resource": "https://p"}
+    assert rewrite_metadata({"resource": "http://up:1/"}, up, "https://p/tenant/mcp") == {
+        "resource": "https://p/tenant"
     }
-    assert rewrite_metadata(["not", "an", "object"], "https://p/mcp") is None
+    mismatch = {"resource": "https://elsewhere.example/mcp"}
+    assert rewrite_metadata(mismatch, up, public) == mismatch
+    assert rewrite_metadata(["not", "an", "object"], up, public) is None
 
 
 def test_required_scopes_compile_and_explain_shows_them(tmp_path: Path) -> None:

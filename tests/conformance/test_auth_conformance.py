@@ -18,6 +18,7 @@ starts a Python process per scenario; on two busy cores more only queue), each b
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -35,7 +36,7 @@ LEGS = ("2025-11-25", "2026-07-28")
 CLIENT_MEMBER = "/.github/actions/conformance/client.py"
 WRAPPER = Path(__file__).resolve().with_name("auth_via_proxy.py")
 SCENARIO_TIMEOUT_S = 400  # the proxy's start (bounded at 150 s in auth_via_proxy.py) and the scenario
-WORKERS = 2
+WORKERS = int(os.environ.get("MCP_AUTH_CONFORMANCE_WORKERS", "2"))
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(3600)]
 

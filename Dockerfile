@@ -70,7 +70,8 @@ ENV PATH=/opt/venv/bin:${PATH} \
     MCP_RECOVERY_POLICIES=/etc/mcp-recovery/policies \
     MCP_RECOVERY_ALLOWED_HOSTS='["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", "[::1]", "[::1]:*"]' \
     MCP_RECOVERY_LOG_LEVEL=info \
-    MCP_RECOVERY_LOG_JSON=true
+    MCP_RECOVERY_LOG_JSON=true \
+    MCP_RECOVERY_SHUTDOWN_GRACE_S=20
 
 USER 10001:10001
 WORKDIR /tmp
@@ -81,5 +82,9 @@ EXPOSE 8080 9464
 HEALTHCHECK --interval=10s --timeout=4s --start-period=30s --retries=3 \
   CMD ["/opt/venv/bin/python", "-c", "import os, urllib.request as u; h, _, p = os.environ.get('MCP_RECOVERY_ADMIN', '127.0.0.1:9464').rpartition(':'); h = '127.0.0.1' if h in ('', '0.0.0.0', '::', '[::]') else h; u.build_opener(u.ProxyHandler({})).open(f'http://{h}:{p}/readyz', timeout=3)"]
 
+# SIGTERM is the proxy's graceful shutdown: /readyz 503, new work refused, calls in flight get
+# MCP_RECOVERY_SHUTDOWN_GRACE_S (20 s) to finish, then end as 'shutdown' results; exit 0. Give
+# `docker stop` room for it: `docker stop -t 40` (compose: stop_grace_period: 40s).
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["mcp-recovery-proxy"]
 CMD ["demo"]

@@ -8,6 +8,9 @@ and the active policy set.
   (proxy/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
   upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and
   the Docker HEALTHCHECK use it.
+- `/readyz` also carries `state`: `{"store": "memory"}`, or the shared store's description (no
+  credentials), whether it answers, and while it does not, the fallback in use. An unreachable
+  store fails `/readyz` only with `--state-required-for-ready` (docs/state.md, the trade-off).
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
 
@@ -131,8 +134,9 @@ def build_admin_app(
             snapshot = policies()
             if not snapshot.get("version"):
                 reasons.append("no policy set loaded")
+        state = service.state.status() if service.state is not None else {"store": "memory"}
         if reasons:
-            return _ScrubbedJSON({"status": "not ready", "reasons": reasons}, status_code=503)
+            return _ScrubbedJSON({"status": "not ready", "reasons": reasons, "state": state}, status_code=503)
         caps = service.capabilities
         return _ScrubbedJSON(
             {
@@ -140,6 +144,7 @@ def build_admin_app(
                 "upstream": service.upstream.description,
                 "eras": {"legacy": bool(caps and caps.legacy), "modern": bool(caps and caps.modern)},
                 "sessions": len(service.sessions),
+                "state": state,
             }
         )
 

@@ -38,6 +38,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
             default=s,
             help="'Name: value' sent on every upstream HTTP request (repeatable)",
         )
+        p.add_argument("--upstream-ca", default=s, help="PEM CA bundle for an https upstream (replaces system roots)")
+        p.add_argument("--upstream-client-cert", default=s, help="PEM client certificate for mTLS to the upstream")
+        p.add_argument("--upstream-client-key", default=s, help="PEM private key of the client certificate")
+        p.add_argument(
+            "--upstream-client-key-password-file", default=s, help="file holding the encrypted client key's passphrase"
+        )
     p.add_argument("--policies", default=s, help="policy folder (default: the built-in defaults)")
     p.add_argument("--admin", default=s, help="HOST:PORT for /metrics, /healthz, /readyz, /policies")
     p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=s, help="allowed Host (repeatable)")
@@ -61,7 +67,22 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(
-        "--stdio-spares", type=int, default=s, help="stdio children started ahead for new 2025 sessions (1; 0: off)"
+        "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"
+    )
+    p.add_argument(
+        "--stdio-sessions",
+        choices=["per-session", "shared"],
+        default=s,
+        help="2025 sessions over a stdio upstream: a child each (default), or all on one shared child",
+    )
+    p.add_argument(
+        "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
+    )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=s,
+        help="on SIGTERM (or stdin closing, with --listen stdio): calls in flight may finish within (20)",
     )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
     p.add_argument(
@@ -78,6 +99,20 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--auth-hash-key-file", default=s, help="passthrough: the credential hash's key (share it between replicas)"
     )
     p.add_argument("--admin-token-file", default=s, help="a bearer token required for /metrics and /policies")
+    p.add_argument(
+        "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
+    )
+    p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
+    p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
+    p.add_argument(
+        "--state-sync-interval-s", type=float, default=s, help="retry budget counts exchanged with the store (0.25)"
+    )
+    p.add_argument(
+        "--state-required-for-ready",
+        action="store_true",
+        default=s,
+        help="an unreachable shared store fails /readyz (default: serve on local state)",
+    )
     p.add_argument("--log-level", default=s)
     p.add_argument("--log-json", action="store_true", default=s)
     p.add_argument(

@@ -11,8 +11,15 @@ For one call:
    An attempt the engine stops waiting for is cancelled upstream as its transport requires.
 3. `decide` says deliver, retry after a backoff, or give up; a give-up becomes the enriched
    unresolved result, and a budget exhaustion is written to the ledger.
+With a shared store (`shared`, proxy/state), the ledger the engine reads is the store's local view
+(no round trip per call), an approval is decided by the store (one bounded round trip, only for a
+call that names one), an exhaustion is written to the store before the caller gets its result
+(bounded), and the retry budget's counts are exchanged by the store's own task.
 A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
-disconnected has not cancelled: the attempt in flight finishes, no new one starts.
+disconnected has not cancelled: the attempt in flight finishes, no new one starts. A cancellation
+while `stopping` is set is the end of the shutdown grace period (proxy/lifecycle.py), not the
+caller's: the call resolves as an unresolved result with stop reason `shutdown`, the attempt in
+flight (cancelled upstream by the relay) recorded as its last, dispatch unknown.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.recovery.redact import bound
 from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of
 from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
+from proxy.state import SharedState
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -142,14 +150,22 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         max_concurrent_calls: int | None = None,
+        shared: SharedState | None = None,
     ) -> None:
         self.policies = policies
         self.max_concurrent_calls = max_concurrent_calls
+        # The shutdown grace period is over: a cancelled call answers `shutdown` (module docstring).
+        self.stopping = False
         self.in_flight = 0
         # Calls in flight per tool label, read by the metrics at scrape time (no event per start).
         self.calls_in_flight: dict[str, int] = {}
+        self.shared = shared
+        if shared is not None:
+            ledger = shared.ledger  # the store's local view: read on every call, no round trip
         self.ledger: Ledger = ledger if ledger is not None else InMemoryLedger(clock)
         self.antistorm = AntiStorm()
+        if shared is not None:
+            shared.attach(self.antistorm)
         self.telemetry = telemetry or Telemetry()
         self.upstream_name = upstream_name
         self.clock = clock
@@ -245,6 +261,11 @@ class Engine:
             except UpstreamFailure as failure:
                 first = TransportError.from_failure(failure)
             except asyncio.CancelledError:
+                if self.stopping:
+                    _uncancel()
+                    call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
+                    call.start_after_first(started)
+                    return call.shut_down(None, started)
                 if self.telemetry.active:
                     self.telemetry.emit(
                         CallFinished(
@@ -337,6 +358,18 @@ class Engine:
     def in_flight_by_tool(self) -> list[tuple[str, int]]:
         """(tool label, calls in flight) for /metrics; a snapshot, safe from another thread."""
         return list(self.calls_in_flight.items())
+
+    async def approve(self, op: str, budget_id: str, now_s: float) -> bool:
+        """A coordinator's approval of `budget_id` (single use): the store decides when shared."""
+        if self.shared is None:
+            return self.ledger.approve(op, budget_id, now_s)
+        return await self.shared.approve(op, budget_id, now_s)
+
+    def clear(self, op: str) -> None:
+        """An approved call succeeded: its operation leaves the ledger (everywhere, when shared)."""
+        self.ledger.clear(op)
+        if self.shared is not None:
+            self.shared.cleared(op)
 
     def admit_first(self, now_s: float) -> Refused | None:
         """The proxy's own concurrency limit: a call beyond it is refused before its first attempt."""
@@ -485,7 +518,7 @@ class _Call:
             # a report or a ledger entry needs it (most calls succeed and never do).
             size = e._ledger_size
             entry = e.ledger.check(self.op, now) if size is None or size() else None
-            approved = entry is not None and isinstance(approval, str) and e.ledger.approve(self.op, approval, now)
+            approved = entry is not None and isinstance(approval, str) and await e.approve(self.op, approval, now)
             state = CallState.start(
                 policy,
                 now_s=now if self.began is None else self.began,
@@ -514,7 +547,7 @@ class _Call:
             else:
                 stop = decide_first_attempt(now_s=now, exhausted=entry, approved=approved, admission=self._admit_first)
                 if stop is not None:
-                    return self._give_up(stop, earlier=entry)
+                    return await self._give_up(stop, earlier=entry)
             token = progress_token_of(self.request)
             progress = _Progress(token, now) if token is not None or policy.idle_timeout_s else None
             return await self.attempts_loop(progress)
@@ -601,18 +634,45 @@ class _Call:
                         if self.outbox.closed:
                             # A 2025 client that disconnected during the backoff: no new attempt.
                             partials = list(progress.notes) if progress is not None else []
-                            return self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)
+                            return await self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)
                         self.state = state = state.retried()
                         timeout_s = attempt_timeout_s(policy, state, e.clock())
                     case GiveUp():
                         partials = list(progress.notes) if progress is not None else []
-                        return self._give_up(decision, partials=partials)
+                        return await self._give_up(decision, partials=partials)
         except asyncio.CancelledError:
+            if e.stopping:
+                _uncancel()
+                return self.shut_down(progress, started if self.in_flight else None)
             # The attempt the caller's cancellation stopped counts: it was sent (or being sent).
             self._finished(
                 "cancelled", StopReason.CANCELLED, None, False, attempts=len(self.attempts) + bool(self.in_flight)
             )
             raise
+
+    def shut_down(self, progress: _Progress | None, attempt_started: float | None) -> Message:
+        """The shutdown grace period ended during this call: an unresolved `shutdown` result. The
+        attempt in flight (started at `attempt_started`, None between attempts) was cancelled
+        upstream; it is recorded as the last attempt, dispatch unknown (it may have run)."""
+        e, state = self.e, self.state
+        if attempt_started is not None:
+            outcome = TransportError(
+                FailureKind.CLOSED, Dispatch.UNKNOWN, "cancelled upstream: the proxy is shutting down"
+            )
+            classified = classify(outcome, self.policy)
+            self.state = state.attempted()
+            self.attempts.append(
+                AttemptRecord(
+                    len(self.attempts) + 1,
+                    attempt_started - state.started_at_s,
+                    e.clock() - attempt_started,
+                    outcome,
+                    classified,
+                    None,
+                )
+            )
+        partials = list(progress.notes) if progress is not None else []
+        return self._give_up(GiveUp(StopReason.SHUTDOWN), partials=partials)
 
     def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
         if classified is _SUCCESS:
@@ -634,7 +694,7 @@ class _Call:
         if policy.anti_storm.breaker_failures is not None:
             e.antistorm.record(self.label, policy, None, ended)
         if self.approved_id is not None:
-            e.ledger.clear(self.op)
+            e.clear(self.op)
             result = with_attempts_meta(result, 1, self.approved_id)  # RECOVERY §4: the approval shows
         telemetry = e.telemetry
         if telemetry.active:
@@ -688,14 +748,16 @@ class _Call:
         n = len(self.attempts)
         approved = self.approved_id
         if approved is not None:
-            self.e.ledger.clear(self.op)
+            self.e.clear(self.op)
             result = with_attempts_meta(outcome.result, n, approved)  # RECOVERY §4: the approval shows
         else:
             result = with_attempts_meta(outcome.result, n) if n > 1 else outcome.result
         self._finished("recovered" if n > 1 else "success", None, None, False)
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
-    def _give_up(self, stop: GiveUp, *, earlier: Any = None, partials: list[PartialResult] | None = None) -> Message:
+    async def _give_up(
+        self, stop: GiveUp, *, earlier: Any = None, partials: list[PartialResult] | None = None
+    ) -> Message:
         e, policy, state = self.e, self.policy, self.state
         now = e.clock()
         last = self.attempts[-1].outcome if self.attempts else None
@@ -726,9 +788,13 @@ class _Call:
         report = report_of(result)
         assert report is not None
         if stop.reason in LEDGER_RECORDED:
-            e.ledger.record_exhausted(
+            entry = e.ledger.record_exhausted(
                 self.op, self.budget_id, stop.reason, policy.ledger_window_s, now, ledger_summary(report)
             )
+            if e.shared is not None:
+                # Written before the caller hears of it: a coordinator that comes back through
+                # another replica finds it there (bounded by the store timeout; kept locally else).
+                await e.shared.recorded(entry)
         if stop.reason is StopReason.CANCELLED:
             outcome = "cancelled"  # a 2025 HTTP client that disconnected: nobody reads this answer
         elif stop.reason in _TOOL_ERROR_REASONS:
@@ -800,6 +866,13 @@ class _Call:
                 self.principal,
             )
         )
+
+
+def _uncancel() -> None:
+    """Take back the shutdown's cancellation of the current task: the call answers instead."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 _NO_TRACE: Mapping[str, str] = {}

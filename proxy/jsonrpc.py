@@ -24,6 +24,9 @@ INVALID_REQUEST: Final = -32600
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
+# Server-error range (-32000..-32099): the proxy is stopping and takes no new requests; a client
+# or gateway in front may send the request to another replica.
+SHUTTING_DOWN: Final = -32000
 REQUEST_TIMEOUT: Final = -32001  # what the SDKs raise for a request that got no answer in time
 HEADER_MISMATCH: Final = -32020
 MISSING_CLIENT_CAPABILITY: Final = -32021

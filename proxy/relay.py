@@ -51,6 +51,7 @@ from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
     REQUEST_TIMEOUT,
+    SHUTTING_DOWN,
     UNSUPPORTED_PROTOCOL_VERSION,
     Message,
     RequestId,
@@ -59,6 +60,7 @@ from proxy.jsonrpc import (
     error,
     valid_id,
 )
+from proxy.lifecycle import InFlight
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
@@ -417,8 +419,11 @@ class Relay:
         shared: bool | None = None,
         request_timeout_s: float | None = None,
         max_in_flight: int | None = None,
+        requests: InFlight | None = None,
     ) -> None:
         self.link = link
+        # Every relay of a service shares one: a graceful shutdown waits for, then ends, what is in it.
+        self.requests = requests
         self.request_timeout_s = request_timeout_s
         # Upstream requests in flight, per caller (None: the session itself); see the module docstring.
         self.max_in_flight = max_in_flight
@@ -509,9 +514,12 @@ class Relay:
         self._streams.append(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
-        task = asyncio.current_task(self._loop()) if by_id else None
-        if task is not None:
-            self._inflight[down_id] = task
+        requests = self.requests
+        task = asyncio.current_task(self._loop()) if by_id or requests is not None else None
+        if by_id:
+            self._inflight[down_id] = task  # type: ignore[assignment]
+        if requests is not None:
+            requests.enter(task, method in LONG_LIVED)  # type: ignore[arg-type]
         if caller is not None and self.max_in_flight is not None:
             self._caller_of[outbox] = caller
         try:
@@ -533,8 +541,18 @@ class Relay:
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))
+        except asyncio.CancelledError:
+            # The shutdown grace period ended with this request in flight: the attempt was
+            # cancelled upstream on the way here; the caller gets an answer that says why (a
+            # tools/call got its unresolved `shutdown` result from the engine instead).
+            if requests is None or not requests.ending or task is None or task.cancelling() > 1:
+                raise
+            task.uncancel()
+            outbox.send(error(down_id, SHUTTING_DOWN, "the proxy is shutting down: the request was cancelled upstream"))
         finally:
             self._streams.remove(outbox)
+            if requests is not None:
+                requests.leave(task)  # type: ignore[arg-type]
             if by_id and self._inflight.get(down_id) is task:
                 del self._inflight[down_id]
             if caller is not None:
@@ -874,8 +892,15 @@ class Relay:
         if self._listen is outbox:
             self._listen = None
 
+    async def settle(self, timeout_s: float = 1.0) -> None:
+        """Wait (bounded) for the upstream cancellations this relay sent in the background, so
+        that they reach the upstream before its link or process is closed."""
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=timeout_s)
+
     async def aclose(self) -> None:
         for task in list(self._inflight.values()):
             task.cancel()
+        await self.settle()
         if self.era is Era.LEGACY:
             await self.link.aclose()

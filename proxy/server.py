@@ -4,10 +4,18 @@ The HTTP frontend and the admin endpoint run as two uvicorn servers in one event
 either stops (a signal reaches whichever installed its handlers last) the other is told to stop,
 and the service's shutdown stops every upstream child.
 
-SIGTERM is a graceful stop and the process then exits 0, in both listen modes. uvicorn restores
-the handler it found after its own graceful shutdown and raises the signal again; with the
-default handler in place that killed the finished process (status 143), so `run` installs one of
-its own first: it stops whatever still runs, and the re-raised signal finds nothing left to stop.
+SIGTERM (and SIGINT where a uvicorn server runs: an HTTP listener or `--admin`) is a graceful
+shutdown and the process then exits 0, in both listen modes
+(docs/reliability.md): `/readyz` turns 503 and new sessions and requests are refused (HTTP 503
+with a JSON-RPC error) while the listeners stay open; requests in flight may finish within
+`--shutdown-grace-s`; the rest end (a `tools/call` as an unresolved `shutdown` result, its attempt
+cancelled upstream); then the servers stop, and the service stops every upstream child. A second
+signal ends the grace period at once. uvicorn's own signal handling is replaced for this
+(`_Server.handle_exit`): it would close the listeners at once and cancel what still runs after
+its own few seconds; and since it no longer captures the signal, it raises none again on exit
+(a re-raised SIGTERM had killed the finished process, status 143). `run` installs a handler of its
+own first, for a signal that comes before uvicorn's are in place. With `--listen stdio`, stdin
+closing is a shutdown too (proxy/frontend/stdio.py).
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from proxy.auth.tokens import read_secret_file
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
-from proxy.service import Service, build_upstream
+from proxy.service import Service, build_upstream, upstream_secrets
 from proxy.settings import LOOPBACK_HOSTS, Settings
+from proxy.state import build_state
 
 if TYPE_CHECKING:
     import uvicorn
@@ -43,13 +52,15 @@ log = logging.getLogger("proxy.server")
 
 def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None) -> Service:
     upstream = build_upstream(settings)
+    state = build_state(settings, upstream_name=upstream.description)
     engine = Engine(
         policies=lambda: policies.current,
         telemetry=telemetry,
         upstream_name=upstream.description,
         max_concurrent_calls=settings.max_concurrent_calls,
+        shared=state,
     )
-    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
+    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry, state=state)
 
 
 def http_limits(settings: Settings) -> HttpLimits:
@@ -63,15 +74,27 @@ def http_limits(settings: Settings) -> HttpLimits:
     )
 
 
-def _server(config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None) -> uvicorn.Server:
+def _server(
+    config: uvicorn.Config,
+    on_shutdown: Callable[[], None] | None = None,
+    on_signal: Callable[[], None] | None = None,
+) -> uvicorn.Server:
     """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
     and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
-    logged as "Exception in ASGI application"). uvicorn is imported only here and in
-    `_uvicorn_config`: `--listen stdio` without `--admin` never needs it, and its ~50 ms of imports
-    were on the way to a stdio client's first answer (issue 12)."""
+    logged as "Exception in ASGI application"). A stop signal goes to `on_signal` (the proxy's
+    graceful shutdown, which then tells the servers to exit) instead of stopping the server at
+    once. uvicorn is imported only here and in `_uvicorn_config`: `--listen stdio` without
+    `--admin` never needs it, and its ~50 ms of imports were on the way to a stdio client's first
+    answer (issue 12)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if on_signal is None:
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            else:
+                on_signal()
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             if on_shutdown is not None:
                 on_shutdown()
@@ -114,7 +137,12 @@ async def run(settings: Settings) -> int:
     if settings.admin_token_file is not None:
         admin_token = read_secret_file(settings.admin_token_file, "--admin-token-file")
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
-    SECRETS.set([*settings.header_pairs().values(), *([admin_token] if admin_token else [])])
+    secrets = upstream_secrets(settings)
+    if settings.state != "memory":
+        from proxy.state.shared import url_secrets
+
+        secrets = [*secrets, *url_secrets(settings.state)]  # the store's password, if its URL carries one
+    SECRETS.set([*secrets, *([admin_token] if admin_token else [])])
     if settings.auth == "none" and settings.listen != "stdio" and settings.listen_host not in LOOPBACK_HOSTS:
         log.warning(
             "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
@@ -128,15 +156,22 @@ async def run(settings: Settings) -> int:
     if isinstance(service.tool_calls, Engine):
         bundle.metrics.watch_circuits(service.tool_calls.antistorm.circuits)
         bundle.metrics.watch_in_flight(service.tool_calls.in_flight_by_tool)
+    if service.state is not None:
+        from proxy.state.metrics import StateCollector
+
+        bundle.registry.register(StateCollector(service.state))
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
     if auth is not None:
         await auth.start()
     stop = asyncio.Event()
-    restore = _on_sigterm(stop)
+    on_signal = _stop_signal(stop, service)
+    restore = _on_sigterm(on_signal)
     try:
-        return await _serve(settings, service, policies, bundle.registry, stop, auth=auth, admin_token=admin_token)
+        return await _serve(
+            settings, service, policies, bundle.registry, stop, on_signal, auth=auth, admin_token=admin_token
+        )
     finally:
         restore()
         if auth is not None:
@@ -145,14 +180,28 @@ async def run(settings: Settings) -> int:
         await bundle.shutdown()
 
 
-def _on_sigterm(stop: asyncio.Event) -> Callable[[], None]:
-    """SIGTERM sets `stop` (from the signal handler, through the loop); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None  # signals reach the main thread only (an embedded or test run)
+def _stop_signal(stop: asyncio.Event, service: Service) -> Callable[[], None]:
+    """What a stop signal does, called in the loop's thread: the first sets `stop` (the graceful
+    shutdown starts), a later one ends its grace period at once."""
     loop = asyncio.get_running_loop()
 
+    def on_signal() -> None:
+        if stop.is_set():
+            loop.call_soon_threadsafe(service.cut_drain_short)
+        else:
+            loop.call_soon_threadsafe(stop.set)
+
+    return on_signal
+
+
+def _on_sigterm(on_signal: Callable[[], None]) -> Callable[[], None]:
+    """SIGTERM calls `on_signal` (until uvicorn's handlers take over, which call it too); returns
+    the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signals reach the main thread only (an embedded or test run)
+
     def handler(signum: int, frame: object) -> None:
-        loop.call_soon_threadsafe(stop.set)
+        on_signal()
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
@@ -164,6 +213,7 @@ async def _serve(
     policies: PolicyStore,
     registry: CollectorRegistry,
     stop: asyncio.Event,
+    on_signal: Callable[[], None] | None = None,
     *,
     auth: Authenticator | None = None,
     admin_token: str | None = None,
@@ -181,22 +231,17 @@ async def _serve(
             admin_token=admin_token,
         )
         admin_server = _server(
-            _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))
+            _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),
+            on_signal=on_signal,
         )
     if settings.listen == "stdio":
         from proxy.frontend.stdio import serve_stdio
 
         admin_task = asyncio.create_task(admin_server.serve()) if admin_server else None
-        serving = asyncio.create_task(serve_stdio(service))
-        stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not serving.done():
-                log.info("SIGTERM: stopping")
-                serving.cancel()  # serve_stdio closes the service (its children) on the way out
-            await asyncio.gather(serving, return_exceptions=True)
+            # SIGTERM reads as stdin's end: serve_stdio drains, then closes the service (its children)
+            await serve_stdio(service, stop)
         finally:
-            stopping.cancel()
             if admin_server is not None and admin_task is not None:
                 admin_server.should_exit = True
                 with contextlib.suppress(Exception):
@@ -211,14 +256,19 @@ async def _serve(
     main_server = _server(
         _uvicorn_config(app, settings.listen_host, settings.listen_port, lifespan="on", limits=http_limits(settings)),
         on_shutdown=app.close_streams,
+        on_signal=on_signal,
     )
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
-    stopping = asyncio.create_task(stop.wait())  # a SIGTERM before uvicorn took the signal over
+    stopping = asyncio.create_task(stop.wait())
     log.info("listening on %s (upstream %s)", settings.listen, service.upstream.description)
-    _, pending = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
+    done, pending = await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
     pending.discard(stopping)
+    if stopping in done and main_server.started:
+        # The graceful part: the listeners stay open (new work is answered 503) while what is in
+        # flight finishes or, at the grace period's end, is ended.
+        await service.drain(settings.shutdown_grace_s)
+    stopping.cancel()
     for server in servers:
         server.should_exit = True
     if pending:

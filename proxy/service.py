@@ -18,21 +18,30 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
   counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
   silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
+- Shutdown (`drain`): `/readyz` turns 503 and new sessions are refused at once (the frontends
+  refuse new requests too, while `draining`); requests in flight may finish within the grace
+  period; what is still running then is ended (proxy/lifecycle.py: a `tools/call` resolves as an
+  unresolved `shutdown` result, cancelled upstream), and the cancellations are sent before
+  `aclose` stops the children.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
+from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -46,10 +55,17 @@ RECHECK_MAX_S = 30.0
 
 
 def build_upstream(settings: Settings) -> Upstream:
-    """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://."""
+    """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://.
+
+    An https upstream gets one TLS context built here (proxy/upstream/tls.py); a TLS flag given for
+    any other upstream is refused rather than ignored. The egress proxy comes from the environment
+    (proxy/upstream/egress.py) and is logged, without its credentials."""
+    tls_flags = settings.upstream_tls_flags
     if settings.upstream_argv:
         if settings.upstream:
             raise ValueError("give either --upstream URL or a command after --, not both")
+        if tls_flags:
+            raise ValueError(f"{', '.join(tls_flags)}: only for an https:// upstream, not a command after --")
         from proxy.upstream.stdio import StdioUpstream
 
         # `--listen stdio` serves one client, one session: one child, no spare (see StdioUpstream)
@@ -58,23 +74,86 @@ def build_upstream(settings: Settings) -> Upstream:
             settings.upstream_argv,
             max_children=settings.max_sessions,
             spares=settings.stdio_spares,
+            spare_starts=settings.stdio_spare_starts,
+            spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,
+            shared_sessions=settings.stdio_sessions == "shared",
         )
     url = settings.upstream
     if not url:
         raise ValueError("no upstream: give --upstream http://HOST:PORT/mcp, --upstream sse+http://…, or -- COMMAND")
     headers = settings.header_pairs()
-    if url.startswith(("sse+http://", "sse+https://")):
+    target = url.removeprefix("sse+")
+    if not target.startswith(("http://", "https://")):
+        raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
+    from proxy.upstream import egress, tls
+
+    ssl_context = None
+    if target.startswith("https://"):
+        ssl_context = tls.client_context(
+            ca=settings.upstream_ca,
+            cert=settings.upstream_client_cert,
+            key=settings.upstream_client_key,
+            key_password=tls.read_key_password(settings.upstream_client_key_password_file),
+        )
+    elif tls_flags:
+        raise ValueError(f"{', '.join(tls_flags)}: only for an https:// upstream, not {url.split('://', 1)[0]}://")
+    proxy = egress.route_for(target)
+    _log_route(target, ssl_context is not None, settings, proxy)
+    common: dict[str, Any] = {"headers": headers, "ssl_context": ssl_context, "proxy": proxy}
+    if url.startswith("sse+"):
         from proxy.upstream.sse import SseUpstream
 
-        return SseUpstream(url.removeprefix("sse+"), headers=headers)
-    if url.startswith(("http://", "https://")):
-        from proxy.upstream.http import HttpUpstream
+        return SseUpstream(target, **common)
+    from proxy.upstream.http import HttpUpstream
 
-        upstream = HttpUpstream(url, headers=headers, connect_timeout_s=settings.upstream_connect_timeout_s)
-        upstream.behind_caller_auth = settings.auth == "passthrough"
-        return upstream
-    raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
+    upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+    upstream.behind_caller_auth = settings.auth == "passthrough"
+    return upstream
+
+
+def upstream_secrets(settings: Settings) -> list[str]:
+    """The proxy's credentials for reaching the upstream, for the secret registry: the configured
+    header values, the egress proxy's password and Proxy-Authorization values, and the client
+    key's passphrase."""
+    from proxy.upstream import egress, tls
+
+    values = list(settings.header_pairs().values())
+    if settings.upstream:
+        route = egress.route_for(settings.upstream)
+        if route is not None:
+            values += route.secret_values
+    password = tls.read_key_password(settings.upstream_client_key_password_file)
+    if password is not None:
+        values.append(password)
+    return values
+
+
+def _log_route(url: str, tls_on: bool, settings: Settings, proxy: Any) -> None:
+    parts = urlsplit(url)
+    if tls_on:
+        roots = f"the CA bundle {settings.upstream_ca}" if settings.upstream_ca else "the system roots"
+        client = f", client certificate {settings.upstream_client_cert}" if settings.upstream_client_cert else ""
+        log.info("upstream TLS: certificates verified against %s%s", roots, client)
+    if proxy is None:
+        return
+    where = f"{parts.scheme}://{parts.hostname}:{parts.port or ''}"
+    log.info("upstream %s reached through the egress proxy %s", where, proxy.shown)
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or _is_loopback(host):
+        log.warning(
+            "the upstream %s is on loopback but goes through the egress proxy %s: add it to NO_PROXY "
+            "unless that is intended",
+            host,
+            proxy.shown,
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Service:
@@ -85,8 +164,10 @@ class Service:
         *,
         tool_calls: ToolCallHandler | None = None,
         telemetry: Telemetry | None = None,
+        state: SharedState | None = None,
     ) -> None:
         self.settings = settings
+        self.state = state  # the shared store (None: the engine's memory is the whole state)
         self.upstream = upstream
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
@@ -106,6 +187,10 @@ class Service:
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
         self._stopping = False
+        self.requests = InFlight()  # every relay's requests in flight (for a graceful shutdown)
+        self.draining = False  # shutting down: no new sessions or requests, /readyz 503
+        self._drained: asyncio.Future[None] | None = None
+        self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
         # One stdio client's one child: its answer to the client's first request is the probe
@@ -118,6 +203,8 @@ class Service:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.state is not None:
+            await self.state.start()  # bounded: an unreachable store leaves the proxy on local state
         if self._deferred:
             self.probe_error = "waiting for the client's first request (the upstream process is starting)"
             self.upstream.prestart()  # type: ignore[attr-defined]
@@ -142,6 +229,51 @@ class Service:
         closing = list(self._closing)
         await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
+        if self.state is not None:
+            await self.state.aclose()
+
+    def cut_drain_short(self) -> None:
+        """A second stop signal: end what is in flight now instead of at the grace period's end."""
+        self._cut_short.set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking work, let requests in flight finish within `grace_s` (or until
+        `cut_drain_short`), then end the rest; returns how many were ended. A second call (stdin
+        closed, then SIGTERM) cuts the first one short and waits for it. The children keep running
+        until `aclose`."""
+        if self._drained is not None:
+            self._cut_short.set()
+            await asyncio.shield(self._drained)
+            return 0
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            return await self._drain(grace_s)
+        finally:
+            self._drained.set_result(None)
+
+    async def _drain(self, grace_s: float) -> int:
+        self.draining = True
+        requests = self.requests
+        log.info("shutting down: %d requests in flight, up to %g s to finish", requests.counted, grace_s)
+        waiting = asyncio.ensure_future(requests.wait_idle(grace_s))
+        cut = asyncio.ensure_future(self._cut_short.wait())
+        try:
+            await asyncio.wait([waiting, cut], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            cut.cancel()
+        if not requests.tasks:
+            return 0
+        engine = self.tool_calls
+        if engine is not None and hasattr(engine, "stopping"):
+            engine.stopping = True
+        ended = requests.end()
+        log.warning("shutdown grace period over: ending %d requests still in flight", len(ended))
+        # Each ends at once (its attempt is cancelled, its answer written); bounded all the same.
+        await asyncio.wait(ended, timeout=5.0)
+        relays = [*self.sessions.values(), *([self._modern] if self._modern is not None else [])]
+        await asyncio.gather(*(relay.settle() for relay in relays), return_exceptions=True)
+        return len(ended)
 
     @property
     def ready(self) -> bool:
@@ -158,6 +290,8 @@ class Service:
         `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
         flowed is noticed; the verdict is cached in between.
         """
+        if self.draining:
+            return False, "shutting down"
         if self.capabilities is None and not (self._deferred and self.health.up is True):
             return False, self.probe_error or "upstream not probed yet"
         interval_s = self.settings.ready_check_interval_s
@@ -165,6 +299,8 @@ class Service:
             await self._check(READY_PROBE_TIMEOUT_S, unless_checked_within_s=interval_s)
         if self.health.up is False:
             return False, f"upstream not answering: {self.health.why or 'no answer'}"
+        if self.state is not None and not self.state.up and self.settings.state_required_for_ready:
+            return False, f"shared state store unreachable: {self.state.status().get('error') or 'down'}"
         if self.legacy_supported() and len(self.sessions) >= self.settings.max_sessions:
             return False, f"no session slot free: {len(self.sessions)} of {self.settings.max_sessions} in use"
         return True, None
@@ -288,7 +424,12 @@ class Service:
             # Shared by every 2026 caller, unless the one client on stdio is the only caller.
             shared = self.settings.listen != "stdio"
             self._modern = Relay(
-                link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
+                link,
+                catalog=self.catalog,
+                tool_calls=self.tool_calls,
+                shared=shared,
+                requests=self.requests,
+                **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
             self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
@@ -306,6 +447,9 @@ class Service:
     async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
         """A 2025 session for the client at address `client` (None: unknown, not counted per address)."""
         settings = self.settings
+        if self.draining:
+            SHED.count("http_refused", "shutdown")
+            raise UpstreamFailure(FailureKind.OVERLOADED, Dispatch.NO, "the proxy is shutting down", http_status=503)
         if len(self.sessions) >= settings.max_sessions:
             SHED.count("http_refused", "sessions")
             raise UpstreamFailure(
@@ -326,7 +470,15 @@ class Service:
         link = await self.upstream.open(Era.LEGACY)
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id, **self._relay_limits()
+            link,  # type: ignore[arg-type]
+            catalog=self.catalog,
+            tool_calls=self.tool_calls,
+            session_id=session_id,
+            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
+            # can be tied to its own requests
+            shared=getattr(link, "shared", None),
+            requests=self.requests,
+            **self._relay_limits(),
         )
         relay.pass_auth_refusals = settings.auth == "passthrough"
         self.sessions[session_id] = relay
@@ -391,3 +543,6 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
+            reap_spares = getattr(self.upstream, "reap_idle_spares", None)
+            if reap_spares is not None:
+                reap_spares()  # warm-pool children unused as long (a stdio upstream)

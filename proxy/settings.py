@@ -48,10 +48,41 @@ class Settings(BaseSettings):
     max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
-        1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
+        1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
+    )
+    stdio_sessions: Literal["per-session", "shared"] = Field(
+        "per-session",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+    )
+    stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_ca: Path | None = Field(
+        None, description="PEM CA bundle trusted for an https upstream, instead of the system roots"
+    )
+    upstream_client_cert: Path | None = Field(None, description="PEM client certificate for mTLS to the upstream")
+    upstream_client_key: Path | None = Field(None, description="PEM private key of --upstream-client-cert")
+    upstream_client_key_password_file: Path | None = Field(
+        None, description="a file whose first line is the passphrase of an encrypted --upstream-client-key"
+    )
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
+    state: str = Field(
+        "memory",
+        description="where the ledger, approvals and retry budget live: memory, or a shared store at "
+        "redis://, rediss://, valkey:// or valkeys:// (docs/state.md)",
+    )
+    state_prefix: str = Field("mcp-recovery:", min_length=1, max_length=64, description="key prefix in the store")
+    state_timeout_s: float = Field(
+        0.5, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
+    )
+    state_sync_interval_s: float = Field(
+        0.25, gt=0, le=10, description="how often the retry budget's counts are exchanged with the store"
+    )
+    state_required_for_ready: bool = Field(
+        False, description="an unreachable shared store makes /readyz fail (off: the proxy serves on local state)"
+    )
     log_level: str = "info"
     log_json: bool = False
     call_log: Literal["all", "problems", "off"] = Field(
@@ -95,6 +126,13 @@ class Settings(BaseSettings):
             raise ValueError("--public-url takes the URL clients dial, e.g. https://mcp.example.com/mcp")
         return value
 
+    @field_validator("state")
+    @classmethod
+    def _check_state(cls, value: str) -> str:
+        if value == "memory" or value.startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
+            return value
+        raise ValueError("--state takes 'memory' or redis://, rediss://, valkey://, valkeys:// URL")
+
     @property
     def upstream_argv(self) -> list[str]:
         return shlex.split(self.upstream_command) if self.upstream_command else []
@@ -110,6 +148,17 @@ class Settings(BaseSettings):
     @property
     def listen_path(self) -> str:
         return urlsplit(self.listen).path or "/mcp"
+
+    @property
+    def upstream_tls_flags(self) -> list[str]:
+        """The TLS flags that were given (each applies to an https upstream only)."""
+        given = {
+            "--upstream-ca": self.upstream_ca,
+            "--upstream-client-cert": self.upstream_client_cert,
+            "--upstream-client-key": self.upstream_client_key,
+            "--upstream-client-key-password-file": self.upstream_client_key_password_file,
+        }
+        return [flag for flag, value in given.items() if value is not None]
 
     def header_pairs(self) -> dict[str, str]:
         out: dict[str, str] = {}

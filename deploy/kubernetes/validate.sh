@@ -114,6 +114,9 @@ except Exception as exc:  # a pydantic ValidationError names every field
     check(False, f"PodMonitor: {exc}")
 
 dep = docs[("Deployment", "mcp-tools")][1]
+state_store = docs[("Deployment", "mcp-recovery-state")][1]
+state_svc = docs[("Service", "mcp-recovery-state")][1]
+state_secret = docs[("Secret", "mcp-recovery-state")][1]
 svc = docs[("Service", "mcp-tools")][1]
 cm = docs[("ConfigMap", "mcp-recovery-policies")][1]
 pod = dep["spec"]["template"]
@@ -122,6 +125,7 @@ containers = {c["name"]: c for c in pod["spec"]["containers"]}
 proxy = containers["mcp-recovery-proxy"]
 ports = {p["name"]: p["containerPort"] for p in proxy.get("ports", [])}
 env = {e["name"]: e.get("value") for e in proxy.get("env", [])}
+env_from = {e["name"]: e.get("valueFrom") for e in proxy.get("env", []) if e.get("valueFrom")}
 
 
 def matches(selector: dict) -> bool:
@@ -157,6 +161,21 @@ pm_mount = mounts.get("policies", {})
 check(pm_mount.get("mountPath") == env["MCP_RECOVERY_POLICIES"], "policies mounted at MCP_RECOVERY_POLICIES")
 check("subPath" not in pm_mount and "subPathExpr" not in pm_mount, "policies mounted whole (no subPath: hot reload)")
 check(vols["policies"]["configMap"]["name"] == cm["metadata"]["name"], "policies volume names the ConfigMap")
+
+# More than one replica only with a shared store (each would keep its own ledger otherwise).
+state_ref = (env_from.get("MCP_RECOVERY_STATE") or {}).get("secretKeyRef", {})
+check(dep["spec"]["replicas"] == 1 or state_ref.get("name") == state_secret["metadata"]["name"],
+      f"{dep['spec']['replicas']} replicas share a store: MCP_RECOVERY_STATE from the Secret")
+check(state_ref.get("key") in state_secret.get("stringData", {}), "the Secret holds the key MCP_RECOVERY_STATE reads")
+url = state_secret["stringData"][state_ref["key"]]
+check(re.match(r"(redis|rediss|valkey|valkeys)://", url) is not None, "the store URL has a scheme the proxy takes")
+store_port = next(p for p in state_svc["spec"]["ports"] if p["name"] == "redis")
+check(url.startswith(f"redis://{state_svc['metadata']['name']}:{store_port['port']}/"),
+      "the shipped URL names the store's Service and port")
+store_labels = state_store["spec"]["template"]["metadata"]["labels"]
+check(all(store_labels.get(k) == v for k, v in state_svc["spec"]["selector"].items()),
+      "the store's Service selects the store's pod")
+check(state_store["spec"]["template"]["spec"]["securityContext"].get("runAsNonRoot") is True, "store runs as non-root")
 
 psc = pod["spec"].get("securityContext", {})
 check(psc.get("runAsNonRoot") is True and psc.get("runAsUser", 0) != 0, "pod runs as non-root")

@@ -720,6 +720,10 @@ class McpHttpApp:
             await _respond(send, 403, b"Invalid Origin header", [(b"content-type", b"text/plain")])
             return
         method = scope["method"]
+        if method == "GET" and self.service.draining:
+            SHED.count("http_refused", "shutdown")
+            await _respond_error(send, 503, None, jsonrpc.SHUTTING_DOWN, "the proxy is shutting down")
+            return
         if path != self.path:
             await self._metadata(send, method)
             return
@@ -788,6 +792,12 @@ class McpHttpApp:
         if problem is not None:
             id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
             await _respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
+            return
+        if self.service.draining and "id" in message and "method" in message:
+            # A new request while shutting down (notifications and a client's answers to server
+            # requests still reach the calls in flight): refused, so a client retries elsewhere.
+            SHED.count("http_refused", "shutdown")
+            await _respond_error(send, 503, message["id"], jsonrpc.SHUTTING_DOWN, "the proxy is shutting down")
             return
         version = headers.get("mcp-protocol-version")
         if version in jsonrpc.MODERN_VERSIONS and message.get("method") == "initialize" and "id" in message:

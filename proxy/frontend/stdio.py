@@ -7,6 +7,13 @@ upstream does not speak 2026). Malformed lines get a JSON-RPC error; nothing a c
 stops the proxy. stdout carries only MCP messages; logs go to stderr. A client that does not read
 its stdout gets no more notifications once `STDOUT_BUFFER_BYTES` wait in the pipe (counted);
 answers are always written.
+
+Shutdown: stdin closing is the client's way to stop a stdio server, so it is a graceful shutdown,
+like SIGTERM (proxy/server.py): requests in flight may finish within `--shutdown-grace-s`, the
+rest end (a `tools/call` as an unresolved `shutdown` result, cancelled upstream), then the
+children stop. After SIGTERM stdin is still read until then: a new request gets a JSON-RPC error
+(`SHUTTING_DOWN`). A SIGTERM after stdin closed (the client's next step when the server does not
+exit) ends the grace period at once.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ class StdioFrontend:
                     break
                 if line.strip():
                     await self._handle_line(line, out)
+            # stdin closed: the client is done; what it asked for may still finish
+            await self.service.drain(self.service.settings.shutdown_grace_s)
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -101,6 +110,9 @@ class StdioFrontend:
             out.send(jsonrpc.error(id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}"))
             return
         if jsonrpc.is_request(message):
+            if self.service.draining:
+                out.send(jsonrpc.error(message["id"], jsonrpc.SHUTTING_DOWN, "the proxy is shutting down"))
+                return
             task = asyncio.create_task(self._request(message, out))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -144,15 +156,32 @@ class StdioFrontend:
         return self._legacy
 
 
-async def serve_stdio(service: Service) -> None:
+async def serve_stdio(service: Service, stop: asyncio.Event | None = None) -> None:
+    """Serve the client on stdin/stdout until stdin closes or `stop` is set (SIGTERM): either way
+    a graceful shutdown (module docstring)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=16 * 1024 * 1024)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout.buffer)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
     await service.start()
     gc.freeze()  # the start-up heap out of the collector's reach (see McpHttpApp._lifespan)
+
+    async def stop_reading() -> None:
+        assert stop is not None
+        await stop.wait()
+        # SIGTERM: drain while the client may still write (a new request gets its error), then
+        # end as stdin's end would (reading stops first: data after an EOF fed by hand would be an
+        # error in the stream reader). After stdin closed, this cuts that drain short instead.
+        await service.drain(service.settings.shutdown_grace_s)
+        with contextlib.suppress(Exception):  # stdin may have closed meanwhile
+            read_transport.pause_reading()
+        reader.feed_eof()
+
+    stopper = asyncio.create_task(stop_reading()) if stop is not None else None
     try:
         await StdioFrontend(service).run(reader, writer)
     finally:
+        if stopper is not None:
+            stopper.cancel()
         await service.aclose()

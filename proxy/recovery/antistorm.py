@@ -15,6 +15,12 @@ Contract (pure: time is an argument; the engine owns the one instance):
 - **Retry budget** (Linkerd's model): over the last `WINDOW_S` seconds, admitted retries number
   at most `retry_budget_ratio` * admitted calls + `retry_budget_min_per_s` * `WINDOW_S`. With both
   unset there is no budget. Counted in one-second buckets.
+- **Fleet**: with a shared store (proxy/state) the budget counts every replica's calls and
+  retries. This module stays pure and local: the store's sync task reads `counts(tool)` (this
+  replica's buckets) and hands back the other replicas' totals over the window with
+  `set_others(tool, calls, retries, now_s)`; `admit_retry` adds them while they are younger than
+  `OTHERS_FRESH_S` (past that, a store that stopped answering, the budget is this replica's own
+  again). No call waits for the store.
 - **Circuit breaker** (off unless `breaker_failures` is set): that many consecutive attempts that
   failed `transient` (timeouts, 5xx, crashes, transient tool errors) open the circuit for
   `breaker_cooldown_s`. While open, calls and retries are refused with the cooldown left. Then it
@@ -37,6 +43,7 @@ from proxy.recovery.reasons import StopReason
 
 WINDOW_S = 10
 MAX_TOOLS = 1024
+OTHERS_FRESH_S = 2.0
 _CLOSED, _OPEN, _HALF_OPEN = 0, 1, 2
 
 
@@ -52,6 +59,10 @@ class _ToolState:
     failures: int = 0
     open_until_s: float = 0.0
     trial_until_s: float = 0.0
+    # the other replicas' calls and retries over the window, as the store last said (fleet budget)
+    others_calls: int = 0
+    others_retries: int = 0
+    others_at_s: float = float("-inf")
 
     def bucket(self, now_s: float) -> int:
         second = math.floor(now_s)
@@ -114,11 +125,43 @@ class AntiStorm:
         floor = policy.anti_storm.retry_budget_min_per_s
         if ratio is not None or floor is not None:
             calls, retries = st.window(now_s)
+            if now_s - st.others_at_s < OTHERS_FRESH_S:
+                calls += st.others_calls
+                retries += st.others_retries
             allowed = (ratio or 0.0) * calls + (floor or 0.0) * WINDOW_S
             if retries + 1 > allowed:
                 return Refused(StopReason.RETRY_BUDGET, None)
         st.retries[st.bucket(now_s)] += 1
         return None
+
+    # -- fleet (the shared store's sync task) -----------------------------------------------------
+    def counts(self) -> list[tuple[str, list[tuple[int, int, int]]]]:
+        """(tool, [(second, calls, retries) for each bucket with counts]) for every tracked tool: this
+        replica's own counts, which the store's sync task adds to the fleet's."""
+        out = []
+        for tool, st in list(self._tools.items()):
+            buckets = [
+                (st.seconds[i], st.calls[i], int(st.retries[i]))
+                for i in range(WINDOW_S)
+                if st.seconds[i] >= 0 and (st.calls[i] or st.retries[i])
+            ]
+            if buckets:
+                out.append((tool, buckets))
+        return out
+
+    def own_window(self, tool: str, now_s: float) -> tuple[int, int]:
+        st = self._tools.get(tool)
+        if st is None:
+            return 0, 0
+        calls, retries = st.window(now_s)
+        return calls, int(retries)
+
+    def set_others(self, tool: str, calls: int, retries: int, now_s: float) -> None:
+        """The other replicas' calls and retries over the window ending now (never negative)."""
+        st = self._state(tool)
+        st.others_calls = max(0, calls)
+        st.others_retries = max(0, retries)
+        st.others_at_s = now_s
 
     def _breaker_admits(self, st: _ToolState, policy: ToolPolicy, now_s: float, *, first: bool) -> Refused | None:
         if st.state == _CLOSED or policy.anti_storm.breaker_failures is None:

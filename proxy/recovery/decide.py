@@ -232,12 +232,19 @@ def decide_first_attempt(
 @dataclass(frozen=True, slots=True)
 class DecisionRow:
     reason: StopReason
-    stage: str  # caller | preflight | eligibility | budget | admission
+    stage: str  # proxy | caller | preflight | eligibility | budget | admission
     condition: str
     example: str
 
 
 _TABLE: tuple[DecisionRow, ...] = (
+    DecisionRow(
+        StopReason.SHUTDOWN,
+        "proxy",
+        "the proxy is stopping (SIGTERM, or its stdio client closed stdin) and the call was still running when"
+        " the shutdown grace period ended: the attempt in flight is cancelled upstream",
+        "a 60 s report still running 20 s after SIGTERM with --shutdown-grace-s 20",
+    ),
     DecisionRow(
         StopReason.CANCELLED,
         "caller",

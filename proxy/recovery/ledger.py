@@ -7,10 +7,9 @@ Contract:
   (an argument named by the policy) is left out, so every attempt and every identical call share
   one digest; only a top-level argument of that name is removed.
 - `Ledger` is a synchronous Protocol, and the engine calls it directly on the event loop; the
-  in-memory implementation does no I/O, so that is cheap. A shared store (Redis, a database) is
-  not built: one would need an async twin of this Protocol, or the engine moving these calls off
-  the loop, first (the calls are few: one check per call, one record per exhausted call). Until
-  then the ledger lives in one proxy process (docs/deploy.md, "One proxy process per ledger").
+  in-memory implementation does no I/O, so that is cheap. With a shared store (proxy/state,
+  docs/state.md) an `InMemoryLedger` is the store's local view, kept current from the store; the
+  asynchronous `SharedState` does what needs the store (approvals, records, clears).
 - Time is an argument: every method takes `now_s` (a monotonic or epoch clock, but one clock per
   ledger). `InMemoryLedger(clock)` accepts a clock used only when `now_s` is omitted.
 - `check` returns the live entry of an exhausted operation, `approve` opens one fresh budget for
@@ -168,3 +167,7 @@ class InMemoryLedger:
 
     def clear(self, op: str) -> None:
         self._entries.pop(op, None)
+
+    def ops(self) -> list[str]:
+        """Every operation held (live or not yet expired on read), oldest first: a copy."""
+        return list(self._entries)

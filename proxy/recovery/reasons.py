@@ -21,6 +21,7 @@ class StopReason(StrEnum):
     OVERLOADED = "overloaded"  # admission: the proxy's own concurrency limit (before attempt 1)
     LEDGER_EXHAUSTED = "ledger_exhausted"  # before attempt 1: this operation's budget ran out earlier
     CANCELLED = "cancelled"  # the caller cancelled (no response is sent), or a 2025 caller disconnected
+    SHUTDOWN = "shutdown"  # the proxy is stopping: the call outlived the shutdown grace period
 
 
 BUDGET_EXHAUSTED: Final = frozenset(

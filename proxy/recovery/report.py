@@ -281,6 +281,14 @@ def suggested_actions(
                     retryAfterMs=retry_after_ms,
                 )
             )
+        case StopReason.SHUTDOWN:
+            actions.append(
+                _action(
+                    "retry_elsewhere",
+                    "This proxy was stopping: send the call again to a replica that is running"
+                    " (check the status of a state-changing call first).",
+                )
+            )
         case StopReason.UPSTREAM_DECLINED:
             actions.append(_action("do_not_repeat", "The upstream said repeating this call will not help."))
         case _:
@@ -360,6 +368,11 @@ def _why(reason: StopReason, policy: ToolPolicy, c: Classified | None, attempts:
             # Only a 2025 HTTP caller that disconnected reads this (a resumed stream): a caller
             # that cancelled gets no response at all.
             return "Stopped: the caller disconnected; the attempt in flight was finished and no new one was started."
+        case StopReason.SHUTDOWN:
+            return (
+                "Stopped: the proxy is shutting down and the call outlived its grace period;"
+                " the attempt in flight was cancelled upstream."
+            )
 
 
 def _message(

@@ -68,6 +68,7 @@ STOP_REASONS = frozenset(
         "overloaded",
         "ledger_exhausted",
         "cancelled",
+        "shutdown",
     }
 )
 RELOAD_RESULTS = ("ok", "unchanged", "error")

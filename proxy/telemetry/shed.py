@@ -20,7 +20,8 @@ Contract:
     closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
     connection cap), `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
-    `sessions_per_client` (429: the client address holds its share).
+    `sessions_per_client` (429: the client address holds its share), `shutdown` (503: a new
+    session, request or listen stream while the proxy shuts down).
   - `mcp_recovery_relayed_timeouts_total`: relayed requests (not `tools/call`, which its policy
     bounds) the upstream did not answer within the request timeout, answered -32001. No method
     label: a method name is the caller's text, not a closed set.
@@ -57,7 +58,15 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "http_refused": (
         "HTTP connections and requests refused or closed by the proxy's limits, by which limit.",
         "reason",
-        ("head_too_large", "head_timeout", "body_timeout", "connections", "sessions", "sessions_per_client"),
+        (
+            "head_too_large",
+            "head_timeout",
+            "body_timeout",
+            "connections",
+            "sessions",
+            "sessions_per_client",
+            "shutdown",
+        ),
     ),
     "relayed_timeouts": ("Relayed requests the upstream did not answer within the request timeout.", None, ()),
     "sessions_closed_uninitialized": (

@@ -10,6 +10,15 @@
   one `proxy.early` started before the proxy's own imports: it is adopted (`_adopt`: its pipes
   through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
   a respawn after it is spawned the normal way.
+- Warm pool (`spares`, `--stdio-spares`): once a child of the command has answered, up to
+  `spares` children are kept started ahead, so a new 2025 session (or a session whose child died)
+  gets a running process at once. They are started in the background, at most `spare_starts` at
+  a time (a burst of sessions does not start a process per session at once on top of their own),
+  handed out oldest first, refilled as they are taken, and reaped when unused for
+  `spare_idle_s` (down to one, refilled again by demand). A spare is no session: it counts
+  against neither `max_children` nor the proxy's `--max-sessions`. A session that finds the pool
+  empty while spares are starting waits for one of them (one not already promised to another
+  session); with none starting it starts its own child.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
@@ -39,8 +48,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import proxy.early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -63,6 +74,9 @@ from proxy.upstream.base import (
     discover_request,
     initialize_request,
 )
+
+if TYPE_CHECKING:
+    from proxy.upstream.stdio_shared import SessionLink, SharedSessions
 
 log = logging.getLogger("proxy.upstream.stdio")
 stderr_log = logging.getLogger("proxy.upstream.stderr")
@@ -237,6 +251,7 @@ class _Child:
         self.on_line = on_line  # both rebound when a warm spare is handed to a session
         self.on_exit = on_exit
         self.started_at = time.monotonic()
+        self.pooled_at = self.started_at  # when it joined the warm pool (a spare)
         self.answered = False
         self.stopping = False  # the proxy ended it: its exit is no crash
         self.exited = asyncio.Event()
@@ -508,7 +523,10 @@ class StdioUpstream:
         handshake_timeout_s: float = 10.0,
         max_restart_backoff_s: float = 30.0,
         spares: int = 1,
+        spare_starts: int = 2,
+        spare_idle_s: float = 600.0,
         single_session: bool = False,
+        shared_sessions: bool = False,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -523,10 +541,16 @@ class StdioUpstream:
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
         self.single_session = single_session
-        # pre-started children waiting for new 2025 sessions (0 or 1); one session needs none
-        self.spares = 0 if single_session else spares
-        self._spare: _Child | None = None
-        self._spare_task: asyncio.Task[None] | None = None
+        # `--stdio-sessions shared`: every 2025 session on one child (proxy/upstream/stdio_shared.py)
+        self.shared_sessions = shared_sessions and not single_session
+        self._shared: SharedSessions | None = None
+        # the warm pool (module docstring); one session, or shared sessions, need none
+        self.spares = 0 if single_session or self.shared_sessions else spares
+        self.spare_starts = max(1, spare_starts)
+        self.spare_idle_s = spare_idle_s
+        self._pool: deque[_Child] = deque()  # started, oldest first
+        self._unclaimed: deque[asyncio.Task[_Child | None]] = deque()  # starting, promised to no session
+        self._starting: set[asyncio.Task[_Child | None]] = set()
         self._closed = False
         self._spawned = 0
         self.health = UpstreamHealth()
@@ -566,11 +590,17 @@ class StdioUpstream:
         if link is not None:
             await link.aclose()
 
-    async def open(self, era: Era) -> StdioLink:
+    async def open(self, era: Era) -> StdioLink | SessionLink:
         if era is Era.MODERN:
             if self._modern is None:
                 self._modern = StdioLink(self, Era.MODERN)
             return self._modern
+        if self.shared_sessions:
+            if self._shared is None:
+                from proxy.upstream.stdio_shared import SharedSessions
+
+                self._shared = SharedSessions(self)
+            return self._shared.session()  # bounded by the proxy's --max-sessions, not by children
         if len(self._links) >= self.max_children:
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
@@ -615,6 +645,8 @@ class StdioUpstream:
         links = list(self._links)
         if self._modern is not None:
             links.append(self._modern)
+        if self._shared is not None:
+            links.append(self._shared.link)
         for link in links:
             child = link._child
             if child is None or child is but or child.protocol.overflow:
@@ -628,17 +660,20 @@ class StdioUpstream:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._spare_task is not None:
-            self._spare_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._spare_task
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            await spare.terminate()
+        starting = list(self._starting)
+        for task in starting:
+            task.cancel()
+        if starting:
+            await asyncio.gather(*starting, return_exceptions=True)
+        pool, self._pool = list(self._pool), deque()
+        await asyncio.gather(*(spare.terminate() for spare in pool), return_exceptions=True)
         links = list(self._links)
         if self._modern is not None:
             links.append(self._modern)
             self._modern = None
+        if self._shared is not None:
+            links.append(self._shared.link)
+            self._shared = None
         await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
@@ -670,62 +705,117 @@ class StdioUpstream:
         child.tasks.append(asyncio.create_task(_end_with_output(child)))
         return child
 
-    # -- warm spares ----------------------------------------------------------------------------
+    # -- warm pool ------------------------------------------------------------------------------
     def prestart(self) -> None:
         """Start the child the first request will take (`single_session`: the only one), so that
         the process starts while the client is still starting too."""
-        if self._spare is None and (self._spare_task is None or self._spare_task.done()) and not self._closed:
-            self._spare_task = asyncio.create_task(self._make_spare())
+        if not self._pool and not self._starting and not self._closed:
+            self._start_spare()
+
+    @property
+    def spares_ready(self) -> int:
+        return len(self._pool)
 
     async def _child_for(self, link: StdioLink) -> _Child:
         """A child for a new legacy session (or, `single_session`, for the one link of either era):
-        the warm spare when one is ready or starting, else a fresh one."""
-        starting = self._spare_task
-        if self._spare is None and starting is not None and not starting.done():
-            # a second process for the same client would be one too many: wait for this one
-            await asyncio.shield(starting)
-        spare, self._spare = self._spare, None
-        if spare is not None and spare.alive and not spare.protocol.overflow:
-            spare.on_line = link._on_line
-            spare.on_exit = link._on_exit
-            self._replenish()  # the command is known to work: the next spare starts booting now
-            return spare
-        if spare is not None:
+        a warm one from the pool, else one being started for the pool and promised to no session
+        yet (it started earlier than a new one would), else a fresh one."""
+        while self._pool:
+            spare = self._pool.popleft()
+            if spare.alive and not spare.protocol.overflow:
+                self._replenish()  # the command is known to work: the next spare starts booting now
+                return self._bind(spare, link)
             await spare.terminate()
+        while self._unclaimed:
+            starting = self._unclaimed.popleft()
+            try:
+                spare = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                if not starting.done():  # our caller gave up: the child goes to the pool after all
+                    starting.add_done_callback(self._unwanted)
+                raise
+            except Exception:
+                spare = None
+            if spare is not None and spare.alive and not spare.protocol.overflow:
+                return self._bind(spare, link)
+            if spare is not None:
+                await spare.terminate()
         return await self._spawn(link._on_line, link._on_exit)
 
-    def _replenish(self) -> None:
-        """Start a spare child for the next 2025 session (only once a child of this command has
-        answered, so a broken command never spawns in a loop)."""
-        if self.spares <= 0 or self._closed or self._spare is not None:
-            return
-        if self._spare_task is not None and not self._spare_task.done():
-            return
-        if len(self._links) >= self.max_children:
-            return
-        self._spare_task = asyncio.create_task(self._make_spare())
+    def _bind(self, spare: _Child, link: StdioLink) -> _Child:
+        spare.on_line = link._on_line
+        spare.on_exit = link._on_exit
+        return spare
 
-    async def _make_spare(self) -> None:
+    def _replenish(self) -> None:
+        """Fill the pool up to `spares`, at most `spare_starts` starting at once (only once a child
+        of this command has answered, so a broken command never spawns in a loop)."""
+        if self.spares <= 0 or self._closed:
+            return
+        while (
+            len(self._pool) + len(self._starting) < self.spares
+            and len(self._starting) < self.spare_starts
+            and len(self._links) < self.max_children
+        ):
+            self._start_spare()
+
+    def _start_spare(self) -> None:
+        task = asyncio.create_task(self._make_spare())
+        self._starting.add(task)
+        self._unclaimed.append(task)
+        task.add_done_callback(self._spare_started)
+
+    async def _make_spare(self) -> _Child | None:
         try:
             child = await self._spawn(_spare_line, self._spare_exited)
         except UpstreamFailure as failure:
             log.info("could not start a spare upstream child: %s", failure.detail)
+            return None
+        child.pooled_at = time.monotonic()
+        return child
+
+    def _spare_started(self, task: asyncio.Task[_Child | None]) -> None:
+        self._starting.discard(task)
+        if task in self._unclaimed:  # nobody is waiting for this one: it joins the pool
+            self._unclaimed.remove(task)
+            self._unwanted(task)
+        if not task.cancelled() and task.exception() is None and task.result() is not None:
+            self._replenish()  # (a start that failed does not start the next one at once)
+
+    def _unwanted(self, task: asyncio.Task[_Child | None]) -> None:
+        child = None if task.cancelled() or task.exception() is not None else task.result()
+        if child is None:
             return
         if self._closed:
-            await child.terminate()
+            asyncio.get_running_loop().create_task(child.terminate())
             return
-        self._spare = child
+        child.on_line, child.on_exit = _spare_line, self._spare_exited
+        self._pool.append(child)
 
     def _spare_exited(self, child: _Child, code: int | None) -> None:
-        if self._spare is child:
-            self._spare = None
+        if child in self._pool:
+            self._pool.remove(child)
             log.info("%s: the spare upstream child exited with code %s before it was used", child.name, code)
+
+    def reap_idle_spares(self) -> int:
+        """Stop the spares unused for `spare_idle_s`, keeping one (the pool refills as sessions take
+        them again); returns how many were stopped. Called by the service's idle reaper."""
+        now = time.monotonic()
+        reaped = 0
+        while len(self._pool) > 1 and now - self._pool[0].pooled_at > self.spare_idle_s:
+            spare = self._pool.popleft()
+            asyncio.get_running_loop().create_task(spare.terminate())
+            reaped += 1
+        if reaped:
+            log.info("stopped %d spare upstream children unused for %g s", reaped, self.spare_idle_s)
+        return reaped
 
     @property
     def children(self) -> int:
         n = sum(1 for link in self._links if link._child is not None and link._child.alive)
-        if self._modern is not None and self._modern._child is not None and self._modern._child.alive:
-            n += 1
+        for link in (self._modern, self._shared.link if self._shared is not None else None):
+            if link is not None and link._child is not None and link._child.alive:
+                n += 1
         return n
 
 

@@ -6,6 +6,8 @@ import re
 
 from prometheus_client import CollectorRegistry
 
+from proxy.state.metrics import StateCollector
+from proxy.state.shared import RedisState
 from proxy.telemetry.metrics import MetricsObserver
 from tests.telemetry.promql import REPO
 
@@ -13,6 +15,8 @@ from tests.telemetry.promql import REPO
 def test_the_metric_table_matches_the_registry() -> None:
     registry = CollectorRegistry()
     MetricsObserver(registry)
+    # with a shared store (never connected here: the collector reads its counters only)
+    registry.register(StateCollector(RedisState("redis://127.0.0.1:1/0")))
     exported = {}
     for metric in registry.collect():
         name = metric.name + ("_total" if metric.type == "counter" else "")

@@ -101,30 +101,88 @@ async def test_a_message_over_the_size_limit_stops_the_child_and_fails_its_call_
         await upstream.aclose()
 
 
+async def _pool_holds(upstream: StdioUpstream, n: int, bound_s: float = 20.0) -> None:
+    """Until `n` spares are ready (their starts are tasks of the pool: awaited, bounded)."""
+    async with asyncio.timeout(bound_s):
+        while upstream.spares_ready < n:
+            if upstream._starting:
+                await asyncio.wait(list(upstream._starting), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                assert upstream.spares_ready >= n, f"pool stuck at {upstream.spares_ready} of {n}, nothing starting"
+
+
 async def test_a_new_session_gets_the_warm_spare_and_a_new_spare_is_started() -> None:
     upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=1)
     try:
         first = await upstream.open(Era.LEGACY)
         await _call(first, "initialize")  # the command works: a spare is started for the next session
-        for _ in range(200):
-            if upstream._spare is not None:
-                break
-            await asyncio.sleep(0.02)
-        spare = upstream._spare
-        assert spare is not None and spare.alive
+        await _pool_holds(upstream, 1)
+        spare = upstream._pool[0]
+        assert spare.alive
         second = await upstream.open(Era.LEGACY)
         assert (await _call(second, "initialize"))["result"] == {"method": "initialize"}
         assert second._child is spare, "the second session runs on the spare, already started"
         assert first._child is not spare
-        for _ in range(200):
-            if upstream._spare is not None:
-                break
-            await asyncio.sleep(0.02)
-        assert upstream._spare is not None and upstream._spare is not spare, "and the next spare is warming"
-        last = upstream._spare
+        await _pool_holds(upstream, 1)
+        assert upstream._pool[0] is not spare, "and the next spare is warming"
+        last = upstream._pool[0]
     finally:
         await upstream.aclose()
     assert not last.alive and last.returncode is not None, "closing the upstream stops the spare too"
+
+
+async def test_the_pool_fills_to_its_size_a_bounded_few_at_a_time_and_serves_sessions_oldest_first() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=4, spare_starts=2)
+    links = []
+    try:
+        first = await upstream.open(Era.LEGACY)
+        await _call(first, "initialize")
+        assert len(upstream._starting) == 2, "two start at once, not four"
+        await _pool_holds(upstream, 4)
+        assert upstream.spares_ready == 4 and not upstream._starting, "bounded: no fifth"
+        ready = list(upstream._pool)
+        for _ in range(4):
+            link = await upstream.open(Era.LEGACY)
+            assert (await _call(link, "initialize"))["result"] == {"method": "initialize"}
+            links.append(link)
+        assert [link._child for link in links] == ready, "every session got a warm child, oldest first"
+        assert upstream.children == 5, "spares are counted as children only once a session has them"
+        await _pool_holds(upstream, 4)
+    finally:
+        await upstream.aclose()
+    assert not any(child.alive for child in ready)
+
+
+async def test_a_session_waits_for_a_starting_spare_instead_of_starting_its_own() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=2, spare_starts=2)
+    try:
+        first = await upstream.open(Era.LEGACY)
+        await _call(first, "initialize")
+        assert upstream.spares_ready == 0 and len(upstream._starting) == 2
+        starting = list(upstream._starting)
+        second = await upstream.open(Era.LEGACY)
+        await _call(second, "initialize")
+        assert second._child in [task.result() for task in starting if task.done()], (
+            "no process of its own: it took one of the two starting"
+        )
+    finally:
+        await upstream.aclose()
+
+
+async def test_idle_spares_are_reaped_down_to_one() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=3, spare_idle_s=0.0)
+    try:
+        first = await upstream.open(Era.LEGACY)
+        await _call(first, "initialize")
+        await _pool_holds(upstream, 3)
+        reaped = list(upstream._pool)[:2]
+        assert upstream.reap_idle_spares() == 2
+        assert upstream.spares_ready == 1
+        for child in reaped:
+            await asyncio.wait_for(child.exited.wait(), 10)
+        assert not upstream._starting, "a reaped spare is not replaced until a session takes one"
+    finally:
+        await upstream.aclose()
 
 
 async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> None:
@@ -132,8 +190,7 @@ async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> N
     try:
         link = await upstream.open(Era.LEGACY)
         await _call(link, "initialize")
-        await asyncio.sleep(0.2)
-        assert upstream._spare is None and upstream._spare_task is None
+        assert upstream.spares_ready == 0 and not upstream._starting
     finally:
         await upstream.aclose()
     broken = StdioUpstream([sys.executable, "-c", "import sys; sys.exit(3)"], spares=1)
@@ -141,8 +198,7 @@ async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> N
         link = await broken.open(Era.LEGACY)
         with pytest.raises(UpstreamFailure):
             await _call(link, "initialize")
-        await asyncio.sleep(0.2)
-        assert broken._spare is None and broken._spare_task is None, "a command that never answered gets no spare"
+        assert broken.spares_ready == 0 and not broken._starting, "a command that never answered gets no spare"
     finally:
         await broken.aclose()
 

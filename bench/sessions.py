@@ -1,0 +1,235 @@
+"""New 2025 sessions per second through a stdio upstream, against a 2026 client making the same calls.
+
+    .venv/bin/python bench/sessions.py                          # 40 clients x 10 calls, defaults
+    .venv/bin/python bench/sessions.py --proxy-arg=--stdio-spares=4
+    .venv/bin/python bench/sessions.py --proxy-arg=--stdio-sessions=shared
+    .venv/bin/python bench/sessions.py --repo /work/main        # another checkout's proxy
+
+The run of issue 16: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
+session per call, through `python -m proxy serve` in front of a Python SDK stdio server
+(`bench/upstream.py`, an `MCPServer` with one `echo` tool). Every call is a real Python SDK
+`Client` over Streamable HTTP:
+
+- `2025`: `Client(url, mode="legacy")`: initialize, notifications/initialized, tools/call, then
+  DELETE of the session (each session gets its own upstream child unless `--stdio-sessions
+  shared`).
+- `2026`: `Client(url, mode="2026-07-28")`: the same tools/call as one stateless request, served
+  by the proxy's one shared child.
+
+Both legs run against the same proxy process, the 2026 leg first (its child is already warm from
+the start-up probe, as it would be in service). Printed per leg: calls answered and failed,
+wall time, sessions (calls) per second, and p50/p99 of the time from opening the client to the
+call's answer (what an agent that opens a session per call waits for); then the 2025 leg's wall
+time over the 2026 leg's (the issue's target: within 2x with shared children). Every leg is
+bounded in count and time (`--bound-s`), every call by `--call-bound-s`; the proxy is started and
+stopped by its pid. `--max-sessions-per-client` is raised to the session count on the proxy,
+since every client here has the same address, and `--session-init-timeout-s` to 120 s (on a loaded
+machine the clients' own CPU can delay `notifications/initialized` past the default 10 s, and
+what is measured is sessions, not that protection). Not a test and not in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    port, admin = free_port(), free_port()
+    argv = [
+        PYTHON,
+        "-m",
+        "proxy",
+        "serve",
+        "--listen",
+        f"http://127.0.0.1:{port}/mcp",
+        "--admin",
+        f"127.0.0.1:{admin}",
+        "--max-sessions",
+        str(max(64, sessions)),
+        "--max-sessions-per-client",
+        str(max(64, sessions)),
+        # benign clients that a loaded machine can keep from sending notifications/initialized
+        # within the default 10 s: what is measured is sessions, not that protection
+        "--session-init-timeout-s",
+        "120",
+        *extra,
+        "--",
+        PYTHON,
+        str(REPO / "bench/upstream.py"),
+        "--transport",
+        "stdio",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=repo, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    ready = f"http://127.0.0.1:{admin}/readyz"
+    deadline = time.monotonic() + 120  # a loaded machine starts a Python server slowly
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the proxy exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(ready, timeout=1.0).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop(proc)
+            raise SystemExit(f"the proxy was not ready within 120 s: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port}/mcp", f"http://127.0.0.1:{admin}"
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+async def one_call(url: str, mode: str, text: str, bound_s: float) -> float:
+    from mcp import Client
+
+    began = time.perf_counter()
+    async with asyncio.timeout(bound_s):
+        async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+            result = await client.call_tool("echo", {"text": text})
+            took = time.perf_counter() - began
+    if result.is_error:
+        raise RuntimeError(f"isError: {result.content!r:.200}")
+    return took
+
+
+async def leg(url: str, mode: str, clients: int, calls: int, bound_s: float, call_bound_s: float) -> dict[str, object]:
+    times: list[float] = []
+    failures: list[str] = []
+
+    async def client(n: int) -> None:
+        for i in range(calls):
+            try:
+                times.append(await one_call(url, mode, f"c{n}-{i}", call_bound_s))
+            except Exception as exc:  # counted and shown: a failed call is a result of the run
+                while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]  # the SDK's task groups wrap the one failure that matters
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    began = time.perf_counter()
+    try:
+        async with asyncio.timeout(bound_s):
+            await asyncio.gather(*(client(n) for n in range(clients)))
+    except TimeoutError:
+        failures.append(f"leg bound of {bound_s:g} s reached")
+    wall = time.perf_counter() - began
+    return {"mode": mode, "wall": wall, "times": times, "failures": failures}
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def show(name: str, r: dict[str, object]) -> None:
+    times: list[float] = r["times"]  # type: ignore[assignment]
+    failures: list[str] = r["failures"]  # type: ignore[assignment]
+    wall: float = r["wall"]  # type: ignore[assignment]
+    print(
+        f"  {name:5} answered {len(times):4d}  failed {len(failures):3d}  wall {wall:7.1f} s  "
+        f"{len(times) / wall:7.1f} sessions/s  first answer p50 {quantile(times, 0.5) * 1000:7.0f} ms  "
+        f"p99 {quantile(times, 0.99) * 1000:7.0f} ms"
+    )
+    for why in sorted(set(failures))[:5]:
+        print(f"        {failures.count(why)}x {why}")
+
+
+def children_of(pid: int) -> int:
+    """Upstream processes below the proxy now (the guard processes are not counted)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    below, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        below += kids
+        todo += kids
+    n = 0
+    for p in below:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read()
+        except OSError:
+            continue
+        if b"bench/upstream.py" in argv and b"_guard.py" not in argv:
+            n += 1
+    return n
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=10, help="calls per client, one session each")
+    parser.add_argument("--proxy-arg", action="append", default=[], help="a flag for `serve` (repeatable)")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose proxy runs")
+    parser.add_argument("--bound-s", type=float, default=400.0, help="each leg ends after this, counted as failed")
+    parser.add_argument("--call-bound-s", type=float, default=120.0)
+    parser.add_argument("--only", choices=["2025", "2026"], help="run one leg only")
+    args = parser.parse_args()
+    total = args.clients * args.calls
+    log = Path(f"/tmp/bench-sessions-{os.getpid()}.log")
+    proc, url, _admin = start_proxy(args.repo, args.proxy_arg, args.clients, log)
+    print(
+        f"{args.clients} clients x {args.calls} calls, one session per call ({total} calls a leg); "
+        f"proxy {args.repo} {' '.join(args.proxy_arg) or '(defaults)'}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    results: dict[str, dict[str, object]] = {}
+    try:
+        if args.only in (None, "2026"):
+            results["2026"] = await leg(url, "2026-07-28", args.clients, args.calls, args.bound_s, args.call_bound_s)
+            show("2026", results["2026"])
+        if args.only in (None, "2025"):
+            results["2025"] = await leg(url, "legacy", args.clients, args.calls, args.bound_s, args.call_bound_s)
+            show("2025", results["2025"])
+        print(f"  upstream processes under the proxy at the end: {children_of(proc.pid)}")
+    finally:
+        code = stop(proc)
+        print(f"  proxy exit status after SIGTERM: {code}")
+    if "2025" in results and "2026" in results:
+        # by rate, not wall time: a leg cut short by its bound answered fewer calls
+        rates = {k: len(r["times"]) / float(r["wall"]) for k, r in results.items()}  # type: ignore[arg-type]
+        ratio = rates["2026"] / rates["2025"] if rates["2025"] else float("inf")
+        print(f"  2026 rate / 2025 rate: {ratio:.2f}x (issue 16 target with shared children: at most 2x)")
+    failed = sum(len(r["failures"]) for r in results.values())  # type: ignore[arg-type]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,68 @@
+"""Where the ledger, the approvals and the retry budget live (RECOVERY.md §4; docs/state.md).
+
+`--state memory` (the default) keeps them in the process: the engine's `InMemoryLedger` and its
+`AntiStorm` are the whole truth, and `build_state` returns None (nothing else runs, nothing on the
+call path changes). `--state redis://…` (rediss://, valkey://, valkeys://) shares them through a
+Redis or Valkey server: `proxy.state.shared.RedisState`.
+
+The contract the engine relies on (`SharedState`):
+- `ledger` is a local, synchronous view of the shared ledger (an `InMemoryLedger`): the engine's
+  per-call "is this operation exhausted?" check reads it without a round trip. The store keeps it
+  current (records, approvals and clears of every replica arrive on a pub/sub channel), so its
+  staleness is the channel's delivery time while subscribed (docs/state.md gives the bound).
+- `approve` is the single-use approval, decided atomically by the store (one round trip): two
+  replicas racing on one budget id approve exactly one call. It never waits past the store
+  timeout; an unreachable store refuses approvals of budgets it holds (fail closed).
+- `recorded` writes an exhaustion the engine just recorded in `ledger` (one round trip, bounded);
+  while the store is unreachable the entry stays local and is written when it returns.
+- `cleared` forgets an operation everywhere (in the background: nothing waits for it).
+- `attach(antistorm)` lets the store's sync task exchange the retry budget's counts; the
+  circuit breaker stays per replica (docs/state.md says why).
+- `status()` is the `/readyz` detail; `up` is `mcp_recovery_state_store_up`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from proxy.recovery.antistorm import AntiStorm
+    from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger
+    from proxy.settings import Settings
+
+
+class SharedState(Protocol):
+    ledger: InMemoryLedger
+    description: str
+
+    @property
+    def up(self) -> bool: ...
+
+    def attach(self, antistorm: AntiStorm) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def approve(self, op: str, budget_id: str, now_s: float) -> bool: ...
+
+    async def recorded(self, entry: ExhaustedEntry) -> None: ...
+
+    def cleared(self, op: str) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+def build_state(settings: Settings, *, upstream_name: str) -> SharedState | None:
+    """The shared store the settings name, or None for `memory` (redis is imported only then)."""
+    if settings.state == "memory":
+        return None
+    from proxy.state.shared import RedisState
+
+    return RedisState(
+        settings.state,
+        prefix=settings.state_prefix,
+        timeout_s=settings.state_timeout_s,
+        sync_interval_s=settings.state_sync_interval_s,
+        upstream_name=upstream_name,
+    )

@@ -1,0 +1,561 @@
+"""The ledger, approvals and retry budget shared through Redis or Valkey (docs/state.md).
+
+Keys (`P` is `--state-prefix`, default `mcp-recovery:`; the `{…}` part is a Redis Cluster hash
+tag, so one operation's key, and one tool's budget buckets, stay on one shard):
+- `P ledger:{<operation digest>}`: a hash (`b` budget id, `r` stop reason, `t` recorded at, epoch
+  ms, `s` the summary as JSON, `a` "1" once the approval is spent) with a PEXPIRE of the ledger
+  window: the store never needs cleaning. The digest is `operation_digest` as the engine computes
+  it (principal-scoped when authentication is on), never recomputed here.
+- `P budget:{<sha256(upstream, tool)[:16]>}:<epoch second>`: a hash (`c` calls, `r` retries)
+  that expires after two windows.
+- channel `P ledger`: every record, approval and clear, published by the script that makes it,
+  so each replica's local view follows the store.
+
+Every write is one Lua script (EVALSHA): record, approve (compare, spend and publish in one step:
+two replicas racing on one budget id approve exactly one call) and clear are atomic and one round
+trip each; nothing is read and then written from Python.
+
+Bounded: every store operation is awaited at most `timeout_s` (the client's socket timeouts are the
+same bound, and redis-py's own retries are off). A failed operation marks the store down: until the
+sync task reaches it again, calls skip it entirely (no call waits on a store known to be down), the
+ledger is the local view (entries recorded meanwhile are kept for the store), approvals of budgets
+the store holds are refused (single use cannot be checked), and the retry budget is this replica's
+own. When the store answers again, the proxy reconciles: it writes the live entries it knows
+(without overwriting the store's), deletes what it cleared while down, and reads the store's
+entries back into its view. A store restarted empty thus gets back every entry a replica still
+holds; spent approvals included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from proxy.recovery.antistorm import WINDOW_S, AntiStorm
+from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
+from proxy.recovery.reasons import StopReason
+from proxy.secret_values import SECRETS
+
+log = logging.getLogger("proxy.state")
+T = TypeVar("T")
+
+# Closed label sets of the metrics (proxy/state/metrics.py).
+OPERATIONS = ("ping", "record", "approve", "clear", "budget", "subscribe", "reconcile")
+FALLBACKS = ("record", "approve", "clear", "budget")
+MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are first in the table)
+MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
+RESUBSCRIBE_MAX_S = 2.0
+SCAN_BATCH = 500
+
+_RECORD = """
+if ARGV[7] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'b', ARGV[1], 'r', ARGV[2], 't', ARGV[3], 's', ARGV[4], 'a', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PUBLISH', ARGV[8], ARGV[9])
+return 1
+"""
+# 1: approved now; 0: another budget, or already spent; -1: the store holds no such entry
+_APPROVE = """
+local fields = redis.call('HMGET', KEYS[1], 'b', 'a')
+if not fields[1] then return -1 end
+if fields[1] ~= ARGV[1] or fields[2] == '1' then return 0 end
+redis.call('HSET', KEYS[1], 'a', '1')
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+_CLEAR = """
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+# KEYS: the window's buckets, oldest first; ARGV: calls and retries to add to each, then the TTL.
+_BUDGET = """
+local ttl = tonumber(ARGV[#ARGV])
+local calls, retries = 0, 0
+for i, key in ipairs(KEYS) do
+  local dc, dr = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  if dc > 0 then redis.call('HINCRBY', key, 'c', dc) end
+  if dr > 0 then redis.call('HINCRBY', key, 'r', dr) end
+  if dc > 0 or dr > 0 then redis.call('EXPIRE', key, ttl) end
+  local got = redis.call('HMGET', key, 'c', 'r')
+  calls = calls + (tonumber(got[1]) or 0)
+  retries = retries + (tonumber(got[2]) or 0)
+end
+return {calls, retries}
+"""
+
+
+class StoreUnavailable(Exception):
+    """A store operation failed or took longer than its bound (the store is now marked down)."""
+
+
+def client_url(url: str) -> str:
+    """valkey:// and valkeys:// are redis:// and rediss:// to the client (the same protocol)."""
+    if url.startswith("valkey://"):
+        return "redis://" + url.removeprefix("valkey://")
+    if url.startswith("valkeys://"):
+        return "rediss://" + url.removeprefix("valkeys://")
+    return url
+
+
+def describe(url: str) -> str:
+    """The store's URL without its credentials (for logs and /readyz)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password (and user) in a store URL: registered as secrets so no answer carries them."""
+    parts = urlsplit(url)
+    return [v for v in (parts.password,) if v]
+
+
+class RedisState:
+    """`SharedState` on Redis or Valkey (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "mcp-recovery:",
+        timeout_s: float = 0.5,
+        sync_interval_s: float = 0.25,
+        upstream_name: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        self.description = describe(url)
+        self.ledger = InMemoryLedger(clock, max_entries=max_entries)
+        self.prefix = prefix
+        self.channel = f"{prefix}ledger"
+        self.timeout_s = timeout_s
+        self.sync_interval_s = sync_interval_s
+        self.clock = clock
+        self.wall = wall
+        self._upstream_tag = upstream_name
+        self._replica = os.urandom(6).hex()  # our own messages come back on the channel: skipped
+        self.client = aioredis.Redis.from_url(
+            client_url(url),
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # the bound is ours: one try, then the local state
+            retry_on_timeout=False,
+            health_check_interval=5,
+            client_name="mcp-recovery-proxy",
+        )
+        self._record = self.client.register_script(_RECORD)
+        self._approve = self.client.register_script(_APPROVE)
+        self._clear = self.client.register_script(_CLEAR)
+        self._budget_sha = hashlib.sha1(_BUDGET.encode()).hexdigest()  # the name Redis gives the script
+        self._up = False
+        self._ever_up = False
+        self._closed = False
+        self.errors: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
+        self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACKS, 0)
+        self.reconciles = 0
+        self.budget_syncs = 0  # completed exchanges of the retry budget's counts
+        self.last_error: str | None = "not connected yet"
+        self._pending: dict[str, None] = {}  # ops recorded while the store was down (ordered set)
+        self._unsynced_clears: dict[str, None] = {}
+        self._flushed: dict[tuple[str, int], tuple[int, int]] = {}
+        self._antistorm: AntiStorm | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._resubscribe = asyncio.Event()
+        self._reconcile_lock = asyncio.Lock()
+        self._sync_lock = asyncio.Lock()
+        self._budget_keys: dict[str, str] = {}
+        self._fleet_tools: list[str] = []  # tools any replica counted within the window (from the store)
+        # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def up(self) -> bool:
+        return self._up
+
+    def attach(self, antistorm: AntiStorm) -> None:
+        self._antistorm = antistorm
+
+    async def start(self) -> None:
+        """Connect (bounded); a store that does not answer yet leaves the proxy on local state."""
+        with contextlib.suppress(StoreUnavailable):
+            await self._call("ping", self.client.ping())
+        if not self._up:
+            log.warning("shared state %s unreachable at start: local state until it answers", self.description)
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._sync_loop())]
+
+    async def aclose(self) -> None:
+        """Stop the listener, the sync task and background clears, bounded: on Python 3.11 a
+        cancellation that lands as a `wait_for` completes can be lost, so the loops also stop on
+        `_closed`, and the wait for them is bounded."""
+        self._closed = True
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=4 * self.timeout_s + 1)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.aclose(), self.timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"store": self.description, "up": self._up}
+        if not self._up:
+            out["fallback"] = "local ledger and retry budget; approvals of shared budgets refused"
+            out["error"] = self.last_error
+        out["pendingEntries"] = len(self._pending)
+        out["entries"] = len(self.ledger)
+        return out
+
+    # -- the bound on every operation -----------------------------------------------------------
+    async def _call(self, operation: str, awaitable: Awaitable[T]) -> T:
+        try:
+            result = await asyncio.wait_for(awaitable, self.timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(operation, exc)
+            raise StoreUnavailable(operation) from None
+        if not self._up:
+            self._came_back()
+        return result
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        self.errors[operation] = self.errors.get(operation, 0) + 1
+        # The class and a scrubbed, cut message: a store error may echo a URL with its password.
+        why = type(exc).__name__ + (f": {SECRETS.scrub(str(exc))[:160]}" if str(exc) else "")
+        self.last_error = f"{operation}: {why}"
+        if self._up:
+            log.warning("shared state %s down (%s): local state until it answers", self.description, self.last_error)
+        self._up = False
+        self._changed()
+
+    def _came_back(self) -> None:
+        self._up = True
+        self.last_error = None
+        if self._ever_up:
+            log.warning("shared state %s answers again: reconciling", self.description)
+        self._ever_up = True
+        self._resubscribe.set()  # the listener resubscribes and reconciles (one place does both)
+        self._changed()
+
+    # -- the ledger -----------------------------------------------------------------------------
+    def _key(self, op: str) -> str:
+        return f"{self.prefix}ledger:{{{op}}}"
+
+    def _message(self, kind: str, op: str, **fields: Any) -> bytes:
+        return orjson.dumps({"k": kind, "o": op, "from": self._replica, **fields})
+
+    def _record_args(self, entry: ExhaustedEntry, now_s: float, *, only_if_absent: bool) -> list[Any]:
+        ttl_ms = max(1, math.ceil(entry.retry_after_s(now_s) * 1000))
+        recorded_ms = int((self.wall() - (now_s - entry.recorded_at_s)) * 1000)
+        summary = orjson.dumps(dict(entry.summary)).decode()
+        approved = "1" if entry.approved else "0"
+        message = self._message(
+            "r", entry.op, b=entry.budget_id, r=entry.reason.value, t=recorded_ms, s=summary, a=approved, ttl=ttl_ms
+        )
+        absent = "1" if only_if_absent else "0"
+        reason = entry.reason.value
+        return [entry.budget_id, reason, recorded_ms, summary, approved, ttl_ms, absent, self.channel, message]
+
+    async def recorded(self, entry: ExhaustedEntry) -> None:
+        if not self._up:
+            self._keep_local(entry.op)
+            return
+        try:
+            args = self._record_args(entry, self.clock(), only_if_absent=False)
+            await self._call("record", self._record(keys=[self._key(entry.op)], args=args))
+        except StoreUnavailable:
+            self._keep_local(entry.op)
+        else:
+            self._pending.pop(entry.op, None)
+
+    def _keep_local(self, op: str) -> None:
+        self.fallbacks["record"] += 1
+        self._pending.pop(op, None)
+        self._pending[op] = None
+        while len(self._pending) > DEFAULT_MAX_ENTRIES:
+            self._pending.pop(next(iter(self._pending)))
+
+    async def approve(self, op: str, budget_id: str, now_s: float) -> bool:
+        if op in self._pending:
+            # Recorded while the store was unreachable: only this replica holds it, so its
+            # single use is decided here.
+            return self.ledger.approve(op, budget_id, now_s)
+        if not self._up:
+            self.fallbacks["approve"] += 1
+            return False  # single use cannot be checked: refused (fail closed, docs/state.md)
+        message = self._message("a", op, b=budget_id)
+        try:
+            verdict = await self._call(
+                "approve", self._approve(keys=[self._key(op)], args=[budget_id, self.channel, message])
+            )
+        except StoreUnavailable:
+            self.fallbacks["approve"] += 1
+            return False
+        if verdict == 1:
+            self.ledger.approve(op, budget_id, now_s)
+            return True
+        return False
+
+    def cleared(self, op: str) -> None:
+        self._pending.pop(op, None)
+        if not self._up or len(self._background) >= MAX_PENDING_TASKS:
+            self.fallbacks["clear"] += 1
+            self._unsynced_clears[op] = None
+            return
+        task = asyncio.get_running_loop().create_task(self._clear_in_store(op))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _clear_in_store(self, op: str) -> None:
+        try:
+            await self._call("clear", self._clear(keys=[self._key(op)], args=[self.channel, self._message("c", op)]))
+        except StoreUnavailable:
+            self._unsynced_clears[op] = None
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            msg = orjson.loads(data)
+            if msg.get("from") == self._replica:
+                return
+            op, kind = msg["o"], msg["k"]
+            now = self.clock()
+            if kind == "r":
+                self._learn(op, msg["b"], msg["r"], msg["t"], msg["s"], msg["a"] == "1", msg["ttl"] / 1000, now)
+            elif kind == "a":
+                self.ledger.approve(op, msg["b"], now)
+            elif kind == "c":
+                self.ledger.clear(op)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignored a malformed message on %s", self.channel)
+        self._changed()
+
+    def _learn(
+        self, op: str, budget_id: str, reason: str, recorded_ms: int, summary: str | Mapping[str, Any],
+        approved: bool, ttl_s: float, now_s: float,
+    ) -> None:  # fmt: skip
+        """An entry the store holds, into the local view (its age and time left kept)."""
+        age_s = max(0.0, self.wall() - recorded_ms / 1000)
+        data = orjson.loads(summary) if isinstance(summary, str | bytes) else dict(summary)
+        self.ledger.record_exhausted(op, budget_id, StopReason(reason), age_s + ttl_s, now_s - age_s, data)
+        if approved:
+            self.ledger.approve(op, budget_id, now_s)
+
+    # -- keeping the view current ---------------------------------------------------------------
+    async def _listen(self) -> None:
+        """Subscribe, reconcile, then apply every message; start again after any failure."""
+        delay_s = 0.05
+        while not self._closed:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await self._call("subscribe", pubsub.subscribe(self.channel))
+                self._resubscribe.clear()
+                await self._reconcile()
+                delay_s = 0.05
+                while not self._resubscribe.is_set() and not self._closed:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self._on_message(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable:
+                pass
+            except (RedisError, OSError) as exc:
+                self._failed("subscribe", exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pubsub.aclose(), self.timeout_s)
+            if not self._resubscribe.is_set():
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
+
+    async def _reconcile(self) -> None:
+        """After (re)subscribing: write what the store lacks, then read the store into the view."""
+        async with self._reconcile_lock:
+            now = self.clock()
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                pushed = 0
+                for op in self.ledger.ops():
+                    entry = self.ledger.check(op, now)
+                    if entry is not None:
+                        args = self._record_args(entry, now, only_if_absent=True)
+                        await self._record(keys=[self._key(op)], args=args, client=pipe)  # queued, no I/O
+                        pushed += 1
+                for op in self._unsynced_clears:
+                    pipe.delete(self._key(op))
+                if pushed or self._unsynced_clears:
+                    await self._call("reconcile", pipe.execute())
+                self._pending.clear()
+                self._unsynced_clears.clear()
+                await self._pull()
+            except StoreUnavailable:
+                return
+            except RedisError as exc:
+                self._failed("reconcile", exc)
+                return
+            self.reconciles += 1
+            self._changed()
+
+    async def _pull(self) -> None:
+        """Every live entry of the store into the local view; local entries the store lacks (it
+        expired them, or a replica cleared them) are forgotten."""
+        found: set[str] = set()
+        cursor: int | bytes = 0
+        prefix = f"{self.prefix}ledger:{{"
+        while True:
+            cursor, keys = await self._call(
+                "reconcile", self.client.scan(cursor=cursor, match=f"{_glob_escape(prefix)}*", count=SCAN_BATCH)
+            )
+            if keys:
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hgetall(key)
+                    pipe.pttl(key)
+                replies = await self._call("reconcile", pipe.execute())
+                now = self.clock()
+                for key, fields, ttl_ms in zip(keys, replies[::2], replies[1::2], strict=True):
+                    op = key.decode()[len(prefix) : -1]
+                    if not fields or ttl_ms <= 0 or b"b" not in fields:
+                        continue
+                    found.add(op)
+                    entry = self.ledger.check(op, now)
+                    budget, approved = fields[b"b"].decode(), fields.get(b"a") == b"1"
+                    if entry is None or entry.budget_id != budget or entry.approved != approved:
+                        self._learn(
+                            op, budget, fields[b"r"].decode(), int(fields[b"t"]), fields[b"s"].decode(),
+                            approved, ttl_ms / 1000, now,
+                        )  # fmt: skip
+            if not cursor or len(found) >= 2 * DEFAULT_MAX_ENTRIES:
+                break
+        for op in self.ledger.ops():
+            if op not in found:
+                self.ledger.clear(op)
+
+    # -- the fleet's retry budget ---------------------------------------------------------------
+    def _budget_key(self, tool: str) -> str:
+        tag = self._budget_keys.get(tool)
+        if tag is None:
+            if len(self._budget_keys) > 4 * MAX_BUDGET_TOOLS:
+                self._budget_keys.clear()
+            digest = hashlib.sha256(f"{self._upstream_tag}\0{tool}".encode()).hexdigest()[:16]
+            tag = self._budget_keys[tool] = f"{self.prefix}budget:{{{digest}}}:"
+        return tag
+
+    async def _sync_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                await self.sync_budget()
+            except StoreUnavailable:
+                self.fallbacks["budget"] += 1
+
+    async def sync_budget(self) -> None:
+        """One pipelined round trip: add this replica's new counts to the store's buckets, and read
+        the fleet's totals over the window for every tool any replica counted lately (the tools
+        are listed in the store, so a replica learns the fleet's count of a tool before its own
+        first retry of it). With nothing counted anywhere, a PING keeps `up` current. One at a
+        time: two at once would send the same new counts twice."""
+        async with self._sync_lock:
+            await self._sync_budget()
+
+    async def _sync_budget(self, *, _again: bool = False) -> None:
+        antistorm = self._antistorm
+        if antistorm is None:
+            await self._call("ping", self.client.ping())
+            self.budget_syncs += 1
+            return
+        now = self.clock()
+        offset = self.wall() - now  # local (monotonic) seconds to the epoch seconds all replicas share
+        now_epoch = math.floor(now + offset)
+        oldest = math.floor(now) - WINDOW_S + 1
+        counts = dict(antistorm.counts()[:MAX_BUDGET_TOOLS])
+        tools = list(counts)
+        tools += [t for t in self._fleet_tools if t not in counts][: MAX_BUDGET_TOOLS - len(tools)]
+        pipe = self.client.pipeline(transaction=False)
+        own: list[tuple[str, int, int]] = []
+        updates: dict[tuple[str, int], tuple[int, int]] = {}
+        flushed = self._flushed
+        for tool in tools:
+            deltas: dict[int, tuple[int, int]] = {}
+            for second, calls, retries in counts.get(tool, ()):
+                if second < oldest:
+                    continue
+                done = flushed.get((tool, second), (0, 0))
+                dc, dr = calls - done[0], retries - done[1]
+                if dc > 0 or dr > 0:
+                    epoch = math.floor(second + offset)
+                    c, r = deltas.get(epoch, (0, 0))
+                    deltas[epoch] = (c + dc, r + max(dr, 0))
+                    updates[(tool, second)] = (calls, retries)
+            base = self._budget_key(tool)
+            keys, args = [], []
+            for epoch in range(now_epoch - WINDOW_S + 1, now_epoch + 1):
+                keys.append(f"{base}{epoch}")
+                c, r = deltas.pop(epoch, (0, 0))
+                args += [c, r]
+            if deltas:  # a count that maps just outside the window (clock rounding): the newest bucket
+                args[-2] += sum(c for c, _ in deltas.values())
+                args[-1] += sum(r for _, r in deltas.values())
+            pipe.evalsha(self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
+            own.append((tool, *antistorm.own_window(tool, now)))
+        listed = self._tools_key()
+        if counts:
+            pipe.hset(listed, mapping=dict.fromkeys(counts, now_epoch))
+            pipe.expire(listed, 2 * WINDOW_S)
+        pipe.hgetall(listed)
+        replies = await self._call("budget", pipe.execute(raise_on_error=False))
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            # A store that has not seen the script yet (a new or restarted one: scripts are not
+            # persisted): load it and send the same commands again (the increments did not run).
+            await self._call("budget", self.client.script_load(_BUDGET))
+            if not _again:
+                await self._sync_budget(_again=True)  # nothing was counted yet: build it again
+            return
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            self._failed("budget", failed)
+            raise StoreUnavailable("budget")
+        # Counted only once the store has them: counts made while it was down go when it returns.
+        flushed.update(updates)
+        for key in [k for k in flushed if k[1] < oldest]:
+            del flushed[key]
+        for (tool, own_calls, own_retries), (calls, retries) in zip(own, replies[: len(own)], strict=True):
+            antistorm.set_others(tool, int(calls) - own_calls, int(retries) - own_retries, now)
+        seen = replies[-1]
+        self._fleet_tools = [
+            name.decode(errors="replace") for name, at in seen.items() if int(at) >= now_epoch - WINDOW_S
+        ][:MAX_BUDGET_TOOLS]
+        self.budget_syncs += 1
+
+    def _tools_key(self) -> str:
+        digest = hashlib.sha256(self._upstream_tag.encode()).hexdigest()[:16]
+        return f"{self.prefix}budget-tools:{{{digest}}}"
+
+
+def _glob_escape(text: str) -> str:
+    """A literal text inside a SCAN MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

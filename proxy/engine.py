@@ -265,7 +265,7 @@ class Engine:
                     _uncancel()
                     call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
                     call.start_after_first(started)
-                    return call.shut_down(None, started)
+                    return await call.shut_down(None, started)
                 if self.telemetry.active:
                     self.telemetry.emit(
                         CallFinished(
@@ -643,14 +643,14 @@ class _Call:
         except asyncio.CancelledError:
             if e.stopping:
                 _uncancel()
-                return self.shut_down(progress, started if self.in_flight else None)
+                return await self.shut_down(progress, started if self.in_flight else None)
             # The attempt the caller's cancellation stopped counts: it was sent (or being sent).
             self._finished(
                 "cancelled", StopReason.CANCELLED, None, False, attempts=len(self.attempts) + bool(self.in_flight)
             )
             raise
 
-    def shut_down(self, progress: _Progress | None, attempt_started: float | None) -> Message:
+    async def shut_down(self, progress: _Progress | None, attempt_started: float | None) -> Message:
         """The shutdown grace period ended during this call: an unresolved `shutdown` result. The
         attempt in flight (started at `attempt_started`, None between attempts) was cancelled
         upstream; it is recorded as the last attempt, dispatch unknown (it may have run)."""
@@ -672,7 +672,7 @@ class _Call:
                 )
             )
         partials = list(progress.notes) if progress is not None else []
-        return self._give_up(GiveUp(StopReason.SHUTDOWN), partials=partials)
+        return await self._give_up(GiveUp(StopReason.SHUTDOWN), partials=partials)
 
     def _attempt_finished(self, number: int, duration: float, outcome: Outcome, classified: Any) -> AttemptFinished:
         if classified is _SUCCESS:

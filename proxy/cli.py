@@ -113,6 +113,20 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--ready-check-interval-s", type=float, default=s, help="/readyz re-checks a network upstream")
     p.add_argument(
+        "--auth",
+        choices=["none", "passthrough", "jwt", "tokens"],
+        default=s,
+        help="who may call: none (default), passthrough (the upstream authenticates), jwt, tokens",
+    )
+    p.add_argument("--public-url", default=s, help="the URL clients dial, endpoint path included")
+    p.add_argument("--auth-issuer", default=s, help="jwt: the issuer URL whose metadata names its JWKS")
+    p.add_argument("--auth-audience", default=s, help="jwt: the audience tokens must name (default: --public-url)")
+    p.add_argument("--auth-tokens-file", default=s, help="tokens: 'NAME TOKEN' per line, '#' comments; hot-reloaded")
+    p.add_argument(
+        "--auth-hash-key-file", default=s, help="passthrough: the credential hash's key (share it between replicas)"
+    )
+    p.add_argument("--admin-token-file", default=s, help="a bearer token required for /metrics and /policies")
+    p.add_argument(
         "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
     )
     p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")

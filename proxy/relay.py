@@ -49,6 +49,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, Protocol
 
+from proxy.auth.base import Principal
+from proxy.auth.challenge import upstream_refusal
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -86,7 +88,8 @@ class Outbox(Protocol):
     def closed(self) -> bool: ...
 
 
-ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None], Awaitable[Message]]
+# (relay, request, outbox, forwarded headers, principal or None) -> the response
+ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None, Principal | None], Awaitable[Message]]
 
 
 class _NullOutbox:
@@ -434,6 +437,11 @@ class Relay:
         # upstream again what it speaks); see `protocol_mismatch`.
         self.on_protocol_mismatch: Callable[[], None] | None = None
         self.last_activity = time.monotonic()
+        # --auth passthrough: an upstream 401/403 is the caller's to answer; `handle_request` raises
+        # it as `AuthRefused` (the HTTP frontend answers the same status and challenge).
+        self.pass_auth_refusals = False
+        # The principal that opened this 2025 session (jwt, tokens): only it may use the session.
+        self.owner: str | None = None
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -457,12 +465,16 @@ class Relay:
         *,
         by_id: bool = True,
         caller: Any = None,
+        principal: Principal | None = None,
     ) -> None:
         """Relay one request; its response (or nothing, if cancelled) goes to `outbox`.
 
         `by_id`: the client may cancel it by id (stdio, legacy HTTP); modern HTTP clients cancel by
         closing the stream, and their ids need not be unique across clients. `caller`: on the
         shared relay, whose share of the in-flight cap the request's upstream requests take.
+        `principal`: who calls (authentication on), handed to the tool-call seam (budget owner).
+        With `pass_auth_refusals`, an upstream HTTP 401/403 raises `AuthRefused` instead of
+        answering the request, so the frontend can answer it as that HTTP status.
         """
         down_id = request["id"]
         method = request.get("method")
@@ -482,7 +494,7 @@ class Relay:
             self._caller_of[outbox] = caller
         try:
             if method == "tools/call" and self._tool_calls is not None:
-                response = await self._tool_calls(self, request, outbox, headers)
+                response = await self._tool_calls(self, request, outbox, headers, principal)
             else:
                 timeout_s = self.request_timeout_s if method not in LONG_LIVED else None
                 try:
@@ -494,6 +506,8 @@ class Relay:
                     response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:
+            if self.pass_auth_refusals and failure.http_status in (401, 403):
+                raise upstream_refusal(failure) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))

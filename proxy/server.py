@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from proxy.auth import Authenticator, build_authenticator
+from proxy.auth.tokens import read_secret_file
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.service import Service, build_upstream, upstream_secrets
-from proxy.settings import Settings
+from proxy.settings import LOOPBACK_HOSTS, Settings
 from proxy.state import build_state
 
 if TYPE_CHECKING:
@@ -140,13 +142,23 @@ def _uvicorn_config(
 
 
 async def run(settings: Settings) -> int:
+    # Before anything starts: auth settings that cannot work refuse the start (cli.py prints why).
+    auth = build_authenticator(settings)
+    admin_token = None
+    if settings.admin_token_file is not None:
+        admin_token = read_secret_file(settings.admin_token_file, "--admin-token-file")
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
     secrets = upstream_secrets(settings)
     if settings.state != "memory":
         from proxy.state.shared import url_secrets
 
         secrets = [*secrets, *url_secrets(settings.state)]  # the store's password, if its URL carries one
-    SECRETS.set(secrets)
+    SECRETS.set([*secrets, *([admin_token] if admin_token else [])])
+    if settings.auth == "none" and settings.listen != "stdio" and settings.listen_host not in LOOPBACK_HOSTS:
+        log.warning(
+            "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
+            settings.listen,
+        )
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -162,13 +174,19 @@ async def run(settings: Settings) -> int:
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
+    if auth is not None:
+        await auth.start()
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
     restore = _on_sigterm(on_signal)
     try:
-        return await _serve(settings, service, policies, bundle.registry, stop, on_signal)
+        return await _serve(
+            settings, service, policies, bundle.registry, stop, on_signal, auth=auth, admin_token=admin_token
+        )
     finally:
         restore()
+        if auth is not None:
+            await auth.aclose()
         await policies.aclose()
         await bundle.shutdown()
 
@@ -207,6 +225,9 @@ async def _serve(
     registry: CollectorRegistry,
     stop: asyncio.Event,
     on_signal: Callable[[], None] | None = None,
+    *,
+    auth: Authenticator | None = None,
+    admin_token: str | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
@@ -214,7 +235,11 @@ async def _serve(
 
         host, _, port = settings.admin.rpartition(":")
         admin_app = build_admin_app(
-            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+            service,
+            registry=registry,
+            policies=policies.snapshot,
+            allowed_hosts=settings.allowed_hosts,
+            admin_token=admin_token,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),
@@ -238,7 +263,7 @@ async def _serve(
     # for (bench/stdio_startup.py).
     from proxy.frontend.http import McpHttpApp
 
-    app = McpHttpApp(service, settings)
+    app = McpHttpApp(service, settings, auth=auth)
     main_server = _server(
         _uvicorn_config(
             app,

@@ -110,7 +110,9 @@ def build_upstream(settings: Settings) -> Upstream:
         return SseUpstream(target, **common)
     from proxy.upstream.http import HttpUpstream
 
-    return HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+    upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+    upstream.behind_caller_auth = settings.auth == "passthrough"
+    return upstream
 
 
 def upstream_secrets(settings: Settings) -> list[str]:
@@ -182,6 +184,8 @@ class Service:
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
+        # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)
+        self.probe_refusal: UpstreamFailure | None = None
         self._recheck: asyncio.Task[None] | None = None
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
@@ -371,13 +375,39 @@ class Service:
                     self.probe_error = None
                     log.info("upstream %s: %s", self.upstream.description, self.capabilities)
                     self.health.answered()
-                except (UpstreamFailure, TimeoutError, OSError) as exc:
-                    self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
-                    log.warning("%s", self.probe_error)
-                    self.health.failed(self.probe_error)
+                except UpstreamFailure as exc:
+                    if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
+                        self._probed_behind_auth(exc)
+                    else:
+                        self._probe_failed(exc)
+                except (TimeoutError, OSError) as exc:
+                    self._probe_failed(exc)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+        log.warning("%s", self.probe_error)
+        self.health.failed(self.probe_error)
+
+    def _probed_behind_auth(self, refusal: UpstreamFailure) -> None:
+        """`--auth passthrough`: the upstream refused the proxy's own probe for want of a caller's
+        credential, which the proxy does not have. It answered, so it is up. Which eras it speaks
+        cannot be asked without a credential, and asking with a caller's would be a request the
+        caller did not make (a server may count them, or rotate on them): both eras are served,
+        each request goes upstream in its caller's era, and the upstream answers it as it would
+        directly (a 2025-only server refuses a 2026 request itself). The refusal is kept: its
+        challenge names where the upstream's metadata lives."""
+        self.capabilities = Capabilities(
+            legacy=True,
+            modern=True,
+            detail=f"probe refused with HTTP {refusal.http_status}: both eras relayed, the upstream answers",
+        )
+        self.probe_refusal = refusal
+        self.probe_error = None
+        log.info("upstream %s requires the caller's credentials: %s", self.upstream.description, self.capabilities)
+        self.health.answered()
 
     async def _probe_until_ready(self) -> None:
         delay_s = 0.5
@@ -424,6 +454,7 @@ class Service:
                 **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
+            self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
         return self._modern
 
     def legacy_supported(self) -> bool:
@@ -474,6 +505,7 @@ class Service:
             client=client,
             **self._relay_limits(),
         )
+        relay.pass_auth_refusals = settings.auth == "passthrough"
         self.sessions[session_id] = relay
         if client is not None:
             self._session_clients[session_id] = client

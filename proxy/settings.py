@@ -127,6 +127,23 @@ class Settings(BaseSettings):
     call_log: Literal["all", "problems", "off"] = Field(
         "problems", description="which tools/call get a log line: all, problems (all but first-attempt successes), off"
     )
+    # Identity (issue 14; proxy/auth/). Cross-field checks are in proxy.auth.check_settings.
+    auth: Literal["none", "passthrough", "jwt", "tokens"] = Field(
+        "none", description="who may call: none, passthrough (the upstream authenticates), jwt, tokens"
+    )
+    public_url: str | None = Field(
+        None, description="the URL clients dial, endpoint path included (passthrough and jwt: required)"
+    )
+    auth_issuer: str | None = Field(None, description="jwt: the issuer whose metadata names its JWKS")
+    auth_audience: str | None = Field(None, description="jwt: the audience tokens must name (default: --public-url)")
+    auth_tokens_file: Path | None = Field(None, description="tokens: 'NAME TOKEN' lines, '#' comments; hot-reloaded")
+    auth_hash_key_file: Path | None = Field(
+        None,
+        description="passthrough: the key of the credential hash (principal ids); replicas that share state share it",
+    )
+    admin_token_file: Path | None = Field(
+        None, description="a bearer token for /metrics and /policies on the admin port"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -136,6 +153,16 @@ class Settings(BaseSettings):
         parts = urlsplit(value)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError("--listen takes 'stdio' or http://HOST:PORT/PATH, e.g. http://127.0.0.1:8080/mcp")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("--public-url takes the URL clients dial, e.g. https://mcp.example.com/mcp")
         return value
 
     @field_validator("state")

@@ -143,6 +143,7 @@ async def test_the_app_bounds_its_streams_and_replays_by_the_settings() -> None:
 
     class Session:  # the relay side of a listen stream: what the frontend attaches to
         stream: _Stream | None = None
+        owner: str | None = None  # opened without authentication: any caller may name it
 
         def attach_listen(self, stream: _Stream) -> bool:
             self.stream = stream
@@ -167,7 +168,7 @@ async def test_the_app_bounds_its_streams_and_replays_by_the_settings() -> None:
         return {"type": "http.disconnect"}
 
     headers = {"accept": "text/event-stream", "mcp-session-id": "s1"}
-    listening = asyncio.create_task(app._get(receive, send, headers))
+    listening = asyncio.create_task(app._get(receive, send, headers, None))
     try:
         await asyncio.wait_for(started.wait(), 10)
         stream = session.stream

@@ -1,0 +1,73 @@
+"""`--auth passthrough`: the sidecar in front of a server that does its own OAuth.
+
+Contract:
+- The proxy does not judge the credential: the upstream does. `authenticate` accepts every
+  request; the HTTP frontend forwards the caller's `Authorization` unchanged on every request it
+  relays for it (every attempt of a call included), and the upstream's 401/403 come back to the
+  caller as the same HTTP status with the upstream's `WWW-Authenticate` (proxy/auth/challenge.py
+  rewrites its `resource_metadata` to the proxy's public URL).
+- The principal is `passthrough:<32 hex>`: HMAC-SHA256 of the whole `Authorization` value under a
+  key, truncated to 128 bits, so a budget belongs to one credential and the id reveals nothing
+  of it (a keyed hash: without the key, a leaked id cannot be tested against guessed tokens). The
+  key is random per process unless `--auth-hash-key-file` names one: replicas sharing recovery
+  state (issue 15's shared store) must share the key, or one replica's ids mean nothing to
+  another. A request without `Authorization` is `anonymous` (the upstream will refuse it).
+- A refreshed token is a new credential and so a new principal: budgets spent under the old
+  token are not the new token's to approve (the proxy cannot tell that two tokens name one user).
+- The proxy knows no scopes here (`scopes_known=False`): `required_scopes` in a policy are not
+  checked by the proxy in this mode; the upstream's own 403 `insufficient_scope` is relayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+from proxy.auth.base import ANONYMOUS, AuthConfigError, AuthMode, Principal
+
+
+def read_key_file(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4097)
+    except OSError as exc:
+        raise AuthConfigError(
+            f"--auth-hash-key-file {path} cannot be read ({exc.strerror or type(exc).__name__})"
+        ) from None
+    key = raw.strip()
+    if len(raw) > 4096 or len(key) < 32:
+        raise AuthConfigError(f"--auth-hash-key-file {path} must hold at least 32 bytes of key (and at most 4 KiB)")
+    return key
+
+
+class PassthroughAuthenticator:
+    mode: AuthMode = "passthrough"
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+        # One entry per credential seen (bounded): a client repeats its token on every request.
+        self._ids: dict[str, Principal] = {}
+
+    def principal_of(self, authorization: str) -> Principal:
+        known = self._ids.get(authorization)
+        if known is not None:
+            return known
+        digest = hmac.new(self._key, authorization.encode("utf-8", "surrogateescape"), hashlib.sha256)
+        principal = Principal(f"passthrough:{digest.hexdigest()[:32]}", scopes_known=False)
+        if len(self._ids) >= 4096:
+            self._ids.clear()
+        self._ids[authorization] = principal
+        return principal
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        value = headers.get("authorization")
+        return self.principal_of(value) if value else ANONYMOUS
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass

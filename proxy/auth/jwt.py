@@ -190,6 +190,7 @@ class JwtAuthenticator:
         self._keys: KeySet | None = None
         self._last_error: str | None = None
         self._last_attempt_at = float("-inf")  # monotonic instant the last fetch started
+        self._last_kid_refresh_at = float("-inf")  # ... and the last one an unknown kid started
         self._refresh: asyncio.Task[None] | None = None
         # sha256(token) -> (principal, the wall-clock instant it stops being accepted)
         self._verified: dict[bytes, tuple[Principal, float]] = {}
@@ -305,11 +306,18 @@ class JwtAuthenticator:
         if found:
             self._maybe_refresh_in_background()
             return found
-        # A refresh in flight is joined; a new one is started at most once per interval (once per
-        # retry_after_s while there are no keys or the last fetch failed).
+        # A refresh in flight is joined. A new one is started at most once per refresh_interval_s for
+        # unknown kids (counted from the last one an unknown kid started, so a rotation just after
+        # start-up is still seen), and once per retry_after_s while there are no keys or fetches fail.
+        now = time.monotonic()
         in_flight = self._refresh is not None and not self._refresh.done()
-        wait = self.refresh_interval_s if self._keys is not None and self._last_error is None else self.retry_after_s
-        if in_flight or time.monotonic() - self._last_attempt_at >= wait:
+        if self._keys is None or self._last_error is not None:
+            allowed = now - self._last_attempt_at >= self.retry_after_s
+        else:
+            allowed = now - self._last_kid_refresh_at >= self.refresh_interval_s
+        if in_flight or allowed:
+            if not in_flight:
+                self._last_kid_refresh_at = now
             await self._await_refresh()
             found = self._fitting(kid, alg)
             if found:
@@ -360,6 +368,7 @@ class JwtAuthenticator:
                     self._jwks_uri = await self._discover()
                 by_kid = parse_jwks(await self._get_json(self._jwks_uri, "the JWKS"))
         except KeysUnavailable as exc:
+            self._jwks_uri = None  # the next attempt rediscovers it, in case the issuer moved it
             self._last_error = str(exc)
             log.warning("jwt: cannot refresh the signing keys of %s: %s", self.issuer, exc)
             return

@@ -11,6 +11,11 @@ and the active policy set.
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
 
+Admin authentication (`--admin-token-file`): `/metrics` and `/policies` then need
+`Authorization: Bearer <token>` (compared in constant time); anything else is 401 with a
+`WWW-Authenticate: Bearer realm="mcp-recovery-proxy admin"` challenge, counted in
+`mcp_recovery_auth_failures_total{reason="admin"}`. `/healthz` and `/readyz` stay open for probes.
+
 Safety: the Host header is checked like the MCP port's (proxy/hostcheck.py), so a DNS-rebinding
 page cannot read `/readyz` or `/policies`: loopback names, any IP literal (what Kubernetes probes
 and Prometheus scrapes send; a rebinding page always sends its own domain name) and the
@@ -21,6 +26,7 @@ policy problem or a metric label never carries the proxy's credentials.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
 from proxy.secret_values import SECRETS
 from proxy.service import Service
+from proxy.telemetry.shed import SHED
 
 
 class _ScrubbedJSON(JSONResponse):
@@ -71,12 +78,46 @@ class _HostCheck:
         await self.app(scope, receive, send)
 
 
+class _AdminToken:
+    """`/metrics` and `/policies` behind a bearer token; every other path passes."""
+
+    PROTECTED = frozenset({"/metrics", "/policies"})
+    CHALLENGE = b'Bearer realm="mcp-recovery-proxy admin"'
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].rstrip("/") in self.PROTECTED:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            # compare_digest: the time taken does not depend on how much of the token matched
+            if not hmac.compare_digest(given, self._expected):
+                SHED.count("auth_failures", "admin")
+                body = b'{"error":"unauthorized","error_description":"this admin page needs the admin token"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", self.CHALLENGE),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 def build_admin_app(
     service: Service,
     *,
     registry: CollectorRegistry | None = None,
     policies: Callable[[], dict[str, Any]] | None = None,
     allowed_hosts: list[str] | tuple[str, ...] = (),
+    admin_token: str | None = None,
 ) -> ASGIApp:
     async def healthz(_: Request) -> Response:
         return _ScrubbedJSON({"status": "ok"})
@@ -120,4 +161,5 @@ def build_admin_app(
             Route("/policies", show_policies),
         ]
     )
-    return _HostCheck(app, HostAllowList([*LOOPBACK_HOST_PATTERNS, *allowed_hosts], ip_literals=True))
+    guarded: ASGIApp = _AdminToken(app, admin_token) if admin_token is not None else app
+    return _HostCheck(guarded, HostAllowList([*LOOPBACK_HOST_PATTERNS, *allowed_hosts], ip_literals=True))

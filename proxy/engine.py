@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from proxy.auth.base import Principal
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,
@@ -161,9 +162,18 @@ class Engine:
         self._ledger_size: Callable[[], int] | None = size
 
     def __call__(
-        self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        principal: Principal | None = None,
     ) -> Awaitable[Message]:
-        """The call's coroutine (the relay awaits it): one coroutine frame per call, not a stack."""
+        """The call's coroutine (the relay awaits it): one coroutine frame per call, not a stack.
+
+        `principal`: who calls, when authentication is on (None: `--auth none`). Its id is part of
+        the operation digest, so a budget (and its approval) belongs to the principal that spent
+        it; it is named in the call's events (log line, span), never in a metric label."""
         params = request.get("params")
         if not isinstance(params, dict):
             return relay.forward(request, outbox, headers)  # malformed: the upstream's answer
@@ -173,7 +183,7 @@ class Engine:
             return relay.forward(request, outbox, headers)  # malformed too
         tool = relay.catalog.tools.get(name)
         if tool is None:
-            return self._after_lookup(relay, request, outbox, headers, name)
+            return self._after_lookup(relay, request, outbox, headers, name, principal)
         annotations = tool.get("annotations")
         if not isinstance(annotations, dict):
             annotations = None
@@ -190,14 +200,14 @@ class Engine:
             if size is not None and not size():
                 meta = params.get("_meta")
                 if meta is None:
-                    return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
+                    return self._direct(relay, request, outbox, headers, params, name, arguments, policy, principal)
                 if meta.__class__ is dict and "progressToken" not in meta:
                     for key in meta:
                         if key not in _FOREIGN_META and key.startswith(META_PREFIX):
                             break  # an own key (approveBudget, deadlineMs, ...): the whole engine
                     else:
-                        return self._direct(relay, request, outbox, headers, params, name, arguments, policy)
-        return _Call(self, relay, request, outbox, headers, params, name, arguments).run()
+                        return self._direct(relay, request, outbox, headers, params, name, arguments, policy, principal)
+        return _Call(self, relay, request, outbox, headers, params, name, arguments, principal=principal).run()
 
     async def _direct(
         self,
@@ -209,6 +219,7 @@ class Engine:
         name: str,
         arguments: dict[str, Any] | None,
         policy: ToolPolicy,
+        principal: Principal | None,
     ) -> Message:
         """Attempt 1 of a call whose first attempt only its own answer can affect: nothing in the
         ledger, no approval or caller deadline, no progress token, no idempotency key, breaker
@@ -246,6 +257,7 @@ class Engine:
                             self.clock() - started,
                             0.0,
                             False,
+                            principal.id if principal is not None else None,
                         )
                     )
                 raise
@@ -264,10 +276,13 @@ class Engine:
                         number = next(self._ids)
                         call_id = f"{self._id_prefix}{number:x}" if telemetry.success_ids else ""
                         took = ended - started
-                        telemetry.emit_success(_new_event(CallSucceeded, (call_id, label, took, took)))
+                        who = principal.id if principal is not None else None
+                        telemetry.emit_success(_new_event(CallSucceeded, (call_id, label, took, took, who)))
                     return {"jsonrpc": "2.0", "id": request["id"], "result": result}
                 first = outcome_from_response(response)
-            call = _Call(self, relay, request, outbox, headers, params, name, arguments, policy=policy)
+            call = _Call(
+                self, relay, request, outbox, headers, params, name, arguments, policy=policy, principal=principal
+            )
             call.start_after_first(started)
             return await call.attempts_loop(None, (first, started, self.clock()))
         finally:
@@ -280,7 +295,13 @@ class Engine:
                 del flying[label]
 
     async def _after_lookup(
-        self, relay: Relay, request: Message, outbox: Outbox, headers: Mapping[str, str] | None, name: str
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        name: str,
+        principal: Principal | None,
     ) -> Message:
         """A tool the catalog lacks: list tools first (its annotations decide its side-effect class).
         `request` was checked by `__call__`: its params are an object with a valid name and arguments.
@@ -295,7 +316,7 @@ class Engine:
         policy = self.policy_for(name, None)
         room = CallState.start(policy, now_s=began, caller_deadline_ms=caller_ms).deadline_left_s(began)
         await relay.lookup_tool(name, request, max(0.0, min(LOOKUP_TIMEOUT_S, room - policy.min_attempt_s)))
-        call = _Call(self, relay, request, outbox, headers, params, name, params.get("arguments"))
+        call = _Call(self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal)
         call.began = began
         return await call.run()
 
@@ -358,6 +379,7 @@ class _Call:
         "outbox",
         "params",
         "policy",
+        "principal",
         "relay",
         "request",
         "state",
@@ -375,8 +397,10 @@ class _Call:
         arguments: dict[str, Any] | None,
         *,
         policy: ToolPolicy | None = None,
+        principal: Principal | None = None,
     ) -> None:
         self.e = engine
+        self.principal = principal.id if principal is not None else None
         self.relay = relay
         self.request = request
         self.outbox = outbox
@@ -412,6 +436,7 @@ class _Call:
                 self.name,
                 self.arguments,
                 key.name if key is not None and key.location == "argument" else None,
+                self.principal,
                 upstream=self.e.upstream_name,
             )
         return self._op
@@ -481,6 +506,7 @@ class _Call:
                         state.deadline_s,
                         trace_meta=_trace_entries(meta),
                         trace_headers=_trace_entries(self.headers),
+                        principal=self.principal,
                     )
                 )
             if entry is None and e.max_concurrent_calls is None and policy.anti_storm.breaker_failures is None:
@@ -554,6 +580,16 @@ class _Call:
                 )
                 if telemetry.active:
                     telemetry.emit(self._attempt_finished(number, duration, outcome, classified))
+                if (
+                    outcome.__class__ is TransportError
+                    and outcome.http_status in (401, 403)  # type: ignore[union-attr]
+                    and self.relay.pass_auth_refusals
+                ):
+                    # --auth passthrough: the upstream refused the caller's own credential. The
+                    # caller answers that (its OAuth flow, a step-up), not a retry or a tool
+                    # result: the relay turns this into the same HTTP status and challenge.
+                    self._finished("unresolved", StopReason.NOT_RETRYABLE, classified.category, False)
+                    raise outcome.as_failure()  # type: ignore[union-attr]
                 match decision:
                     case Deliver():
                         return self._deliver(outcome)
@@ -603,7 +639,10 @@ class _Call:
         telemetry = e.telemetry
         if telemetry.active:
             telemetry.emit_success(
-                _new_event(CallSucceeded, (self.call_id, self.label, ended - started, ended - self.state.started_at_s))
+                _new_event(
+                    CallSucceeded,
+                    (self.call_id, self.label, ended - started, ended - self.state.started_at_s, self.principal),
+                )
             )
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
@@ -758,6 +797,7 @@ class _Call:
                 e.clock() - self.state.started_at_s,
                 self.backoff_s,
                 unknown,
+                self.principal,
             )
         )
 

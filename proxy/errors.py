@@ -48,6 +48,7 @@ class UpstreamFailure(ProxyError):
         http_status: int | None = None,
         retry_after_s: float | None = None,
         body: dict[str, Any] | None = None,
+        challenge: str | None = None,
     ) -> None:
         # Every failure is built here, and its detail and body reach /readyz, logs and callers:
         # the proxy's own credentials go now, whatever the upstream echoed (an upstream answering
@@ -62,6 +63,9 @@ class UpstreamFailure(ProxyError):
         self.http_status = http_status
         self.retry_after_s = retry_after_s
         self.body = body  # a JSON-RPC error message that came with an HTTP error status, if any
+        # The WWW-Authenticate of an upstream 401/403 (bounded, one line): `--auth passthrough`
+        # relays it to the caller, whose credential it is about.
+        self.challenge = SECRETS.scrub(challenge) if challenge is not None else None
 
 
 class PolicyError(ProxyError):

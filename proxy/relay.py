@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, Protocol
 
+from proxy.auth.base import AuthRefused, Principal
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -78,7 +79,8 @@ class Outbox(Protocol):
     def closed(self) -> bool: ...
 
 
-ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None], Awaitable[Message]]
+# (relay, request, outbox, forwarded headers, principal or None) -> the response
+ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None, Principal | None], Awaitable[Message]]
 
 
 class _NullOutbox:
@@ -459,6 +461,11 @@ class Relay:
         # upstream again what it speaks); see `protocol_mismatch`.
         self.on_protocol_mismatch: Callable[[], None] | None = None
         self.last_activity = time.monotonic()
+        # --auth passthrough: an upstream 401/403 is the caller's to answer; `handle_request` raises
+        # it as `AuthRefused` (the HTTP frontend answers the same status and challenge).
+        self.pass_auth_refusals = False
+        # The principal that opened this 2025 session (jwt, tokens): only it may use the session.
+        self.owner: str | None = None
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -482,12 +489,16 @@ class Relay:
         *,
         by_id: bool = True,
         caller: Any = None,
+        principal: Principal | None = None,
     ) -> None:
         """Relay one request; its response (or nothing, if cancelled) goes to `outbox`.
 
         `by_id`: the client may cancel it by id (stdio, legacy HTTP); modern HTTP clients cancel by
         closing the stream, and their ids need not be unique across clients. `caller`: on the
         shared relay, whose share of the in-flight cap the request's upstream requests take.
+        `principal`: who calls (authentication on), handed to the tool-call seam (budget owner).
+        With `pass_auth_refusals`, an upstream HTTP 401/403 raises `AuthRefused` instead of
+        answering the request, so the frontend can answer it as that HTTP status.
         """
         down_id = request["id"]
         method = request.get("method")
@@ -504,7 +515,7 @@ class Relay:
             self._caller_of[outbox] = caller
         try:
             if method == "tools/call" and self._tool_calls is not None:
-                response = await self._tool_calls(self, request, outbox, headers)
+                response = await self._tool_calls(self, request, outbox, headers, principal)
             else:
                 timeout_s = self.request_timeout_s if method not in LONG_LIVED else None
                 try:
@@ -516,6 +527,15 @@ class Relay:
                     response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:
+            if self.pass_auth_refusals and failure.http_status in (401, 403):
+                status = 401 if failure.http_status == 401 else 403
+                raise AuthRefused(
+                    status,
+                    f"upstream_{status}",
+                    "the upstream refused the request's credentials",
+                    error=None,
+                    challenge=failure.challenge or "Bearer",
+                ) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))

@@ -108,13 +108,13 @@ def _uvicorn_config(app: object, host: str, port: int, *, lifespan: str, limits:
 
 
 async def run(settings: Settings) -> int:
-    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
-    SECRETS.set(settings.header_pairs().values())
     # Before anything starts: auth settings that cannot work refuse the start (cli.py prints why).
     auth = build_authenticator(settings)
     admin_token = None
     if settings.admin_token_file is not None:
         admin_token = read_secret_file(settings.admin_token_file, "--admin-token-file")
+    # Before anything can log, report or answer: the proxy's own credentials are known secrets.
+    SECRETS.set([*settings.header_pairs().values(), *([admin_token] if admin_token else [])])
     if settings.auth == "none" and settings.listen != "stdio" and settings.listen_host not in LOOPBACK_HOSTS:
         log.warning(
             "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
@@ -174,7 +174,11 @@ async def _serve(
 
         host, _, port = settings.admin.rpartition(":")
         admin_app = build_admin_app(
-            service, registry=registry, policies=policies.snapshot, allowed_hosts=settings.allowed_hosts
+            service,
+            registry=registry,
+            policies=policies.snapshot,
+            allowed_hosts=settings.allowed_hosts,
+            admin_token=admin_token,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))

@@ -71,7 +71,9 @@ def build_upstream(settings: Settings) -> Upstream:
     if url.startswith(("http://", "https://")):
         from proxy.upstream.http import HttpUpstream
 
-        return HttpUpstream(url, headers=headers, connect_timeout_s=settings.upstream_connect_timeout_s)
+        upstream = HttpUpstream(url, headers=headers, connect_timeout_s=settings.upstream_connect_timeout_s)
+        upstream.behind_caller_auth = settings.auth == "passthrough"
+        return upstream
     raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
 
 
@@ -214,13 +216,34 @@ class Service:
                     self.probe_error = None
                     log.info("upstream %s: %s", self.upstream.description, self.capabilities)
                     self.health.answered()
-                except (UpstreamFailure, TimeoutError, OSError) as exc:
-                    self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
-                    log.warning("%s", self.probe_error)
-                    self.health.failed(self.probe_error)
+                except UpstreamFailure as exc:
+                    if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
+                        self._probed_behind_auth(exc.http_status)
+                    else:
+                        self._probe_failed(exc)
+                except (TimeoutError, OSError) as exc:
+                    self._probe_failed(exc)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+        log.warning("%s", self.probe_error)
+        self.health.failed(self.probe_error)
+
+    def _probed_behind_auth(self, status: int) -> None:
+        """`--auth passthrough`: the upstream refused the proxy's own probe for want of a caller's
+        credential, which the proxy does not have. It answered, so it is up; which eras it speaks
+        cannot be asked, so it is served as a 2025 server (the revision every server speaks): a
+        2026 client's `server/discover` then gets the error that makes it fall back to
+        `initialize`."""
+        self.capabilities = Capabilities(
+            legacy=True, modern=False, detail=f"probe refused with HTTP {status}: served as 2025 (passthrough)"
+        )
+        self.probe_error = None
+        log.info("upstream %s requires the caller's credentials: %s", self.upstream.description, self.capabilities)
+        self.health.answered()
 
     async def _probe_until_ready(self) -> None:
         delay_s = 0.5
@@ -261,6 +284,7 @@ class Service:
                 link, catalog=self.catalog, tool_calls=self.tool_calls, shared=shared, **self._relay_limits()
             )
             self._modern.on_protocol_mismatch = self.renegotiate
+            self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
         return self._modern
 
     def legacy_supported(self) -> bool:
@@ -297,6 +321,7 @@ class Service:
         relay = Relay(
             link, catalog=self.catalog, tool_calls=self.tool_calls, session_id=session_id, **self._relay_limits()
         )
+        relay.pass_auth_refusals = settings.auth == "passthrough"
         self.sessions[session_id] = relay
         if client is not None:
             self._session_clients[session_id] = client

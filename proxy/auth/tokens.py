@@ -11,11 +11,11 @@ Contract:
   to the name, and the presented token's digest is looked up in it. The key is secret, so an
   attacker cannot choose which digests to probe and the dict's timing tells nothing about any
   token (the same guarantee as `hmac.compare_digest` over every entry, at O(1)).
-- Hot reload, like the policy folder (proxy/policy/store.py): the file's folder is watched
-  (a Kubernetes Secret swaps its `..data` symlink) and SIGHUP reloads it too; the file is read
-  off the event loop, validated whole, then swapped in one assignment. A bad file
-  at start refuses the start (`AuthConfigError`); a bad reload keeps the last good table, logs
-  each problem and is recorded (`reloads_error`, `last_error`), like a refused policy reload.
+- Hot reload, like the policy folder (proxy/policy/store.py): the file's folder is watched (a
+  Kubernetes Secret swaps its `..data` symlink); the file is read off the event loop, validated
+  whole, then swapped in one assignment. A bad file at start refuses the start
+  (`AuthConfigError`); a bad reload keeps the last good table, logs each problem and is recorded
+  (`reloads_error`, `last_error`), like a refused policy reload.
 """
 
 from __future__ import annotations

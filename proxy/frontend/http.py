@@ -30,6 +30,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from mcp.shared.inbound import (
     ERROR_CODE_HTTP_STATUS,
@@ -45,7 +46,15 @@ from mcp.shared.inbound import (
 )
 
 from proxy import jsonrpc
-from proxy.auth.base import Authenticator
+from proxy.auth.base import Authenticator, AuthRefused, Principal
+from proxy.auth.challenge import (
+    WELL_KNOWN,
+    challenge,
+    metadata_paths,
+    metadata_url,
+    rewrite_challenge,
+    rewrite_metadata,
+)
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
@@ -377,11 +386,14 @@ def _status_for(message: Message, modern: bool) -> int:
 _TRACE_HEADERS = ("traceparent", "tracestate")
 
 
-def _forwarded(headers: dict[str, str]) -> dict[str, str] | None:
+def _forwarded(headers: dict[str, str], credentials: bool = False) -> dict[str, str] | None:
     """What of the caller's headers the upstream may see: `Mcp-Param-*` (intermediaries must
     forward them) and the W3C trace context (the engine replaces it with the attempt's own when
-    tracing is on). Nothing else: credentials to the upstream are the proxy's own."""
+    tracing is on). Credentials to the upstream are the proxy's own, except with `credentials`
+    (`--auth passthrough`): the caller's `Authorization` then goes on unchanged."""
     out = {k: v for k, v in headers.items() if k.startswith("mcp-param-") or k in _TRACE_HEADERS}
+    if credentials and "authorization" in headers:
+        out["authorization"] = headers["authorization"]
     return out or None
 
 
@@ -460,11 +472,40 @@ def _client_host(scope: Scope) -> str | None:
     return str(client[0]) if client else None
 
 
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _refusal_error(id_: Any, refused: AuthRefused) -> Message:
+    """A refusal that can no longer be an HTTP status (the answer already streams): a JSON-RPC
+    error saying which status the upstream answered."""
+    return jsonrpc.error(
+        id_,
+        jsonrpc.INTERNAL_ERROR,
+        f"the upstream refused the request's credentials (HTTP {refused.status})",
+        {"io.mcp-recovery-proxy/upstreamFailure": {"kind": "http_status", "httpStatus": refused.status}},
+    )
+
+
+METADATA_BYTES = 64 * 1024
+
+
 class McpHttpApp:
     def __init__(self, service: Service, settings: Settings, *, auth: Authenticator | None = None) -> None:
         self.service = service
-        self.auth = auth
         self.path = settings.listen_path.rstrip("/") or "/"
+        # Identity (proxy/auth/): every MCP request is authenticated before anything else is done
+        # with it; None (`--auth none`) costs the request path nothing.
+        self.auth = auth
+        mode = auth.mode if auth is not None else "none"
+        self._forward_credentials = mode == "passthrough"
+        self._binds_sessions = mode in ("jwt", "tokens")
+        self.public_url = settings.public_url or (
+            f"http://{_url_host(settings.listen_host)}:{settings.listen_port}{settings.listen_path}"
+        )
+        self.metadata_url = metadata_url(self.public_url)
+        self._metadata_paths = metadata_paths(self.path) if auth is not None else frozenset()
+        self._issuer = settings.auth_issuer if mode == "jwt" else None
         self.max_body = settings.max_body_bytes
         host = settings.listen_host
         loopback = host in LOOPBACK_HOSTS
@@ -502,6 +543,109 @@ class McpHttpApp:
             with contextlib.suppress(Exception):
                 await _respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
 
+    # -- identity (proxy/auth/) ----------------------------------------------------------------
+    async def _refuse(self, send: Send, refused: AuthRefused, method: str) -> None:
+        """A 401/403 with its `WWW-Authenticate` challenge; counted and logged, never with the
+        credential (the refusal's text never holds one)."""
+        SHED.count("auth_failures", refused.reason)
+        log.info("refused %s: HTTP %d %s (%s)", method, refused.status, refused.reason, refused.description)
+        if refused.challenge is not None:  # passthrough: the upstream's own, pointed at our metadata
+            value = rewrite_challenge(refused.challenge, self.metadata_url)
+        else:
+            value = challenge(refused, self.metadata_url)
+        body = {"error": refused.error or "unauthorized", "error_description": refused.description}
+        await _respond(
+            send, refused.status, jsonrpc.dumps_out(body), [_JSON, (b"www-authenticate", value.encode("latin-1"))]
+        )
+
+    def _session(self, session_id: str | None, principal: Principal | None) -> Relay | None:
+        """The 2025 session named, if it is this principal's (jwt, tokens: a session belongs to the
+        principal that opened it; another principal gets "not found", as for an unknown id)."""
+        relay = self.service.sessions.get(session_id) if session_id is not None else None
+        if relay is not None and relay.owner is not None and (principal is None or principal.id != relay.owner):
+            SHED.count("auth_failures", "session_owner")
+            log.info("refused session %s…: opened by another principal", (session_id or "")[:8])
+            return None
+        return relay
+
+    async def _scopes_suffice(self, send: Send, relay: Relay, message: Message, principal: Principal) -> bool:
+        """A tools/call whose policy names `required_scopes` the principal lacks: 403
+        insufficient_scope (where the proxy knows the principal's scopes: jwt, tokens)."""
+        if message.get("method") != "tools/call" or not principal.scopes_known:
+            return True
+        params = message.get("params")
+        name = params.get("name") if isinstance(params, dict) else None
+        policy_for = getattr(self.service.tool_calls, "policy_for", None)
+        if not isinstance(name, str) or policy_for is None:
+            return True
+        required = policy_for(name, relay.catalog.annotations(name)).required_scopes
+        missing = principal.lacks(required)
+        if not missing:
+            return True
+        refused = AuthRefused(
+            403,
+            "insufficient_scope",
+            f"this tool requires the scopes: {' '.join(sorted(required))}",
+            error="insufficient_scope",
+            scope=required,
+        )
+        await self._refuse(send, refused, "POST")
+        return False
+
+    async def _metadata(self, send: Send, method: str) -> None:
+        """The protected-resource metadata (RFC 9728), at every path a client probes. jwt and
+        tokens: the proxy's own. passthrough: the upstream's, with `resource` set to the public URL."""
+        if method not in ("GET", "HEAD"):
+            await _respond(send, 405, b"", [(b"allow", b"GET")])
+            return
+        if self._forward_credentials:
+            document = await self._upstream_metadata()
+            if document is None:
+                await _respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
+                return
+        else:
+            document = {"resource": self.public_url, "bearer_methods_supported": ["header"]}
+            if self._issuer:
+                document["authorization_servers"] = [self._issuer]
+            scopes = self._policy_scopes()
+            if scopes:
+                document["scopes_supported"] = scopes
+        await _respond(send, 200, jsonrpc.dumps_out(document), [_JSON, (b"cache-control", b"max-age=300")])
+
+    def _policy_scopes(self) -> list[str]:
+        policies = getattr(self.service.tool_calls, "policies", None)
+        if policies is None:
+            return []
+        current = policies()
+        layers = [*current.exact.values(), *(layer for _, layer in current.globs)]
+        if current.defaults is not None:
+            layers.append(current.defaults)
+        return sorted({s for layer in layers for s in layer.values.get("required_scopes", ())})
+
+    async def _upstream_metadata(self) -> dict[str, Any] | None:
+        """The upstream's metadata document: at the well-known path followed by the upstream's
+        own path, else the bare well-known path (RFC 9728 §3.1, what clients try)."""
+        fetch = getattr(self.service.upstream, "get_document", None)
+        url = getattr(self.service.upstream, "url", None)
+        if fetch is None or not isinstance(url, str):
+            return None
+        upstream_path = urlsplit(url).path.rstrip("/")
+        for target in dict.fromkeys((WELL_KNOWN + upstream_path, WELL_KNOWN)):
+            try:
+                status, raw = await fetch(target, METADATA_BYTES)
+            except UpstreamFailure as failure:
+                log.info("the upstream's protected-resource metadata could not be fetched: %s", failure.detail)
+                return None
+            if status != 200:
+                continue
+            try:
+                document = rewrite_metadata(jsonrpc.loads(raw), self.public_url)
+            except ValueError:
+                document = None
+            if document is not None:
+                return document
+        return None
+
     def close_streams(self) -> None:
         """The server is shutting down: end every open listen stream (each writes its closing
         chunk and returns), and open no new one."""
@@ -530,7 +674,7 @@ class McpHttpApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"].rstrip("/") or "/"
-        if path != self.path:
+        if path != self.path and path not in self._metadata_paths:
             await _respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
             return
         # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks);
@@ -551,12 +695,22 @@ class McpHttpApp:
             await _respond(send, 403, b"Invalid Origin header", [(b"content-type", b"text/plain")])
             return
         method = scope["method"]
+        if path != self.path:
+            await self._metadata(send, method)
+            return
+        principal: Principal | None = None
+        if self.auth is not None:
+            try:
+                principal = await self.auth.authenticate(headers)
+            except AuthRefused as refused:
+                await self._refuse(send, refused, method)
+                return
         if method == "POST":
-            await self._post(scope, receive, send, headers)
+            await self._post(scope, receive, send, headers, principal)
         elif method == "GET":
-            await self._get(receive, send, headers)
+            await self._get(receive, send, headers, principal)
         elif method == "DELETE":
-            await self._delete(send, headers)
+            await self._delete(send, headers, principal)
         else:
             await _respond(send, 405, b"", [(b"allow", b"GET, POST, DELETE")])
 
@@ -579,7 +733,9 @@ class McpHttpApp:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    async def _post(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], principal: Principal | None
+    ) -> None:
         ctype = headers.get("content-type", "")
         if not ctype.lower().startswith("application/json"):
             await _respond_error(send, 415, None, jsonrpc.INVALID_REQUEST, "Content-Type must be application/json")
@@ -617,12 +773,18 @@ class McpHttpApp:
             message.get("method") != "initialize"
         )
         if modern:
-            await self._post_modern(scope, receive, send, headers, message)
+            await self._post_modern(scope, receive, send, headers, message, principal)
         else:
-            await self._post_legacy(scope, receive, send, headers, message, version)
+            await self._post_legacy(scope, receive, send, headers, message, version, principal)
 
     async def _post_modern(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], message: Message
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        message: Message,
+        principal: Principal | None,
     ) -> None:
         if "id" not in message or "method" not in message:
             # 2026 HTTP defines no client-to-server notifications or responses: acknowledge and drop.
@@ -648,7 +810,7 @@ class McpHttpApp:
                     ),
                 )
             return
-        forwarded = _forwarded(headers)
+        forwarded = _forwarded(headers, self._forward_credentials)
         rejection = self._check_modern_headers(scope, headers, message)
         if rejection is None and message.get("method") == "tools/call":
             claimed = forwarded is not None and any(k.startswith("mcp-param-") for k in forwarded)
@@ -660,7 +822,11 @@ class McpHttpApp:
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
-        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=_client_host(scope))
+        if principal is not None and not await self._scopes_suffice(send, relay, message, principal):
+            return
+        await self._answer(
+            relay, message, receive, send, forwarded, modern=True, caller=_client_host(scope), principal=principal
+        )
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
         if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
@@ -699,6 +865,7 @@ class McpHttpApp:
         headers: dict[str, str],
         message: Message,
         version: str | None,
+        principal: Principal | None,
     ) -> None:
         service = self.service
         if message.get("method") == "initialize":
@@ -725,7 +892,12 @@ class McpHttpApp:
                     send, status, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)
                 )
                 return
-            ok = await self._answer(relay, message, receive, send, None, modern=False, session_id=session_id)
+            if self._binds_sessions and principal is not None:
+                relay.owner = principal.id
+            credentials = _forwarded(headers, True) if self._forward_credentials else None
+            ok = await self._answer(
+                relay, message, receive, send, credentials, modern=False, session_id=session_id, principal=principal
+            )
             if not ok:
                 await service.close_session(session_id)
             return
@@ -744,23 +916,27 @@ class McpHttpApp:
                 send, 400, message.get("id"), jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID"
             )
             return
-        relay = service.sessions.get(session_id)
+        relay = self._session(session_id, principal)
         if relay is None:
             await _respond_error(send, 404, message.get("id"), jsonrpc.INVALID_REQUEST, "Session not found")
             return
         if jsonrpc.is_request(message):
+            if principal is not None and not await self._scopes_suffice(send, relay, message, principal):
+                return
             await self._answer(
                 relay,
                 message,
                 receive,
                 send,
-                _forwarded(headers),
+                _forwarded(headers, self._forward_credentials),
                 modern=False,
                 session_id=session_id,
                 prime=_primes(version),
+                principal=principal,
             )
         elif jsonrpc.is_notification(message):
-            await relay.handle_notification(message)
+            credentials = _forwarded(headers, True) if self._forward_credentials else None
+            await relay.handle_notification(message, credentials)
             await _respond(send, 202)
         else:
             await relay.handle_response(message)
@@ -778,6 +954,7 @@ class McpHttpApp:
         session_id: str | None = None,
         caller: str | None = None,
         prime: bool = False,
+        principal: Principal | None = None,
     ) -> bool:
         """Run one request through the relay and write its answer (JSON, or SSE once it streams).
 
@@ -814,12 +991,19 @@ class McpHttpApp:
             watches = self._watches = _LateWatches(self, loop)
         watches.add(stream, receive, task if modern or request.get("method") != "tools/call" else None)
         failed = False
+        refused: AuthRefused | None = None
         try:
             try:
-                await relay.handle_request(request, stream, forward_headers, by_id=not modern, caller=caller)
+                await relay.handle_request(
+                    request, stream, forward_headers, by_id=not modern, caller=caller, principal=principal
+                )
             except asyncio.CancelledError:
                 if task.uncancel() > 0:
                     raise  # not (only) the request's cancellation: the server stops this task
+            except AuthRefused as refusal:  # passthrough: the upstream refused the caller's credential
+                refused = refusal
+                if writer is not None:  # the answer is an event stream already: no status to set
+                    stream.send(_refusal_error(down_id, refusal))
             except Exception:
                 log.exception("relaying %s failed", request.get("method"))
                 failed = True
@@ -829,6 +1013,9 @@ class McpHttpApp:
             stream.finish()
             if writer is not None:
                 return await writer
+            if refused is not None:
+                await self._refuse(send, refused, "POST")
+                return False
             item = stream.pop()
             if item is None:
                 if failed:
@@ -983,7 +1170,7 @@ class McpHttpApp:
                 cancel.cancel()
 
     # -- GET and DELETE -------------------------------------------------------------------------
-    async def _get(self, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+    async def _get(self, receive: Receive, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
         if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
             await _respond(send, 405, b"", [(b"allow", b"POST")])
             return
@@ -991,7 +1178,7 @@ class McpHttpApp:
             await _respond_error(send, 406, None, jsonrpc.INVALID_REQUEST, "Accept must include text/event-stream")
             return
         session_id = headers.get("mcp-session-id")
-        relay = self.service.sessions.get(session_id) if session_id else None
+        relay = self._session(session_id, principal) if session_id else None
         if session_id is None:
             await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
             return
@@ -1038,7 +1225,7 @@ class McpHttpApp:
             stream.close()
             relay.detach_listen(stream)
 
-    async def _delete(self, send: Send, headers: dict[str, str]) -> None:
+    async def _delete(self, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
         if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
             await _respond(send, 405, b"", [(b"allow", b"POST")])
             return
@@ -1046,7 +1233,7 @@ class McpHttpApp:
         if session_id is None:
             await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
             return
-        if await self.service.close_session(session_id):
+        if self._session(session_id, principal) is not None and await self.service.close_session(session_id):
             await _respond(send, 200)
         else:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")

@@ -184,6 +184,8 @@ def _compile_value(yaml_key: str, value: Any, pf: ParsedFile) -> Any:
             return Category(value)
         case "retry_on":
             return frozenset(Category(item) for item in value)
+        case "required_scopes":
+            return frozenset(value)
         case "report.alternatives":
             return tuple(value)
         case "idempotency_key":

@@ -120,6 +120,9 @@ class ToolPolicy:
     alternatives: tuple[str, ...] = ()
     status_check_tool: str | None = None
     anti_storm: AntiStorm = field(default_factory=AntiStorm)
+    # OAuth scopes a caller's principal must hold to call the tool (jwt, tokens: else HTTP 403
+    # insufficient_scope); empty: none. Not checked where the proxy knows no scopes (passthrough).
+    required_scopes: frozenset[str] = frozenset()
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Derived: nothing in the policy acts before or during a first attempt (no idempotency key or
     # circuit breaker; an idle timer is the relay's), so the engine may make that attempt on its

@@ -53,6 +53,7 @@ SETTINGS: tuple[tuple[str, str], ...] = (
     ("anti_storm.retry_budget_min_per_s", "anti_storm.retry_budget_min_per_s"),
     ("anti_storm.breaker_failures", "anti_storm.breaker_failures"),
     ("anti_storm.breaker_cooldown_s", "anti_storm.breaker_cooldown"),
+    ("required_scopes", "required_scopes"),
 )
 YAML_KEY: Mapping[str, str] = MappingProxyType(dict(SETTINGS))
 GLOB_CHARS = "*?["
@@ -222,6 +223,7 @@ def build_policy(tool: str, values: Mapping[str, Any], sources: Mapping[str, str
             breaker_failures=values["anti_storm.breaker_failures"],
             breaker_cooldown_s=values["anti_storm.breaker_cooldown_s"],
         ),
+        required_scopes=values["required_scopes"],
         sources=MappingProxyType(dict(sources)),
     )
 

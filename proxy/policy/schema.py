@@ -241,6 +241,18 @@ class PolicyFile(_Strict):
     jsonrpc_errors_as_results: StrictBool | None = None
     report: ReportModel | None = None
     anti_storm: AntiStormModel | None = None
+    required_scopes: list[str] | None = None
+
+    @field_validator("required_scopes")
+    @classmethod
+    def _scopes(cls, value: list[str] | None) -> list[str] | None:
+        for scope in value or ():
+            # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ), so it fits a challenge
+            if not scope or len(scope) > 128 or any(not ("!" <= c <= "~") or c in '"\\' for c in scope):
+                raise ValueError(
+                    f"{shown(scope)} is not an OAuth scope (1-128 visible ASCII characters, no quote or backslash)"
+                )
+        return value
 
     @field_validator("tools")
     @classmethod

@@ -61,6 +61,7 @@ class TransportError:
     http_status: int | None = None
     retry_after_s: float | None = None
     body: dict[str, Any] | None = None
+    challenge: str | None = None  # an HTTP 401/403's WWW-Authenticate
 
     @classmethod
     def from_failure(cls, failure: UpstreamFailure) -> TransportError:
@@ -71,6 +72,18 @@ class TransportError:
             http_status=failure.http_status,
             retry_after_s=failure.retry_after_s,
             body=failure.body,
+            challenge=failure.challenge,
+        )
+
+    def as_failure(self) -> UpstreamFailure:
+        return UpstreamFailure(
+            self.kind,
+            self.dispatched,
+            self.detail,
+            http_status=self.http_status,
+            retry_after_s=self.retry_after_s,
+            body=self.body,
+            challenge=self.challenge,
         )
 
 

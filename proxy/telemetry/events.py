@@ -54,6 +54,7 @@ class CallStarted(NamedTuple):
     deadline_s: float
     trace_meta: Mapping[str, str] = MappingProxyType({})  # traceparent/tracestate from the caller's _meta
     trace_headers: Mapping[str, str] = MappingProxyType({})  # traceparent/tracestate HTTP headers
+    principal: str | None = None  # Principal.id when authentication is on: never a metric label
 
 
 class AttemptStarted(NamedTuple):
@@ -91,6 +92,7 @@ class CallFinished(NamedTuple):
     duration_s: float
     backoff_s: float
     outcome_unknown: bool
+    principal: str | None = None  # Principal.id when authentication is on: never a metric label
 
 
 class CallSucceeded(NamedTuple):
@@ -101,11 +103,14 @@ class CallSucceeded(NamedTuple):
     tool: str
     attempt_s: float  # the attempt's duration
     duration_s: float  # the call's, from its arrival
+    principal: str | None = None  # the engine always gives it (None: --auth none)
 
     def as_finished(self) -> tuple[AttemptFinished, CallFinished]:
         return (
             AttemptFinished(self.call_id, self.tool, 1, self.attempt_s, "success", None, "yes", "upstream"),
-            CallFinished(self.call_id, self.tool, "success", None, None, 1, self.duration_s, 0.0, False),
+            CallFinished(
+                self.call_id, self.tool, "success", None, None, 1, self.duration_s, 0.0, False, self.principal
+            ),
         )
 
 

@@ -2,7 +2,8 @@
 
 Contract:
 - Fields (as `extra`, so `--log-json` writes them as JSON keys): call_id, tool, outcome,
-  stop_reason, category, attempts, duration_ms, outcome_unknown, and trace_id when tracing is on.
+  stop_reason, category, attempts, duration_ms, outcome_unknown, principal when authentication
+  is on (the principal's id, never its credential), and trace_id when tracing is on.
   Never arguments, results or secrets: the events carry none.
 - The message repeats the fields as `key=value` so plain-text logs read the same.
 - Level: INFO for success, recovered, tool_error and cancelled; WARNING for unresolved calls
@@ -71,6 +72,8 @@ class CallLogObserver:
             "duration_ms": round(event.duration_s * 1000.0, 1),
             "outcome_unknown": event.outcome_unknown,
         }
+        if event.principal is not None:
+            fields["principal"] = event.principal
         if self._trace_id is not None:
             trace_id = self._trace_id(event.call_id)
             if trace_id:

@@ -26,6 +26,9 @@ Contract:
     label: a method name is the caller's text, not a closed set.
   - `mcp_recovery_sessions_closed_uninitialized_total`: 2025 sessions closed because nothing
     followed their `initialize` within the session init timeout.
+  - `mcp_recovery_auth_failures_total{reason}`: requests refused for their credentials or
+    scopes, by `proxy.auth.base.REASONS` (the MCP port's 401/403, passthrough's relayed upstream
+    401/403, the admin port's bearer token).
 Counters are process-wide because the parts that shed (frontends, relays, upstream adapters)
 have no telemetry handle; a test reads the difference around what it does.
 """
@@ -35,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
+
+from proxy.auth.base import REASONS
 
 _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "dropped_messages": (
@@ -59,6 +64,11 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
         "2025 sessions closed because nothing followed their initialize in time.",
         None,
         (),
+    ),
+    "auth_failures": (
+        "Requests refused for their credentials or scopes (HTTP 401/403), by reason.",
+        "reason",
+        tuple(sorted(REASONS - {"other"})),
     ),
 }
 OTHER = "other"

@@ -137,6 +137,8 @@ class TracingObserver:
         }
         if event.session_id:
             attributes["mcp.session.id"] = event.session_id
+        if event.principal is not None:
+            attributes["mcp_recovery.principal"] = event.principal
         span = self._tracer.start_span(
             SECRETS.scrub(f"{METHOD} {event.tool}"), context=parent, kind=SpanKind.SERVER, attributes=_safe(attributes)
         )

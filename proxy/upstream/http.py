@@ -234,7 +234,20 @@ def status_failure_of(response: Response, raw: bytes, request_id: RequestId | No
         http_status=status,
         retry_after_s=parse_retry_after(response.headers.get("retry-after")),
         body=body,
+        challenge=auth_challenge(response) if status in (401, 403) else None,
     )
+
+
+MAX_CHALLENGE = 2048
+
+
+def auth_challenge(response: Response) -> str | None:
+    """The answer's WWW-Authenticate, bounded and on one line (it is relayed as a header)."""
+    value = response.headers.get("www-authenticate")
+    if not value:
+        return None
+    value = " ".join(value.split())
+    return value if len(value) <= MAX_CHALLENGE else None  # a cut challenge would mislead: none
 
 
 # What a 400 says when the server no longer knows the session it was sent (see the module
@@ -374,6 +387,7 @@ class _HttpLink(LinkBase):
         self._closed = False
         # Set while the legacy standalone GET stream is being opened (see `_opened`).
         self._opening: asyncio.Future[None] | None = None
+        self.caller_authorization: str | None = None
 
     # -- UpstreamLink ---------------------------------------------------------------------
 
@@ -386,6 +400,11 @@ class _HttpLink(LinkBase):
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
+        if headers is not None and "authorization" in headers:
+            # --auth passthrough: the caller's latest credential, also for the link's own requests
+            # (listen stream, cancellation, session re-establishment, DELETE); a client may
+            # refresh its token mid-session.
+            self.caller_authorization = headers["authorization"]
         if self._opening is not None:
             await self._opened()
         self._before_request(message)
@@ -798,6 +817,8 @@ class HttpLegacyLink(_HttpLink):
     # -- headers --------------------------------------------------------------------------
     def _session_headers(self, for_initialize: bool = False) -> dict[str, str]:
         h: dict[str, str] = {}
+        if self.caller_authorization is not None:
+            h["authorization"] = self.caller_authorization
         if not for_initialize:
             if self.session_id is not None:
                 h[SESSION_HEADER] = self.session_id
@@ -864,7 +885,9 @@ class HttpLegacyLink(_HttpLink):
             self.session_id = None
             replay = {**init, "id": self.new_id()}
             try:
-                response_headers, answer = await self._upstream.rpc_once(replay, {}, on_other=self._deliver_unsolicited)
+                response_headers, answer = await self._upstream.rpc_once(
+                    replay, self._session_headers(True), on_other=self._deliver_unsolicited
+                )
             except UpstreamFailure as f:
                 raise UpstreamFailure(
                     f.kind,
@@ -899,6 +922,8 @@ class HttpLegacyLink(_HttpLink):
     # -- notifications, responses, cancel, close --------------------------------------------
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
         self._handshake.observe(message)
+        if headers is not None and "authorization" in headers:
+            self.caller_authorization = headers["authorization"]
         h = {**(headers or {}), **self._session_headers()}
         response = await self._post_small(message, h, "notification")
         if response.status_code == 404 and SESSION_HEADER in h:
@@ -930,6 +955,8 @@ class HttpLegacyLink(_HttpLink):
         h = {SESSION_HEADER: sid}
         if self.protocol_version:
             h[VERSION_HEADER] = self.protocol_version
+        if self.caller_authorization is not None:
+            h["authorization"] = self.caller_authorization
         try:
             async with asyncio.timeout(self._upstream.connect_timeout_s * 2):
                 async with await self._client.request("DELETE", headers=h) as response:
@@ -1033,6 +1060,9 @@ class HttpClientOwner:
         self._max_connections = max_connections
         self._client: HttpClient = self._new_client()  # here: a bad URL or header fails at start-up
         self.health = UpstreamHealth()
+        # --auth passthrough: the upstream authenticates callers, so a 401/403 to the proxy's own
+        # probe means it answered (up), not that it is down.
+        self.behind_caller_auth = False
 
     def _new_client(self) -> HttpClient:
         return HttpClient(
@@ -1060,10 +1090,26 @@ class HttpClientOwner:
         try:
             caps = await self.probe()
         except UpstreamFailure as failure:
+            if self.behind_caller_auth and failure.http_status in (401, 403):
+                self.health.answered()  # it wants a caller's credential, which the probe has none of
+                return None
             self.health.failed(failure.detail)
             raise
         self.health.answered()
         return caps
+
+    async def get_document(self, target: str, limit: int = 64 * 1024) -> tuple[int, bytes]:
+        """GET `target` on the upstream's origin (its OAuth protected-resource metadata), bounded
+        in time (twice the connect timeout) and size; (status, body). Raises UpstreamFailure."""
+        try:
+            async with asyncio.timeout(self.connect_timeout_s * 2):
+                request = self.client.request("GET", target=target, headers={"accept": "application/json"})
+                async with await request as response:
+                    return response.status, await read_bounded(response, limit)
+        except TimeoutError:
+            raise UpstreamFailure(FailureKind.TIMEOUT, Dispatch.NO, "the upstream did not answer in time") from None
+        except CLIENT_ERRORS as exc:
+            raise self.translate(exc, False, "metadata request") from None
 
     def translate(self, exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
         """`translate_exception`, and a connection that could not be established marks the

@@ -11,7 +11,7 @@ CASES = [
         "policies/t.yaml:2: atempts: unknown key; did you mean 'attempts'? allowed here: tools, side_effect, "
         "retry_on, attempts, deadline, attempt_timeout, min_attempt_time, idle_timeout, backoff, "
         "retry_after_cap, rules, trust, unclassified, idempotency_key, ledger_window, "
-        "jsonrpc_errors_as_results, report, anti_storm",
+        "jsonrpc_errors_as_results, report, anti_storm, required_scopes",
     ),
     (
         "unknown nested key",

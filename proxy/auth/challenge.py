@@ -1,0 +1,63 @@
+"""What a refused caller is told, and the protected-resource metadata (RFC 9728, RFC 6750).
+
+Contract (pure functions; the HTTP frontend and the admin port use them):
+- `metadata_url(resource)`: where the protected-resource metadata of `resource` lives: the
+  well-known path inserted between the URL's authority and its path (RFC 9728 §3.1):
+  `https://h/mcp` → `https://h/.well-known/oauth-protected-resource/mcp`.
+- `metadata_paths(endpoint_path)`: the paths a client probes on the proxy for it: the well-known
+  path followed by the endpoint's path, and the bare well-known path (clients try both).
+- `challenge(refused, metadata)`: the `WWW-Authenticate` value of the proxy's own refusal:
+  `Bearer` with `error`, `error_description`, `scope` (a 403 insufficient_scope) and
+  `resource_metadata`, every value quoted (the refusal's text is already fit for a header).
+- `rewrite_challenge(upstream_value, metadata)`: an upstream's challenge (passthrough) with every
+  `resource_metadata` parameter pointing at the proxy's own metadata URL; everything else as the
+  upstream wrote it (a challenge without the parameter stays without: the client then probes
+  the well-known paths of the URL it dialled, which the proxy serves).
+- `rewrite_metadata(document, resource)`: the upstream's metadata document with `resource` set
+  to the proxy's public URL (clients discard a document whose `resource` is not the URL they
+  dialled); None when it is not a JSON object.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from proxy.auth.base import AuthRefused
+
+WELL_KNOWN = "/.well-known/oauth-protected-resource"
+# `resource_metadata=` followed by a quoted string (with RFC 9110 escapes) or a token
+_RESOURCE_METADATA = re.compile(r'(?i)(\bresource_metadata\s*=\s*)("(?:[^"\\]|\\.)*"|[^\s,]+)')
+
+
+def metadata_url(resource: str) -> str:
+    parts = urlsplit(resource)
+    path = parts.path.rstrip("/")
+    return urlunsplit((parts.scheme, parts.netloc, WELL_KNOWN + path, "", ""))
+
+
+def metadata_paths(endpoint_path: str) -> frozenset[str]:
+    path = endpoint_path.rstrip("/")
+    return frozenset({WELL_KNOWN, WELL_KNOWN + path})
+
+
+def challenge(refused: AuthRefused, metadata: str) -> str:
+    params: list[str] = []
+    if refused.error is not None:
+        params.append(f'error="{refused.error}"')
+        params.append(f'error_description="{refused.description}"')
+    if refused.scope:
+        params.append(f'scope="{" ".join(sorted(refused.scope))}"')
+    params.append(f'resource_metadata="{metadata}"')
+    return "Bearer " + ", ".join(params)
+
+
+def rewrite_challenge(value: str, metadata: str) -> str:
+    return _RESOURCE_METADATA.sub(lambda m: f'{m.group(1)}"{metadata}"', value)
+
+
+def rewrite_metadata(document: Any, resource: str) -> dict[str, Any] | None:
+    if not isinstance(document, dict):
+        return None
+    return {**document, "resource": resource}

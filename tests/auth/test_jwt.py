@@ -315,3 +315,23 @@ async def test_metadata_that_names_another_issuer_is_not_used(auth: AuthServer) 
         assert (r.status, r.reason) == (503, "keys_unavailable")
     finally:
         await v.aclose()
+
+
+async def test_a_withdrawn_key_stops_being_trusted_once_the_keys_are_refreshed_for_age(auth: AuthServer) -> None:
+    v = make(auth, max_key_age_s=0.0, retry_after_s=0.0)
+    with anyio.fail_after(BOUND_S):
+        await v.start()
+    try:
+        old = auth.signing
+        auth.rotate(keep_old=False)  # the issuer withdraws the old key
+        # Still held: accepted, and the keys being old, a refresh starts in the background.
+        assert (await v.authenticate(bearer(auth.issue(aud=AUDIENCE, key=old, sub="a")))).id.endswith("#a")
+        refresh = v._refresh
+        assert refresh is not None
+        with anyio.fail_after(BOUND_S):
+            await refresh
+        assert v.fetches == 2, "the start's fetch, then the one for age"
+        r = await refused(v, bearer(auth.issue(aud=AUDIENCE, key=old, sub="b")))
+        assert (r.status, r.reason) == (401, "unknown_key")
+    finally:
+        await v.aclose()

@@ -31,8 +31,8 @@ Contract:
   one fetch: every waiter awaits the same task, shielded, so a caller that goes away does not
   cancel it. A caller waits at most `fetch_timeout_s` (never a hang), then gets its answer.
 - Per-call cost: a verified token's principal is cached, keyed by the SHA-256 of the token, until
-  its `exp` (plus the leeway), at most `cache_size` entries (expired ones are dropped first, then
-  the oldest). A cached call costs one hash and one dict lookup, not a signature check. A token
+  its `exp` (plus the leeway), at most `cache_size` entries (the oldest makes room; an expired
+  one is dropped when looked up). A cached call costs one hash and one dict lookup, not a signature check. A token
   stays accepted until its `exp` even if its key is withdrawn meanwhile; keep access tokens short.
 - Nothing secret leaves this module: descriptions name what failed, never the token; the
   principal carries `iss` and `sub` only (bounded, control characters refused).
@@ -117,10 +117,20 @@ class KeysUnavailable(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Key:
+    """One signing key of the JWKS: its JWK members that matter, and the parsed public key."""
+
+    kty: str
+    crv: str | None
+    alg: str | None
+    public: Any  # a cryptography public key, parsed once per fetch
+
+
+@dataclass(frozen=True, slots=True)
 class KeySet:
     """One fetched JWKS: the usable signing keys by kid (keys without a kid under "")."""
 
-    by_kid: Mapping[str, tuple[dict[str, Any], ...]]
+    by_kid: Mapping[str, tuple[Key, ...]]
     fetched_at: float  # monotonic
 
 
@@ -129,22 +139,29 @@ def _usable(jwk: dict[str, Any]) -> bool:
     return jwk.get("kty") in ("RSA", "EC", "OKP") and jwk.get("use", "sig") == "sig"
 
 
-def parse_jwks(document: Any) -> dict[str, tuple[dict[str, Any], ...]]:
+def parse_jwks(document: Any) -> dict[str, tuple[Key, ...]]:
+    """The JWKS's signing keys by kid; a key that cannot be read is skipped, not fatal."""
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise KeysUnavailable("the JWKS has no 'keys' list")
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[Key]] = {}
     for jwk in document["keys"][:MAX_KEYS]:
-        if isinstance(jwk, dict) and _usable(jwk):
-            kid = jwk.get("kid")
-            grouped.setdefault(kid if isinstance(kid, str) else "", []).append(jwk)
+        if not isinstance(jwk, dict) or not _usable(jwk):
+            continue
+        try:
+            public = jwt.PyJWK(jwk).key
+        except (PyJWKError, ValueError, TypeError, KeyError):
+            continue
+        crv, alg, kid = jwk.get("crv"), jwk.get("alg"), jwk.get("kid")
+        key = Key(jwk["kty"], crv if isinstance(crv, str) else None, alg if isinstance(alg, str) else None, public)
+        grouped.setdefault(kid if isinstance(kid, str) else "", []).append(key)
     return {kid: tuple(keys) for kid, keys in grouped.items()}
 
 
-def _key_fits(jwk: dict[str, Any], alg: str) -> bool:
+def _key_fits(key: Key, alg: str) -> bool:
     kty, crv = ALLOWED_ALGORITHMS[alg]
-    if jwk.get("kty") != kty or (crv is not None and jwk.get("crv") != crv):
+    if key.kty != kty or (crv is not None and key.crv != crv):
         return False
-    return jwk.get("alg", alg) == alg
+    return key.alg is None or key.alg == alg
 
 
 def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
@@ -238,12 +255,10 @@ class JwtAuthenticator:
         return principal
 
     def _remember(self, digest: bytes, principal: Principal, until: float) -> None:
-        if len(self._verified) >= self.cache_size:
-            now = time.time()
-            for key in [k for k, (_, u) in self._verified.items() if u <= now]:
-                del self._verified[key]
-            while len(self._verified) >= self.cache_size:
-                del self._verified[next(iter(self._verified))]  # the oldest entry
+        # The oldest entry makes room (O(1); tokens of one issuer share a lifetime, so the oldest is
+        # also the first to expire, and an expired entry is dropped when it is looked up).
+        while len(self._verified) >= self.cache_size:
+            del self._verified[next(iter(self._verified))]
         self._verified[digest] = (principal, until)
 
     async def _verify(self, token: str) -> tuple[Principal, float]:
@@ -267,17 +282,13 @@ class JwtAuthenticator:
         principal = Principal(f"jwt:{iss}#{sub}", scopes_of(claims))
         return principal, float(claims["exp"]) + self.leeway_s
 
-    def _decode(self, token: str, alg: str, candidates: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    def _decode(self, token: str, alg: str, candidates: tuple[Key, ...]) -> dict[str, Any]:
         bad_signature = False
-        for jwk in candidates:
-            try:
-                key = jwt.PyJWK(jwk, algorithm=alg)
-            except (PyJWKError, ValueError, TypeError):
-                continue  # an unreadable key in the JWKS is skipped, not fatal
+        for key in candidates:
             try:
                 return jwt.decode(
                     token,
-                    key=key.key,
+                    key=key.public,
                     algorithms=[alg],
                     audience=self.audience,
                     issuer=self.issuer,
@@ -300,7 +311,7 @@ class JwtAuthenticator:
             raise AuthRefused(401, "invalid_token", "the token's signature does not verify")
         raise AuthRefused(401, "unknown_key", "no key of the issuer fits the token")
 
-    async def _keys_for(self, kid: str | None, alg: str) -> tuple[dict[str, Any], ...]:
+    async def _keys_for(self, kid: str | None, alg: str) -> tuple[Key, ...]:
         """The issuer's keys that may have signed a token with this kid and alg, refreshing once if none."""
         found = self._fitting(kid, alg)
         if found:
@@ -332,14 +343,14 @@ class JwtAuthenticator:
             )
         raise AuthRefused(401, "unknown_key", "the token's key is not one of the issuer's keys")
 
-    def _fitting(self, kid: str | None, alg: str) -> tuple[dict[str, Any], ...]:
+    def _fitting(self, kid: str | None, alg: str) -> tuple[Key, ...]:
         if self._keys is None:
             return ()
         if kid is not None:
-            pool: tuple[dict[str, Any], ...] = self._keys.by_kid.get(kid, ())
+            pool: tuple[Key, ...] = self._keys.by_kid.get(kid, ())
         else:  # no kid: every key of the JWKS may have signed it (the JWKS is bounded to MAX_KEYS)
-            pool = tuple(jwk for keys in self._keys.by_kid.values() for jwk in keys)
-        return tuple(jwk for jwk in pool if _key_fits(jwk, alg))
+            pool = tuple(key for keys in self._keys.by_kid.values() for key in keys)
+        return tuple(key for key in pool if _key_fits(key, alg))
 
     # -- fetching --------------------------------------------------------------------------------
 

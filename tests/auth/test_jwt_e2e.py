@@ -13,6 +13,7 @@ only the proxy's own credential.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -84,10 +85,12 @@ def upstream() -> Iterator[tuple[str, CredentialGate]]:
         stop_thread_server(uv, thread)
 
 
-def jwt_proxy(tmp_path: Path, auth: AuthServer, upstream_url: str, *extra: str) -> ProxyProcess:
+@contextlib.contextmanager
+def jwt_proxy(tmp_path: Path, auth: AuthServer, upstream_url: str, *extra: str) -> Iterator[ProxyProcess]:
+    """The proxy in jwt mode; its start is bounded at 60 s (a loaded two-core machine needs more than 20)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
-    return ProxyProcess(
+    proxy = ProxyProcess(
         upstream_url=upstream_url,
         port=port,
         log_path=tmp_path / "proxy.log",
@@ -105,6 +108,11 @@ def jwt_proxy(tmp_path: Path, auth: AuthServer, upstream_url: str, *extra: str) 
             *extra,
         ],
     )
+    proxy.start(timeout_s=60.0)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 @pytest.fixture

@@ -190,7 +190,6 @@ class JwtAuthenticator:
         retry_after_s: float = 5.0,
         max_key_age_s: float = 900.0,
         cache_size: int = 10_000,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         check_fetch_url(issuer, "--auth-issuer")
         self.issuer = issuer
@@ -201,7 +200,6 @@ class JwtAuthenticator:
         self.retry_after_s = retry_after_s
         self.max_key_age_s = max_key_age_s
         self.cache_size = cache_size
-        self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._jwks_uri: str | None = None
         self._keys: KeySet | None = None
@@ -216,8 +214,9 @@ class JwtAuthenticator:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # trust_env (httpx's default): HTTPS_PROXY/NO_PROXY reach an issuer through an egress proxy,
+        # and SSL_CERT_FILE/SSL_CERT_DIR name a private CA.
         self._client = httpx.AsyncClient(
-            transport=self._transport,
             timeout=httpx.Timeout(self.fetch_timeout_s),
             follow_redirects=False,
             headers={"accept": "application/json"},

@@ -386,6 +386,12 @@ class JwtAuthenticator:
             self._last_error = f"no answer within {self.fetch_timeout_s:g} s"
             log.warning("jwt: cannot refresh the signing keys of %s: %s", self.issuer, self._last_error)
             return
+        except Exception:
+            # A background task has no caller to raise to: the failure is logged and the keys held
+            # are kept (the request path then answers as for any failed fetch).
+            self._last_error = "unexpected error"
+            log.exception("jwt: cannot refresh the signing keys of %s", self.issuer)
+            return
         self._keys = KeySet(by_kid, time.monotonic())
         self._last_error = None
         log.debug("jwt: %d signing key ids from %s", len(by_kid), self._jwks_uri)

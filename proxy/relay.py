@@ -45,6 +45,7 @@ from types import FunctionType, MethodType
 from typing import Any, Protocol
 
 from proxy.auth.base import AuthRefused, Principal
+from proxy.auth.challenge import challenge_params
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -529,11 +530,12 @@ class Relay:
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and failure.http_status in (401, 403):
                 status = 401 if failure.http_status == 401 else 403
+                told = challenge_params(failure.challenge)
                 raise AuthRefused(
                     status,
                     f"upstream_{status}",
-                    "the upstream refused the request's credentials",
-                    error=None,
+                    told.get("error_description", "the upstream refused the request's credentials"),
+                    error=told.get("error"),
                     challenge=failure.challenge or "Bearer",
                 ) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status

@@ -13,6 +13,8 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
   `resource_metadata` parameter pointing at the proxy's own metadata URL; everything else as the
   upstream wrote it (a challenge without the parameter stays without: the client then probes
   the well-known paths of the URL it dialled, which the proxy serves).
+- `challenge_params(value)`: the `error`, `error_description` and `scope` an upstream's challenge
+  carries (passthrough: the refusal's JSON body repeats them, as the upstream's did).
 - `rewrite_metadata(document, resource)`: the upstream's metadata document with `resource` set
   to the proxy's public URL (clients discard a document whose `resource` is not the URL they
   dialled); None when it is not a JSON object.
@@ -55,6 +57,18 @@ def challenge(refused: AuthRefused, metadata: str) -> str:
 
 def rewrite_challenge(value: str, metadata: str) -> str:
     return _RESOURCE_METADATA.sub(lambda m: f'{m.group(1)}"{metadata}"', value)
+
+
+_PARAM = re.compile(r'(?i)\b(error|error_description|scope)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')
+
+
+def challenge_params(value: str | None) -> dict[str, str]:
+    """`error`, `error_description` and `scope` of a challenge (the first of each), unquoted."""
+    out: dict[str, str] = {}
+    for name, raw in _PARAM.findall(value or ""):
+        text = raw[1:-1].replace('\\"', '"') if raw.startswith('"') else raw
+        out.setdefault(name.lower(), text)
+    return out
 
 
 def rewrite_metadata(document: Any, resource: str) -> dict[str, Any] | None:

@@ -560,7 +560,10 @@ class McpHttpApp:
             value = challenge(refused, self.metadata_url)
         body = {"error": refused.error or "unauthorized", "error_description": refused.description}
         await _respond(
-            send, refused.status, jsonrpc.dumps_out(body), [_JSON, (b"www-authenticate", value.encode("latin-1"))]
+            send,
+            refused.status,
+            jsonrpc.dumps_out(body),
+            [_JSON, (b"www-authenticate", value.encode("latin-1", "replace"))],
         )
 
     def _session(self, session_id: str | None, principal: Principal | None) -> Relay | None:

@@ -155,7 +155,7 @@ async def test_the_upstreams_metadata_is_served_at_both_paths_with_the_proxys_re
             assert answer.json() == {**direct, "resource": rig.proxy.url}
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_the_callers_token_reaches_the_upstream_on_every_attempt(rig: Rig, mode: str) -> None:
     cid = uuid.uuid4().hex[:12]
     with anyio.fail_after(BOUND_S):

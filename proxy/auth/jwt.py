@@ -32,8 +32,9 @@ Contract:
   cancel it. A caller waits at most `fetch_timeout_s` (never a hang), then gets its answer.
 - Per-call cost: a verified token's principal is cached, keyed by the SHA-256 of the token, until
   its `exp` (plus the leeway), at most `cache_size` entries (the oldest makes room; an expired
-  one is dropped when looked up). A cached call costs one hash and one dict lookup, not a signature check. A token
-  stays accepted until its `exp` even if its key is withdrawn meanwhile; keep access tokens short.
+  one is dropped when looked up). A cached call costs one hash and one dict lookup, not a
+  signature check. A token stays accepted until its `exp` even if its key is withdrawn
+  meanwhile; keep access tokens short.
 - Nothing secret leaves this module: descriptions name what failed, never the token; the
   principal carries `iss` and `sub` only (bounded, control characters refused).
 """

@@ -13,6 +13,8 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
   `resource_metadata` parameter pointing at the proxy's own metadata URL; everything else as the
   upstream wrote it (a challenge without the parameter stays without: the client then probes
   the well-known paths of the URL it dialled, which the proxy serves).
+- `resource_metadata_of(value)`: the metadata URL an upstream's challenge names (passthrough: the
+  proxy fetches the document there when it is on the upstream's own origin, whatever its path).
 - `challenge_params(value)`: the `error`, `error_description` and `scope` an upstream's challenge
   carries (passthrough: the refusal's JSON body repeats them, as the upstream's did).
 - `upstream_refusal(failure)`: an upstream's 401/403 (passthrough) as an `AuthRefused` keeping its
@@ -56,6 +58,15 @@ def challenge(refused: AuthRefused, metadata: str) -> str:
         params.append(f'scope="{" ".join(sorted(refused.scope))}"')
     params.append(f'resource_metadata="{metadata}"')
     return "Bearer " + ", ".join(params)
+
+
+def resource_metadata_of(value: str | None) -> str | None:
+    """The `resource_metadata` URL a challenge names, unquoted (None without one)."""
+    match = _RESOURCE_METADATA.search(value or "")
+    if match is None:
+        return None
+    raw = match.group(2)
+    return raw[1:-1].replace('\\"', '"') if raw.startswith('"') else raw
 
 
 def rewrite_challenge(value: str, metadata: str) -> str:

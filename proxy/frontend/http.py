@@ -52,6 +52,7 @@ from proxy.auth.challenge import (
     challenge,
     metadata_paths,
     metadata_url,
+    resource_metadata_of,
     rewrite_challenge,
     rewrite_metadata,
     upstream_refusal,
@@ -507,6 +508,7 @@ class McpHttpApp:
         self.metadata_url = metadata_url(self.public_url)
         self._metadata_paths = metadata_paths(self.path) if auth is not None else frozenset()
         self._issuer = settings.auth_issuer if mode == "jwt" else None
+        self._upstream_metadata_target: str | None = None  # passthrough: see _note_upstream_metadata
         self.max_body = settings.max_body_bytes
         host = settings.listen_host
         loopback = host in LOOPBACK_HOSTS
@@ -556,6 +558,7 @@ class McpHttpApp:
             await _respond(send, 503, jsonrpc.dumps_out(body), [_JSON, (b"retry-after", retry)])
             return
         if refused.challenge is not None:  # passthrough: the upstream's own, pointed at our metadata
+            self._note_upstream_metadata(refused.challenge)
             value = rewrite_challenge(refused.challenge, self.metadata_url)
         else:
             value = challenge(refused, self.metadata_url)
@@ -631,15 +634,34 @@ class McpHttpApp:
             layers.append(current.defaults)
         return sorted({s for layer in layers for s in layer.values.get("required_scopes", ())})
 
+    def _note_upstream_metadata(self, upstream_challenge: str | None) -> None:
+        """Remember where the upstream's challenge says its metadata lives, if that is on the
+        upstream's own origin (a URL elsewhere is not fetched: the proxy is no open fetcher)."""
+        named = resource_metadata_of(upstream_challenge)
+        url = getattr(self.service.upstream, "url", None)
+        if named is None or not isinstance(url, str):
+            return
+        try:
+            there, home = urlsplit(named), urlsplit(url)
+            same = (there.scheme, there.hostname, there.port) == (home.scheme, home.hostname, home.port)
+        except ValueError:
+            return
+        if same and there.path.startswith("/") and not there.fragment:
+            self._upstream_metadata_target = there.path + (f"?{there.query}" if there.query else "")
+
     async def _upstream_metadata(self) -> dict[str, Any] | None:
-        """The upstream's metadata document: at the well-known path followed by the upstream's
-        own path, else the bare well-known path (RFC 9728 §3.1, what clients try)."""
+        """The upstream's metadata document: where its challenge said (on its own origin), else at
+        the well-known path followed by the upstream's own path, else the bare well-known path
+        (RFC 9728 §3.1, what clients try)."""
         fetch = getattr(self.service.upstream, "get_document", None)
         url = getattr(self.service.upstream, "url", None)
         if fetch is None or not isinstance(url, str):
             return None
+        if self._upstream_metadata_target is None and self.service.eras_refusal is not None:
+            self._note_upstream_metadata(self.service.eras_refusal.challenge)
         upstream_path = urlsplit(url).path.rstrip("/")
-        for target in dict.fromkeys((WELL_KNOWN + upstream_path, WELL_KNOWN)):
+        targets = (self._upstream_metadata_target, WELL_KNOWN + upstream_path, WELL_KNOWN)
+        for target in dict.fromkeys(t for t in targets if t is not None):
             try:
                 status, raw = await fetch(target, METADATA_BYTES)
             except UpstreamFailure as failure:

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = float(os.environ.get("MCP_CONFORMANCE_STARTUP_TIMEOUT", "60"))
+# Generous: a proxy starts per scenario, and on two busy cores a Python start has taken over 60 s.
+START_TIMEOUT_S = float(os.environ.get("MCP_AUTH_PROXY_START_TIMEOUT", "150"))
 
 
 def free_port() -> int:

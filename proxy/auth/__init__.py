@@ -95,5 +95,7 @@ def build_authenticator(settings: Settings) -> Authenticator | None:
 
         key = read_key_file(settings.auth_hash_key_file) if settings.auth_hash_key_file is not None else None
         return PassthroughAuthenticator(key)
-    # jwt: proxy/auth/jwt.py (branch auth-jwt) plugs in here.
-    raise AuthConfigError("--auth jwt is not built yet in this version (use none, passthrough or tokens)")
+    from proxy.auth.jwt import JwtAuthenticator
+
+    assert settings.auth_issuer is not None and settings.public_url is not None
+    return JwtAuthenticator(settings.auth_issuer, settings.auth_audience or settings.public_url)

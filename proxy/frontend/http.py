@@ -550,6 +550,11 @@ class McpHttpApp:
         credential (the refusal's text never holds one)."""
         SHED.count("auth_failures", refused.reason)
         log.info("refused %s: HTTP %d %s (%s)", method, refused.status, refused.reason, refused.description)
+        if refused.status == 503:  # jwt: the issuer's keys cannot be had; the caller's token is not at fault
+            body = {"error": "temporarily_unavailable", "error_description": refused.description}
+            retry = str(max(1, round(refused.retry_after_s or 1))).encode()
+            await _respond(send, 503, jsonrpc.dumps_out(body), [_JSON, (b"retry-after", retry)])
+            return
         if refused.challenge is not None:  # passthrough: the upstream's own, pointed at our metadata
             self._note_upstream_metadata(refused.challenge)
             value = rewrite_challenge(refused.challenge, self.metadata_url)

@@ -84,12 +84,27 @@ def test_auth_settings_that_cannot_work_refuse_the_start(kw: dict[str, object], 
     assert needle in str(caught.value)
 
 
-def test_jwt_is_accepted_by_the_setting_and_refused_at_start_until_built() -> None:
+def test_jwt_builds_the_verifier_with_the_public_url_as_default_audience() -> None:
+    from proxy.auth.jwt import JwtAuthenticator
+
+    settings = _settings(
+        auth="jwt",
+        upstream="http://127.0.0.1:1/mcp",
+        public_url="https://mcp.example.com/mcp",
+        auth_issuer="https://issuer.example.com/tenant",
+    )
+    built = build_authenticator(settings)
+    assert isinstance(built, JwtAuthenticator)
+    assert built.audience == "https://mcp.example.com/mcp" and built.issuer == "https://issuer.example.com/tenant"
+    explicit = build_authenticator(settings.model_copy(update={"auth_audience": "api://orders"}))
+    assert isinstance(explicit, JwtAuthenticator) and explicit.audience == "api://orders"
+
+
+def test_jwt_refuses_a_plain_http_issuer_that_is_not_loopback() -> None:
     settings = _settings(
         auth="jwt", upstream="http://127.0.0.1:1/mcp", public_url="http://127.0.0.1:2/mcp", auth_issuer="http://i"
     )
-    assert settings.auth == "jwt"
-    with pytest.raises(AuthConfigError, match="not built yet"):
+    with pytest.raises(AuthConfigError, match="https"):
         build_authenticator(settings)
 
 

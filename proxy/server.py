@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from proxy.frontend.uvicorn_h1 import HttpLimits
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
+from proxy.telemetry.status import StatusObserver
 
 log = logging.getLogger("proxy.server")
 
@@ -136,7 +137,9 @@ async def run(settings: Settings) -> int:
     stop = asyncio.Event()
     restore = _on_sigterm(stop)
     try:
-        return await _serve(settings, service, policies, bundle.registry, stop, auth=auth, admin_token=admin_token)
+        return await _serve(
+            settings, service, policies, bundle.registry, stop, auth=auth, admin_token=admin_token, status=bundle.status
+        )
     finally:
         restore()
         if auth is not None:
@@ -167,6 +170,7 @@ async def _serve(
     *,
     auth: Authenticator | None = None,
     admin_token: str | None = None,
+    status: StatusObserver | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
@@ -179,6 +183,7 @@ async def _serve(
             policies=policies.snapshot,
             allowed_hosts=settings.allowed_hosts,
             admin_token=admin_token,
+            status=status,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings))

@@ -3,15 +3,16 @@
 Contract:
 - `status_document(service, policies, observer)` is the JSON of `/status.json`: the recent and
   the problem calls and per-tool series from the `StatusObserver` (proxy/telemetry/status.py),
-  circuits and retry-budget use per tool (the engine's `AntiStorm.snapshot`), live ledger entries
+  circuits and retry-budget use per tool (the engine's `AntiStorm.snapshot`; open circuits first,
+  at most `CIRCUITS_LIMIT` tools), live ledger entries
   with the seconds until they expire, the policy version and last reload error, the upstream's
   health, eras and restarts, and the tools the upstream listed (the names `explain` accepts).
   Built on the event loop from reads only: nothing here changes the engine's state.
 - `explain_document(service, tool)` is `policies explain` for one tool the upstream listed (its
   annotations as listed), or None for any other name: the page cannot be made to resolve names
   nobody listed.
-- `page(nonce)` is the HTML (proxy/static/status.html): no build step, no external asset (inline CSS, one inline script
-  allowed by a per-response CSP nonce, inline SVG sparklines). The script polls `/status.json`
+- `page(nonce)` is the HTML (proxy/static/status.html): no build step, no external asset (inline
+  CSS, one inline script allowed by a per-response CSP nonce, inline SVG sparklines). The script polls `/status.json`
   every `POLL_MS` and renders every value with `textContent`/`createElement`, never as HTML, so
   an upstream's error text or tool name cannot inject markup. Strings are bounded here and the
   admin app passes every answer through the secret registry; reports are the callers' own
@@ -33,6 +34,7 @@ from proxy.telemetry.status import LABEL_LIMIT, StatusObserver
 
 POLL_MS = 2000
 LEDGER_LIMIT = 100
+CIRCUITS_LIMIT = 200
 TOOL_NAMES_LIMIT = 500
 
 
@@ -50,7 +52,10 @@ def status_document(
         now = engine.clock()
         policy_set = engine.policies()
         listed = service.catalog.tools
-        for row in engine.antistorm.snapshot(now):
+        rows = engine.antistorm.snapshot(now)
+        # Open circuits first, then the busiest; bounded, since each row resolves a policy.
+        rows.sort(key=lambda r: (r["circuit"] != "open", -float(r["window_calls"])))  # type: ignore[arg-type]
+        for row in rows[:CIRCUITS_LIMIT]:
             tool = row["tool"]
             assert isinstance(tool, str)
             tool_def = listed.get(tool)

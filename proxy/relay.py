@@ -44,7 +44,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, Protocol
 
-from proxy.auth.base import AuthRefused, Principal
+from proxy.auth.base import Principal
+from proxy.auth.challenge import upstream_refusal
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -528,14 +529,7 @@ class Relay:
             outbox.send(response)
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and failure.http_status in (401, 403):
-                status = 401 if failure.http_status == 401 else 403
-                raise AuthRefused(
-                    status,
-                    f"upstream_{status}",
-                    "the upstream refused the request's credentials",
-                    error=None,
-                    challenge=failure.challenge or "Bearer",
-                ) from None
+                raise upstream_refusal(failure) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))

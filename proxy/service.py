@@ -100,6 +100,9 @@ class Service:
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
+        # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)
+        self.eras_refusal: UpstreamFailure | None = None
+        self._eras_lock = asyncio.Lock()
         self._recheck: asyncio.Task[None] | None = None
         self._renegotiated_at = float("-inf")
         self._renegotiation: asyncio.Task[None] | None = None
@@ -218,7 +221,7 @@ class Service:
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
-                        self._probed_behind_auth(exc.http_status)
+                        self._probed_behind_auth(exc)
                     else:
                         self._probe_failed(exc)
                 except (TimeoutError, OSError) as exc:
@@ -232,18 +235,46 @@ class Service:
         log.warning("%s", self.probe_error)
         self.health.failed(self.probe_error)
 
-    def _probed_behind_auth(self, status: int) -> None:
+    def _probed_behind_auth(self, refusal: UpstreamFailure) -> None:
         """`--auth passthrough`: the upstream refused the proxy's own probe for want of a caller's
         credential, which the proxy does not have. It answered, so it is up; which eras it speaks
-        cannot be asked, so it is served as a 2025 server (the revision every server speaks): a
-        2026 client's `server/discover` then gets the error that makes it fall back to
-        `initialize`."""
+        is asked again with the first caller's credential (`learn_eras`). Meanwhile it counts as a
+        2025 server (the revision every server speaks), and the refusal is kept: it is what the
+        upstream tells a caller without a credential."""
         self.capabilities = Capabilities(
-            legacy=True, modern=False, detail=f"probe refused with HTTP {status}: served as 2025 (passthrough)"
+            legacy=True,
+            modern=False,
+            detail=f"probe refused with HTTP {refusal.http_status}: eras asked again with a caller's credential",
         )
+        self.eras_refusal = refusal
         self.probe_error = None
         log.info("upstream %s requires the caller's credentials: %s", self.upstream.description, self.capabilities)
         self.health.answered()
+
+    async def learn_eras(self, authorization: str | None) -> UpstreamFailure | None:
+        """passthrough, while the eras are unknown (`eras_refusal` is set): probe the upstream with
+        this caller's `Authorization`. Returns the upstream's refusal (no credential: the one the
+        proxy's own probe got; a credential it refused: its answer to that), else None (learnt, or
+        the probe failed otherwise: the request goes on and meets the same upstream)."""
+        if self.eras_refusal is None:
+            return None
+        if not authorization:
+            return self.eras_refusal
+        async with self._eras_lock:
+            if self.eras_refusal is None:
+                return None
+            try:
+                caps = await asyncio.wait_for(
+                    self.upstream.probe({"authorization": authorization}),  # type: ignore[call-arg]
+                    PROBE_TIMEOUT_S,
+                )
+            except UpstreamFailure as exc:
+                return exc if exc.http_status in (401, 403) else None
+            except TimeoutError:
+                return None
+            self.capabilities, self.eras_refusal = caps, None
+            log.info("upstream %s, probed with a caller's credential: %s", self.upstream.description, caps)
+            return None
 
     async def _probe_until_ready(self) -> None:
         delay_s = 0.5

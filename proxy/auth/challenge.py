@@ -13,6 +13,10 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
   `resource_metadata` parameter pointing at the proxy's own metadata URL; everything else as the
   upstream wrote it (a challenge without the parameter stays without: the client then probes
   the well-known paths of the URL it dialled, which the proxy serves).
+- `challenge_params(value)`: the `error`, `error_description` and `scope` an upstream's challenge
+  carries (passthrough: the refusal's JSON body repeats them, as the upstream's did).
+- `upstream_refusal(failure)`: an upstream's 401/403 (passthrough) as an `AuthRefused` keeping its
+  challenge, error and description.
 - `rewrite_metadata(document, resource)`: the upstream's metadata document with `resource` set
   to the proxy's public URL (clients discard a document whose `resource` is not the URL they
   dialled); None when it is not a JSON object.
@@ -21,10 +25,11 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy.auth.base import AuthRefused
+from proxy.errors import UpstreamFailure
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 # `resource_metadata=` followed by a quoted string (with RFC 9110 escapes) or a token
@@ -55,6 +60,31 @@ def challenge(refused: AuthRefused, metadata: str) -> str:
 
 def rewrite_challenge(value: str, metadata: str) -> str:
     return _RESOURCE_METADATA.sub(lambda m: f'{m.group(1)}"{metadata}"', value)
+
+
+_PARAM = re.compile(r'(?i)\b(error|error_description|scope)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')
+
+
+def challenge_params(value: str | None) -> dict[str, str]:
+    """`error`, `error_description` and `scope` of a challenge (the first of each), unquoted."""
+    out: dict[str, str] = {}
+    for name, raw in _PARAM.findall(value or ""):
+        text = raw[1:-1].replace('\\"', '"') if raw.startswith('"') else raw
+        out.setdefault(name.lower(), text)
+    return out
+
+
+def upstream_refusal(failure: UpstreamFailure) -> AuthRefused:
+    """passthrough: an upstream's HTTP 401/403 as the caller's refusal, its challenge kept."""
+    status: Literal[401, 403] = 401 if failure.http_status == 401 else 403
+    told = challenge_params(failure.challenge)
+    return AuthRefused(
+        status,
+        f"upstream_{status}",
+        told.get("error_description", "the upstream refused the request's credentials"),
+        error=told.get("error"),
+        challenge=failure.challenge or "Bearer",
+    )
 
 
 def rewrite_metadata(document: Any, resource: str) -> dict[str, Any] | None:

@@ -54,7 +54,7 @@ def parse_tokens(text: str, where: str) -> tuple[dict[str, str], list[str]]:
             continue
         name, token = fields
         if not _NAME.fullmatch(name):
-            problems.append(f"{where}:{number}: a name is 1-64 of A-Za-z0-9._- ")
+            problems.append(f"{where}:{number}: a name is 1-64 of A-Za-z0-9._-")
         elif not _TOKEN.fullmatch(token):
             problems.append(f"{where}:{number}: the token of {name!r} must be 16-512 visible ASCII characters")
         elif name in table:

@@ -54,6 +54,7 @@ from proxy.auth.challenge import (
     metadata_url,
     rewrite_challenge,
     rewrite_metadata,
+    upstream_refusal,
 )
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
@@ -555,7 +556,10 @@ class McpHttpApp:
             value = challenge(refused, self.metadata_url)
         body = {"error": refused.error or "unauthorized", "error_description": refused.description}
         await _respond(
-            send, refused.status, jsonrpc.dumps_out(body), [_JSON, (b"www-authenticate", value.encode("latin-1"))]
+            send,
+            refused.status,
+            jsonrpc.dumps_out(body),
+            [_JSON, (b"www-authenticate", value.encode("latin-1", "replace"))],
         )
 
     def _session(self, session_id: str | None, principal: Principal | None) -> Relay | None:
@@ -764,6 +768,13 @@ class McpHttpApp:
             id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
             await _respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
             return
+        if self._forward_credentials and self.service.eras_refusal is not None:
+            # passthrough, the upstream's eras still unknown (it refused the proxy's own probe):
+            # learn them with this caller's credential, or answer what the upstream answers
+            refusal = await self.service.learn_eras(headers.get("authorization"))
+            if refusal is not None:
+                await self._refuse(send, upstream_refusal(refusal), "POST")
+                return
         version = headers.get("mcp-protocol-version")
         if version in jsonrpc.MODERN_VERSIONS and message.get("method") == "initialize" and "id" in message:
             # A 2026 endpoint has no handshake: initialize is an unknown method there.

@@ -1206,14 +1206,17 @@ class HttpUpstream(HttpClientOwner):
             FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the stream before the response arrived"
         )
 
-    async def probe(self) -> Capabilities:
-        """Which eras the upstream speaks: `server/discover` first, then a legacy `initialize`."""
+    async def probe(self, credentials: Mapping[str, str] | None = None) -> Capabilities:
+        """Which eras the upstream speaks: `server/discover` first, then a legacy `initialize`.
+        `credentials`: headers sent with the probe's requests (passthrough: a caller's
+        `Authorization`, for an upstream that answers nobody without one)."""
+        extra = dict(credentials or {})
         modern = legacy = False
         notes: list[str] = []
         discover = discover_request("probe-discover")
         try:
             async with asyncio.timeout(self.probe_timeout_s):
-                _, answer = await self.rpc_once(discover, modern_headers(discover))
+                _, answer = await self.rpc_once(discover, {**extra, **modern_headers(discover)})
             result = answer.get("result")
             versions = result.get("supportedVersions") if isinstance(result, dict) else None
             if isinstance(versions, list):
@@ -1229,15 +1232,15 @@ class HttpUpstream(HttpClientOwner):
                 raise
             notes.append(f"server/discover failed: {f.detail}")
         if not legacy:
-            legacy, note = await self._probe_legacy()
+            legacy, note = await self._probe_legacy(extra)
             notes.append(note)
         return Capabilities(legacy=legacy, modern=modern, detail=bounded_detail("; ".join(notes)))
 
-    async def _probe_legacy(self) -> tuple[bool, str]:
+    async def _probe_legacy(self, extra: dict[str, str]) -> tuple[bool, str]:
         init = initialize_request("probe-initialize")
         try:
             async with asyncio.timeout(self.probe_timeout_s):
-                headers, answer = await self.rpc_once(init, {})
+                headers, answer = await self.rpc_once(init, extra)
         except TimeoutError:
             return False, "initialize timed out"
         except UpstreamFailure as f:
@@ -1249,7 +1252,7 @@ class HttpUpstream(HttpClientOwner):
             return False, "initialize refused"
         sid = headers.get(SESSION_HEADER)
         if sid:
-            h = {SESSION_HEADER: sid}
+            h = {**extra, SESSION_HEADER: sid}
             if isinstance(result.get("protocolVersion"), str):
                 h[VERSION_HEADER] = result["protocolVersion"]
             with contextlib.suppress(*CLIENT_ERRORS, TimeoutError):

@@ -76,8 +76,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         "all",
     ]
     command = scripted_stdio_command(journal.path, tmp / "state.json")
-    with ProxyProcess(upstream=command, extra=extra, log_path=tmp / "proxy.log") as proxy:
+    proxy = ProxyProcess(upstream=command, extra=extra, log_path=tmp / "proxy.log")
+    proxy.start(timeout_s=BOUND_S * 2)  # a loaded CI machine starts Python slowly
+    try:
         yield Rig(proxy, journal, tokens)
+    finally:
+        proxy.stop()
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -242,3 +242,22 @@ def test_the_otlp_endpoint_gets_the_traces_path() -> None:
         assert getattr(exporter, "_endpoint", "http://127.0.0.1:4318/v1/traces") == "http://127.0.0.1:4318/v1/traces"
     finally:
         exporter.shutdown()
+
+
+def test_the_principal_is_a_span_attribute_when_authentication_is_on(
+    tracing: TracingObserver, exporter: InMemorySpanExporter
+) -> None:
+    from proxy.telemetry.events import CallFinished
+
+    telemetry = Telemetry([tracing], tracer=tracing)
+    run(
+        telemetry,
+        [scenarios.started("c1", "echo")._replace(principal="token:alice"), *scenarios.ok_attempt("c1", "echo", 1)],
+    )
+    telemetry.emit(CallFinished("c1", "echo", "success", None, None, 1, 0.01, 0.0, False, "token:alice"))
+    root, _ = tree(exporter)
+    assert root.attributes["mcp_recovery.principal"] == "token:alice"
+    run(telemetry, [scenarios.started("c2", "echo"), *scenarios.ok_attempt("c2", "echo", 1)])
+    telemetry.emit(CallFinished("c2", "echo", "success", None, None, 1, 0.01, 0.0, False))
+    unauthenticated = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER and s is not root]
+    assert unauthenticated and "mcp_recovery.principal" not in unauthenticated[0].attributes

@@ -1,0 +1,151 @@
+"""The pure parts of the auth modes: the tokens file, challenges and metadata, required_scopes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.auth.base import AuthConfigError, AuthRefused
+from proxy.auth.challenge import (
+    challenge,
+    challenge_params,
+    metadata_paths,
+    metadata_url,
+    rewrite_challenge,
+    rewrite_metadata,
+    upstream_refusal,
+)
+from proxy.auth.tokens import TokensAuthenticator, parse_tokens, read_secret_file
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.policy.compile import load_policy_dir
+from proxy.policy.render import policy_rows
+
+GOOD = "0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (f"alice {GOOD} extra\n", "f:1: expected 'NAME TOKEN' (two fields), found 3"),
+        (f"al/ice {GOOD}\n", "f:1: a name is 1-64 of A-Za-z0-9._-"),
+        ("alice short\n", "f:1: the token of 'alice' must be 16-512 visible ASCII characters"),
+        (f"alice {GOOD}\nalice {GOOD}x\n", "f:2: the name 'alice' is given twice"),
+        (f"alice {GOOD}\n# c\nbob {GOOD}\n", "f:3: the token of 'bob' is also another entry's token"),
+        ("# nothing\n\n", "f: no tokens (every caller would be refused)"),
+    ],
+)
+def test_a_bad_tokens_file_names_the_line_and_never_the_token(text: str, problem: str) -> None:
+    _, problems = parse_tokens(text, "f")
+    assert problems == [problem]
+    assert all(GOOD not in p for p in problems)
+
+
+def test_a_bad_tokens_file_at_start_refuses_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("alice short\n")
+    with pytest.raises(AuthConfigError, match="tokens:1"):
+        TokensAuthenticator(path)
+    with pytest.raises(AuthConfigError, match="cannot be read"):
+        TokensAuthenticator(tmp_path / "missing")
+
+
+@pytest.mark.anyio
+async def test_tokens_are_looked_up_by_keyed_digest_and_a_bad_reload_keeps_the_last_good_set(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"alice {GOOD}\n")
+    auth = TokensAuthenticator(path)
+    assert (await auth.authenticate({"authorization": f"Bearer {GOOD}"})).id == "token:alice"
+    with pytest.raises(AuthRefused) as caught:
+        await auth.authenticate({"authorization": f"Bearer {GOOD}0"})
+    assert (caught.value.status, caught.value.reason) == (401, "unknown_token")
+    assert GOOD not in repr(auth.__dict__.get("_by_digest"))
+    path.write_text("garbage\n")
+    assert await auth.reload() is False and auth.reloads_error == 1 and auth.last_error
+    assert (await auth.authenticate({"authorization": f"Bearer {GOOD}"})).id == "token:alice"
+
+
+def test_the_admin_token_file_holds_one_token(tmp_path: Path) -> None:
+    path = tmp_path / "admin"
+    path.write_text(f"\n{GOOD}\n")
+    assert read_secret_file(path, "--admin-token-file") == GOOD
+    path.write_text(f"{GOOD}\n{GOOD}\n")
+    with pytest.raises(AuthConfigError, match="one token"):
+        read_secret_file(path, "--admin-token-file")
+
+
+def test_metadata_url_inserts_the_well_known_path_before_the_endpoint_path() -> None:
+    assert metadata_url("https://h.example/mcp") == "https://h.example/.well-known/oauth-protected-resource/mcp"
+    assert metadata_url("http://127.0.0.1:8/") == "http://127.0.0.1:8/.well-known/oauth-protected-resource"
+    assert metadata_paths("/mcp") == {
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    }
+
+
+def test_the_proxys_own_challenges() -> None:
+    meta = "https://h/.well-known/oauth-protected-resource/mcp"
+    missing = AuthRefused(401, "missing", "authentication required", error=None)
+    assert challenge(missing, meta) == f'Bearer resource_metadata="{meta}"'
+    scope = AuthRefused(403, "insufficient_scope", "x", error="insufficient_scope", scope=frozenset({"b", "a"}))
+    assert challenge(scope, meta) == (
+        f'Bearer error="insufficient_scope", error_description="x", scope="a b", resource_metadata="{meta}"'
+    )
+
+
+def test_an_upstream_challenge_points_at_the_proxys_metadata_and_keeps_the_rest() -> None:
+    ours = "https://proxy/.well-known/oauth-protected-resource/mcp"
+    upstream = (
+        'Bearer realm="r", error="insufficient_scope", scope="a b", resource_metadata="http://up:1/.well-known/x"'
+    )
+    assert rewrite_challenge(upstream, ours) == (
+        f'Bearer realm="r", error="insufficient_scope", scope="a b", resource_metadata="{ours}"'
+    )
+    assert rewrite_challenge('Bearer resource_metadata=http://up/x, DPoP algs="ES256"', ours) == (
+        f'Bearer resource_metadata="{ours}", DPoP algs="ES256"'
+    )
+    assert rewrite_challenge('Bearer realm="r"', ours) == 'Bearer realm="r"'
+    assert challenge_params(upstream) == {"error": "insufficient_scope", "scope": "a b"}
+
+
+def test_an_upstream_refusal_keeps_its_status_challenge_and_error() -> None:
+    failure = UpstreamFailure(
+        FailureKind.HTTP_STATUS,
+        Dispatch.NO,
+        "upstream answered HTTP 403",
+        http_status=403,
+        challenge='Bearer error="insufficient_scope", error_description="need write"',
+    )
+    refused = upstream_refusal(failure)
+    assert (refused.status, refused.reason, refused.error, refused.description) == (
+        403,
+        "upstream_403",
+        "insufficient_scope",
+        "need write",
+    )
+    assert refused.challenge == failure.challenge
+
+
+def test_metadata_gets_the_proxys_resource() -> None:
+    assert rewrite_metadata({"resource": "http://up/mcp", "x": 1}, "https://p/mcp") == {
+        "resource": "https://p/mcp",
+        "x": 1,
+    }
+    assert rewrite_metadata(["not", "an", "object"], "https://p/mcp") is None
+
+
+def test_required_scopes_compile_and_explain_shows_them(tmp_path: Path) -> None:
+    (tmp_path / "pay.yaml").write_text("tools: [pay]\nrequired_scopes: [payments, 'orders:write']\n")
+    policies = load_policy_dir(tmp_path)
+    assert policies.resolve("pay").required_scopes == frozenset({"payments", "orders:write"})
+    assert policies.resolve("other").required_scopes == frozenset()
+    rows = {key: (value, source) for key, value, source in policy_rows(policies.resolve("pay"))}
+    assert rows["required_scopes"] == ("[orders:write, payments]", f"{tmp_path}/pay.yaml:required_scopes")
+
+
+def test_a_scope_that_cannot_go_in_a_challenge_is_a_policy_problem(tmp_path: Path) -> None:
+    from proxy.errors import PolicyError
+
+    (tmp_path / "pay.yaml").write_text("tools: [pay]\nrequired_scopes: ['a\"b']\n")
+    with pytest.raises(PolicyError, match="required_scopes"):
+        load_policy_dir(tmp_path)

@@ -27,6 +27,7 @@ import pytest
 from lxml import html as lxml_html
 from mcp import Client
 
+from tests.fixtures.helpers import PYTHON
 from tests.proxy_process import ProxyProcess
 
 ARG_CANARY = "argcanary-Vb93k"  # in every argument of every call
@@ -85,7 +86,7 @@ def browse(url: str, profile: Path, *, screenshot: Path | None = None) -> str:
 
 
 @pytest.fixture
-def proxy(tmp_path: Path) -> Iterator[ProxyProcess]:
+def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProxyProcess]:
     _require_browser()
     folder = tmp_path / "policies"
     folder.mkdir()
@@ -93,8 +94,10 @@ def proxy(tmp_path: Path) -> Iterator[ProxyProcess]:
         (folder / name).write_text(text)
     token = tmp_path / "admin-token"
     token.write_text(TOKEN + "\n")
-    upstream = [os.environ.get("PYTHON", "") or __import__("sys").executable, "-m", "proxy.demo.server"]
-    os.environ.setdefault("DEMO_REFUND_HANG_S", "3")
+    upstream = [PYTHON, "-m", "proxy.demo.server"]
+    # the refund answers after its 1 s attempt timeout (outcome unknown), and soon enough not to
+    # hold the demo server's exit
+    monkeypatch.setenv("DEMO_REFUND_HANG_S", "3")
     proc = ProxyProcess(
         upstream=upstream,
         extra=["--policies", str(folder), "--admin-token-file", str(token)],

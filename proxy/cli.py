@@ -38,6 +38,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
             default=s,
             help="'Name: value' sent on every upstream HTTP request (repeatable)",
         )
+        p.add_argument("--upstream-ca", default=s, help="PEM CA bundle for an https upstream (replaces system roots)")
+        p.add_argument("--upstream-client-cert", default=s, help="PEM client certificate for mTLS to the upstream")
+        p.add_argument("--upstream-client-key", default=s, help="PEM private key of the client certificate")
+        p.add_argument(
+            "--upstream-client-key-password-file", default=s, help="file holding the encrypted client key's passphrase"
+        )
     p.add_argument("--policies", default=s, help="policy folder (default: the built-in defaults)")
     p.add_argument("--admin", default=s, help="HOST:PORT for /metrics, /healthz, /readyz, /policies")
     p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=s, help="allowed Host (repeatable)")

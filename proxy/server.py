@@ -28,7 +28,7 @@ from proxy.auth.tokens import read_secret_file
 from proxy.engine import Engine
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
-from proxy.service import Service, build_upstream
+from proxy.service import Service, build_upstream, upstream_secrets
 from proxy.settings import LOOPBACK_HOSTS, Settings
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ async def run(settings: Settings) -> int:
     if settings.admin_token_file is not None:
         admin_token = read_secret_file(settings.admin_token_file, "--admin-token-file")
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
-    SECRETS.set([*settings.header_pairs().values(), *([admin_token] if admin_token else [])])
+    SECRETS.set([*upstream_secrets(settings), *([admin_token] if admin_token else [])])
     if settings.auth == "none" and settings.listen != "stdio" and settings.listen_host not in LOOPBACK_HOSTS:
         log.warning(
             "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",

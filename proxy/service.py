@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
@@ -46,10 +48,17 @@ RECHECK_MAX_S = 30.0
 
 
 def build_upstream(settings: Settings) -> Upstream:
-    """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://."""
+    """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://.
+
+    An https upstream gets one TLS context built here (proxy/upstream/tls.py); a TLS flag given for
+    any other upstream is refused rather than ignored. The egress proxy comes from the environment
+    (proxy/upstream/egress.py) and is logged, without its credentials."""
+    tls_flags = settings.upstream_tls_flags
     if settings.upstream_argv:
         if settings.upstream:
             raise ValueError("give either --upstream URL or a command after --, not both")
+        if tls_flags:
+            raise ValueError(f"{', '.join(tls_flags)}: only for an https:// upstream, not a command after --")
         from proxy.upstream.stdio import StdioUpstream
 
         # `--listen stdio` serves one client, one session: one child, no spare (see StdioUpstream)
@@ -64,17 +73,77 @@ def build_upstream(settings: Settings) -> Upstream:
     if not url:
         raise ValueError("no upstream: give --upstream http://HOST:PORT/mcp, --upstream sse+http://…, or -- COMMAND")
     headers = settings.header_pairs()
-    if url.startswith(("sse+http://", "sse+https://")):
+    target = url.removeprefix("sse+")
+    if not target.startswith(("http://", "https://")):
+        raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
+    from proxy.upstream import egress, tls
+
+    ssl_context = None
+    if target.startswith("https://"):
+        ssl_context = tls.client_context(
+            ca=settings.upstream_ca,
+            cert=settings.upstream_client_cert,
+            key=settings.upstream_client_key,
+            key_password=tls.read_key_password(settings.upstream_client_key_password_file),
+        )
+    elif tls_flags:
+        raise ValueError(f"{', '.join(tls_flags)}: only for an https:// upstream, not {url.split('://', 1)[0]}://")
+    proxy = egress.route_for(target)
+    _log_route(target, ssl_context is not None, settings, proxy)
+    common: dict[str, Any] = {"headers": headers, "ssl_context": ssl_context, "proxy": proxy}
+    if url.startswith("sse+"):
         from proxy.upstream.sse import SseUpstream
 
-        return SseUpstream(url.removeprefix("sse+"), headers=headers)
-    if url.startswith(("http://", "https://")):
-        from proxy.upstream.http import HttpUpstream
+        return SseUpstream(target, **common)
+    from proxy.upstream.http import HttpUpstream
 
-        upstream = HttpUpstream(url, headers=headers, connect_timeout_s=settings.upstream_connect_timeout_s)
-        upstream.behind_caller_auth = settings.auth == "passthrough"
-        return upstream
-    raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
+    upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+    upstream.behind_caller_auth = settings.auth == "passthrough"
+    return upstream
+
+
+def upstream_secrets(settings: Settings) -> list[str]:
+    """The proxy's credentials for reaching the upstream, for the secret registry: the configured
+    header values, the egress proxy's password and Proxy-Authorization values, and the client
+    key's passphrase."""
+    from proxy.upstream import egress, tls
+
+    values = list(settings.header_pairs().values())
+    if settings.upstream:
+        route = egress.route_for(settings.upstream)
+        if route is not None:
+            values += route.secret_values
+    password = tls.read_key_password(settings.upstream_client_key_password_file)
+    if password is not None:
+        values.append(password)
+    return values
+
+
+def _log_route(url: str, tls_on: bool, settings: Settings, proxy: Any) -> None:
+    parts = urlsplit(url)
+    if tls_on:
+        roots = f"the CA bundle {settings.upstream_ca}" if settings.upstream_ca else "the system roots"
+        client = f", client certificate {settings.upstream_client_cert}" if settings.upstream_client_cert else ""
+        log.info("upstream TLS: certificates verified against %s%s", roots, client)
+    if proxy is None:
+        return
+    where = f"{parts.scheme}://{parts.hostname}:{parts.port or ''}"
+    log.info("upstream %s reached through the egress proxy %s", where, proxy.shown)
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or _is_loopback(host):
+        log.warning(
+            "the upstream %s is on loopback but goes through the egress proxy %s: add it to NO_PROXY "
+            "unless that is intended",
+            host,
+            proxy.shown,
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Service:

@@ -51,6 +51,14 @@ class Settings(BaseSettings):
         1, ge=0, le=1, description="stdio children started ahead for the next 2025 session (0 turns it off)"
     )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_ca: Path | None = Field(
+        None, description="PEM CA bundle trusted for an https upstream, instead of the system roots"
+    )
+    upstream_client_cert: Path | None = Field(None, description="PEM client certificate for mTLS to the upstream")
+    upstream_client_key: Path | None = Field(None, description="PEM private key of --upstream-client-cert")
+    upstream_client_key_password_file: Path | None = Field(
+        None, description="a file whose first line is the passphrase of an encrypted --upstream-client-key"
+    )
     ready_check_interval_s: float = Field(5.0, gt=0, description="how often /readyz re-checks a network upstream")
     log_level: str = "info"
     log_json: bool = False
@@ -110,6 +118,17 @@ class Settings(BaseSettings):
     @property
     def listen_path(self) -> str:
         return urlsplit(self.listen).path or "/mcp"
+
+    @property
+    def upstream_tls_flags(self) -> list[str]:
+        """The TLS flags that were given (each applies to an https upstream only)."""
+        given = {
+            "--upstream-ca": self.upstream_ca,
+            "--upstream-client-cert": self.upstream_client_cert,
+            "--upstream-client-key": self.upstream_client_key,
+            "--upstream-client-key-password-file": self.upstream_client_key_password_file,
+        }
+        return [flag for flag, value in given.items() if value is not None]
 
     def header_pairs(self) -> dict[str, str]:
         out: dict[str, str] = {}

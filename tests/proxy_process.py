@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ class ProxyProcess:
     log_path: Path | None = None
     port: int = 0
     admin_port: int = 0
+    env: Mapping[str, str] | None = None  # added to the inherited environment
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -49,9 +50,20 @@ class ProxyProcess:
             argv += ["--", *self.upstream]
         return argv
 
-    def start(self, timeout_s: float = 20.0) -> ProxyProcess:
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the process and return at once (`start` also waits for readiness)."""
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            self.proc = subprocess.Popen(
+                self.argv(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.environment()
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # type: ignore[union-attr]  # the child has its own copy
+        return self.proc
+
+    def start(self, timeout_s: float = 20.0) -> ProxyProcess:
+        self.spawn()
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -65,6 +77,11 @@ class ProxyProcess:
                 self.stop()
                 raise TimeoutError(f"proxy not ready after {timeout_s}s; log: {self.log_tail()}")
             time.sleep(0.05)
+
+    def environment(self) -> dict[str, str] | None:
+        if self.env is None:
+            return None
+        return {**os.environ, **self.env}
 
     def log_tail(self, n: int = 4000) -> str:
         if self.log_path and self.log_path.exists():

@@ -7,9 +7,26 @@ and needs to know exactly when a request may have reached the peer. A client bui
 can skip most of the work: no task per request, no timer unless one is armed, one write per
 request, and a response whose body usually arrived in the same `data_received` as its head.
 
-What it deliberately does not do: redirects (a 3xx is returned as is), proxies from the
-environment, retries of any kind (a failed request is reported, never repeated), read timeouts
-(the caller bounds each attempt), pipelining, HTTP/2, `Expect: 100-continue`.
+What it deliberately does not do: redirects (a 3xx is returned as is), reading proxy settings
+from the environment (`proxy/upstream/egress.py` does, and hands it a `ProxyRoute`), retries of
+any kind (a failed request is reported, never repeated), read timeouts (the caller bounds each
+attempt), pipelining, HTTP/2, `Expect: 100-continue`.
+
+Egress proxy: with a `ProxyRoute`, every connection is a CONNECT tunnel through the proxy (for
+`http://` origins too), with `Proxy-Authorization` on the CONNECT request only and TLS to the
+origin inside the tunnel (`loop.create_connection(sock=...)` on the tunnelled socket). Tunnels are
+pooled exactly like direct connections. A proxy that refuses the tunnel (407, 403, 502...) is a
+`ProxyRefused`, a `ConnectError`: nothing reached the origin. Requests themselves are unchanged
+(origin-form targets, the origin's Host), so the direct path pays nothing for this.
+
+TLS: a handshake the client rejects (unknown CA, host name mismatch) or the server rejects with an
+alert is a `TlsError`, a `ConnectError` whose message says what failed. In TLS 1.3 a server checks
+the client's certificate after the client has finished its handshake, so a missing or refused
+client certificate shows only when the first request's answer should come: an alert then (OpenSSL,
+Go, Envoy servers) is a `TlsError` too, nothing having been processed; a bare close (asyncio
+servers such as uvicorn send no alert) of a new TLS connection before any byte of its first answer
+is a `TlsClosed`, also a `ConnectError` but with `dispatch_known=False`: the upstream most likely
+refused the handshake, but a server that died at that moment looks the same.
 
 Loop binding: a client may be built anywhere, and binds to the running loop on its first request;
 every later request must run on that same loop (the loop is cached because asking for it costs a
@@ -28,6 +45,7 @@ import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 from typing import Final, Protocol
 from urllib.parse import quote, urlsplit
@@ -45,8 +63,12 @@ __all__ = [
     "HttpClient",
     "InvalidURL",
     "ProtocolError",
+    "ProxyRefused",
+    "ProxyRoute",
     "Response",
     "Sink",
+    "TlsClosed",
+    "TlsError",
 ]
 
 # Above this many buffered, unconsumed body bytes the socket stops being read; below LOW it resumes.
@@ -86,11 +108,35 @@ class ClientClosed(ClientError):
 
 
 class ConnectError(ClientError):
-    """Establishing the connection failed: nothing of the request can have been sent."""
+    """Establishing the connection failed: nothing of the request can have been sent (see
+    `TlsClosed` for the one exception). The message names what failed and never carries
+    credentials."""
+
+    dispatch_known = True
 
 
 class ConnectTimeout(ConnectError):
     """No connection within `connect_timeout_s` (waiting for a pool slot, TCP connect, TLS)."""
+
+
+class TlsError(ConnectError):
+    """The TLS handshake with the origin failed, or the origin refused it with an alert."""
+
+
+class TlsClosed(TlsError):
+    """A new TLS connection was closed before any byte of its first answer: in TLS 1.3, how an
+    upstream that refuses the client's certificate without sending an alert looks. Unlike other
+    `ConnectError`s the request was written, so whether it was processed is not known for sure."""
+
+    dispatch_known = False
+
+
+class ProxyRefused(ConnectError):
+    """The egress proxy answered the CONNECT request with something other than 2xx (`status`)."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PoolTimeout(ConnectTimeout):
@@ -546,6 +592,21 @@ class _Connection(asyncio.Protocol):
     def is_usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
+    def _lost_error(self, exc: Exception | None) -> ClientError:
+        """Why the request in flight failed when the connection went: a TLS refusal if this was
+        the first request of a new TLS connection and nothing of an answer came (see the module
+        docstring), else a plain close."""
+        client = self.client
+        if self.served == 1 and not self._started and client._ssl is not None:
+            if isinstance(exc, ssl.SSLError):
+                return TlsError(tls_failure_text(exc, client.host, client.port))
+            return TlsClosed(
+                f"TLS with the upstream {client.host}:{client.port} failed: it closed a new connection "
+                "before answering; it most likely refused the handshake: it requires a client certificate "
+                "(--upstream-client-cert and --upstream-client-key) or does not accept the one given"
+            )
+        return self._closed_error()
+
     def _closed_error(self) -> ConnectionClosed:
         started = self._started
         what = "during the response" if started else "before the response"
@@ -586,13 +647,13 @@ class _Connection(asyncio.Protocol):
         if fut is not None:
             self._head_fut = None
             if not fut.done():
-                error = self._closed_error()
+                error = self._lost_error(exc)
                 error.__cause__ = exc
                 fut.set_result(error)
         sink = self._sink
         if sink is not None:
             self._sink = None
-            error = self._closed_error()
+            error = self._lost_error(exc)
             error.__cause__ = exc
             sink.failed(error)
         response = self.response
@@ -769,6 +830,24 @@ class _Connection(asyncio.Protocol):
 Connection = _Connection
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyRoute:
+    """An HTTP egress proxy that every connection tunnels through (CONNECT).
+
+    `authorization` is the `Proxy-Authorization` value (a credential: sent on CONNECT requests
+    only, never logged); `shown` names the proxy in messages, without its password;
+    `secret_values` are what the secret registry must remove (proxy/secret_values.py)."""
+
+    host: str
+    port: int
+    authorization: str | None = None
+    shown: str = ""
+    secret_values: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"ProxyRoute({self.shown or f'{self.host}:{self.port}'})"
+
+
 # ---------------------------------------------------------------------------------------------
 # client
 # ---------------------------------------------------------------------------------------------
@@ -794,6 +873,7 @@ class HttpClient:
         connect_timeout_s: float = 5.0,
         max_connections: int = 100,
         ssl_context: ssl.SSLContext | None = None,
+        proxy: ProxyRoute | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
@@ -832,6 +912,8 @@ class HttpClient:
             self._ssl: ssl.SSLContext | None = ssl_context or ssl.create_default_context()
         else:
             self._ssl = None
+        self._proxy = proxy
+        self._connect_head = _connect_head(literal, self.port, proxy) if proxy is not None else b""
         defaults: dict[str, tuple[str, str]] = {"host": ("Host", host_header)}
         for name, value in (headers or {}).items():
             defaults[name.lower()] = (name, value)
@@ -1019,21 +1101,40 @@ class HttpClient:
         conn = _Connection(self, loop)
         self._all.add(conn)
         timeout = self.connect_timeout_s if deadline is None else max(0.0, deadline - loop.time())
+        tls = self._ssl
         try:
             async with asyncio.timeout(timeout):
-                await loop.create_connection(
-                    lambda: conn,
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                )
+                if self._proxy is None:
+                    await loop.create_connection(
+                        lambda: conn, self.host, self.port, ssl=tls, server_hostname=self.host if tls else None
+                    )
+                else:
+                    sock = await self._tunnel(loop)
+                    try:
+                        await loop.create_connection(
+                            lambda: conn, sock=sock, ssl=tls, server_hostname=self.host if tls else None
+                        )
+                    except BaseException:
+                        sock.close()
+                        raise
         except TimeoutError as exc:
             conn.close()
-            raise ConnectTimeout(f"connecting to {self.host}:{self.port} timed out") from exc
-        except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS (SSLError)
+            via = f" through the egress proxy {self._proxy.shown}" if self._proxy is not None else ""
+            raise ConnectTimeout(f"connecting to {self.host}:{self.port}{via} timed out") from exc
+        except ConnectError:
             conn.close()
-            raise ConnectError(f"cannot connect to {self.host}:{self.port} ({type(exc).__name__}: {exc})") from exc
+            raise
+        except ssl.SSLError as exc:
+            conn.close()
+            raise TlsError(tls_failure_text(exc, self.host, self.port)) from exc
+        except OSError as exc:  # refused, unreachable, DNS (gaierror), a close during the handshake
+            conn.close()
+            # asyncio reports a peer that closes in the middle of the handshake as a reset.
+            reset = isinstance(exc, ConnectionResetError | ConnectionAbortedError)
+            what = "during the TLS handshake " if tls is not None and reset else ""
+            raise ConnectError(
+                f"cannot connect to {self.host}:{self.port} {what}({type(exc).__name__}: {exc})"
+            ) from exc
         except BaseException:
             conn.close()
             raise
@@ -1041,6 +1142,38 @@ class HttpClient:
             conn.close()
             raise ClientClosed("the HTTP client was closed while connecting")
         return conn
+
+    async def _tunnel(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
+        """A connected socket to the origin through the egress proxy: TCP to the proxy, CONNECT,
+        its 2xx answer read whole. Raises `ConnectError` (the proxy unreachable) or `ProxyRefused`.
+        The caller's timeout bounds it; the socket is closed on any failure or cancellation."""
+        proxy = self._proxy
+        assert proxy is not None
+        try:
+            infos = await loop.getaddrinfo(proxy.host, proxy.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ConnectError(f"cannot resolve the egress proxy {proxy.shown} ({type(exc).__name__}: {exc})") from exc
+        error: OSError | None = None
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, address)
+                await loop.sock_sendall(sock, self._connect_head)
+                status, reason = await _read_connect_answer(loop, sock)
+            except OSError as exc:  # this address of the proxy: try the next
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            if 200 <= status < 300:
+                return sock
+            sock.close()
+            raise ProxyRefused(_refusal_text(proxy, self.host, self.port, status, reason), status=status)
+        detail = f"{type(error).__name__}: {error}" if error is not None else "no address"
+        raise ConnectError(f"cannot connect to the egress proxy {proxy.shown} ({detail})") from error
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> _Connection | None:
         """Wait for an idle connection (returned) or a free slot (None: the slot is ours)."""
@@ -1150,3 +1283,89 @@ def _clean_target(target: str) -> str:
     if not target or _BAD_TARGET.search(target):
         raise ValueError("the request target contains spaces or control characters")
     return target
+
+
+# ---------------------------------------------------------------------------------------------
+# egress proxy and TLS messages
+# ---------------------------------------------------------------------------------------------
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: ([^\r\n]*))?\r\n")
+
+
+def _connect_head(literal_host: str, port: int, proxy: ProxyRoute) -> bytes:
+    authority = f"{literal_host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    if proxy.authorization is not None:
+        if _FORBIDDEN.search(proxy.authorization):
+            raise ValueError("the egress proxy's credentials contain CR, LF or NUL")
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _read_connect_answer(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tuple[int, str]:
+    """The status and reason of the proxy's answer to CONNECT, read to the end of its head.
+
+    After a 2xx the next bytes are the origin's, which speaks only once spoken to (TLS, or the
+    request): anything beyond the head then is a broken proxy. Bounded by MAX_HEAD_BYTES."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = await loop.sock_recv(sock, 4096)
+        if not chunk:
+            raise ConnectionResetError("the egress proxy closed the connection before answering CONNECT")
+        head += chunk
+        if len(head) > MAX_HEAD_BYTES:
+            raise ConnectionResetError(f"the egress proxy's answer to CONNECT exceeds {MAX_HEAD_BYTES} bytes")
+    end = head.index(b"\r\n\r\n") + 4
+    match = _STATUS_LINE.match(head)
+    if match is None:
+        raise ConnectionResetError("the egress proxy answered CONNECT with something other than HTTP/1.x")
+    status = int(match.group(1))
+    reason = (match.group(2) or b"").decode("latin-1")
+    if 200 <= status < 300 and len(head) > end:
+        raise ConnectionResetError("the egress proxy sent bytes after its 2xx answer to CONNECT")
+    return status, reason
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    cleaned = "".join(c if " " <= c <= "~" else "?" for c in text[:limit])
+    return cleaned + ("…" if len(text) > limit else "")
+
+
+def _refusal_text(proxy: ProxyRoute, host: str, port: int, status: int, reason: str) -> str:
+    what = f"the egress proxy {proxy.shown} refused the tunnel to {host}:{port}: {status} {_printable(reason)}".rstrip()
+    if status == 407:
+        given = "were refused" if proxy.authorization is not None else "are missing"
+        return f"{what} (its credentials {given}: the proxy URL takes them as http://user:password@host:port)"
+    if status == 403:
+        return f"{what} (its policy does not allow this destination or port)"
+    if status in (502, 503, 504):
+        return f"{what} (the proxy could not reach the upstream)"
+    return what
+
+
+# OpenSSL verification codes that mean "the issuer is not trusted" (a private CA not given).
+_UNTRUSTED_CODES: Final = frozenset({2, 18, 19, 20, 21})
+
+
+def tls_failure_text(exc: ssl.SSLError, host: str, port: int) -> str:
+    """What failed in a TLS handshake with the upstream, from OpenSSL's codes (never secrets)."""
+    where = f"TLS with the upstream {host}:{port} failed"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        code = exc.verify_code
+        message = _printable(str(exc.verify_message or exc.reason or "verification failed"), 160)
+        if code in _UNTRUSTED_CODES:
+            hint = "its issuer is not trusted: give the CA that issued it with --upstream-ca"
+        elif code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+            hint = f"the certificate does not name {host}: the upstream URL must use a name it lists"
+        elif code == 10:
+            hint = "the certificate has expired"
+        else:
+            hint = "the certificate was not accepted"
+        return f"{where}: the upstream's certificate was rejected ({message}); {hint}"
+    reason = (exc.reason or type(exc).__name__).upper()
+    text = _printable(reason.lower().replace("_", " "), 120)
+    if "ALERT" in reason and any(k in reason for k in ("CERTIFICATE", "UNKNOWN_CA", "HANDSHAKE_FAILURE", "ACCESS")):
+        return (
+            f"{where}: the upstream refused the handshake ({text}): it requires a client certificate "
+            "(--upstream-client-cert and --upstream-client-key) or does not accept the one given"
+        )
+    return f"{where} ({text})"

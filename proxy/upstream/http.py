@@ -36,8 +36,13 @@ general-purpose machinery (session, connector, request and response objects, a t
 a task per request) was still the largest share of an HTTP→HTTP call and kept throughput more
 than 10% under direct. `h1.HttpClient` does what this adapter needs and nothing else, at about a
 fifth of aiohttp's CPU per request. Behaviour kept: the configured headers on every request, no
-redirects, no proxy from the environment, cookies kept per upstream; what changed is that the
-proxy no longer asks for compressed answers (a compressed one is still decoded).
+redirects, cookies kept per upstream; what changed is that the proxy no longer asks for
+compressed answers (a compressed one is still decoded). The TLS context (`--upstream-ca`, the
+client certificate) and the egress proxy (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`) are resolved once
+at start (proxy/upstream/tls.py, egress.py) and handed to the client; a connection that cannot be
+established for either reason is CONNECT_FAILED with the client's message, which says what
+failed (an untrusted or mismatched certificate, a refused client certificate, the egress proxy's
+407/403/502) and never carries a credential.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import contextlib
 import email.utils
 import logging
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -89,6 +95,7 @@ from proxy.upstream.h1 import (
     HttpClient,
     InvalidURL,
     PoolTimeout,
+    ProxyRoute,
     Response,
 )
 from proxy.upstream.sse_parse import SseError, SseParser
@@ -164,9 +171,11 @@ def translate_exception(exc: BaseException, written: bool, what: str = "request"
     the wait for a free pooled connection) is dispatch no whatever `written` says."""
     name = type(exc).__name__
     if isinstance(exc, ConnectError):
-        return UpstreamFailure(
-            FailureKind.CONNECT_FAILED, Dispatch.NO, bounded_detail(f"cannot connect to the upstream ({name})")
-        )
+        # Its message says what failed (refused, DNS, TLS and why, the egress proxy's refusal)
+        # and holds no credentials. A new TLS connection closed before its first answer may have
+        # carried the request (`h1.TlsClosed`): dispatch unknown then.
+        dispatched = Dispatch.NO if exc.dispatch_known or not written else Dispatch.UNKNOWN
+        return UpstreamFailure(FailureKind.CONNECT_FAILED, dispatched, bounded_detail(str(exc) or name))
     if isinstance(exc, InvalidURL):
         return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, bounded_detail(f"bad upstream URL ({name})"))
     if isinstance(exc, BodyTooLarge):
@@ -1050,6 +1059,8 @@ class HttpClientOwner:
         connect_timeout_s: float,
         max_connections: int,
         max_event_bytes: int | None,
+        ssl_context: ssl.SSLContext | None = None,
+        proxy: ProxyRoute | None = None,
     ) -> None:
         self.url = url
         parts = urlsplit(url)
@@ -1058,6 +1069,10 @@ class HttpClientOwner:
         self.max_event_bytes = max_event_bytes
         self._headers = dict(headers or {})
         self._max_connections = max_connections
+        # One TLS context and one egress route for the upstream's life (proxy/upstream/tls.py and
+        # egress.py): a client rebuilt after `aclose` reuses them, so nothing is re-read later.
+        self._ssl = ssl_context if ssl_context is not None or parts.scheme != "https" else ssl.create_default_context()
+        self.proxy = proxy
         self._client: HttpClient = self._new_client()  # here: a bad URL or header fails at start-up
         self.health = UpstreamHealth()
         # --auth passthrough: the upstream authenticates callers, so a 401/403 to the proxy's own
@@ -1070,6 +1085,8 @@ class HttpClientOwner:
             headers=self._headers,
             connect_timeout_s=self.connect_timeout_s,
             max_connections=self._max_connections,
+            ssl_context=self._ssl,
+            proxy=self.proxy,
         )
 
     @property
@@ -1132,6 +1149,8 @@ class HttpUpstream(HttpClientOwner):
         max_connections: int = 100,
         probe_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
+        ssl_context: ssl.SSLContext | None = None,
+        proxy: ProxyRoute | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -1140,6 +1159,8 @@ class HttpUpstream(HttpClientOwner):
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             max_event_bytes=max_event_bytes,
+            ssl_context=ssl_context,
+            proxy=proxy,
         )
         self.probe_timeout_s = probe_timeout_s
         self._modern: HttpModernLink | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -25,6 +26,7 @@ from urllib.parse import urljoin, urlsplit
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, dumps, is_response, loads
 from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
+from proxy.upstream.h1 import ProxyRoute
 from proxy.upstream.http import (
     CLIENT_ERRORS,
     MAX_ERROR_BODY,
@@ -359,6 +361,8 @@ class SseUpstream(HttpClientOwner):
         max_connections: int = 100,
         endpoint_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
+        ssl_context: ssl.SSLContext | None = None,
+        proxy: ProxyRoute | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -367,6 +371,8 @@ class SseUpstream(HttpClientOwner):
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             max_event_bytes=max_event_bytes,
+            ssl_context=ssl_context,
+            proxy=proxy,
         )
         self.endpoint_timeout_s = endpoint_timeout_s
         self._links: set[SseLegacyLink] = set()

@@ -94,10 +94,10 @@ def _watch_startup(app: ASGIApp, started: asyncio.Event) -> ASGIApp:
     return wrapped
 
 
-async def _start(app: ASGIApp, sock: socket.socket) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+async def _start(app: ASGIApp, sock: socket.socket, **options: Any) -> tuple[uvicorn.Server, asyncio.Task[None]]:
     started = asyncio.Event()
     config = uvicorn.Config(
-        _watch_startup(app, started), log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        _watch_startup(app, started), log_level="warning", lifespan="on", timeout_graceful_shutdown=1, **options
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -122,11 +122,12 @@ def free_socket() -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterator[int]:
-    """Run `app` under uvicorn in this event loop; yields the port. Bounded start and stop."""
+async def serve(app: ASGIApp, sock: socket.socket | None = None, **options: Any) -> AsyncIterator[int]:
+    """Run `app` under uvicorn in this event loop; yields the port. Bounded start and stop.
+    `options` go to `uvicorn.Config` (the `ssl_*` ones serve HTTPS)."""
     sock = sock or free_socket()
     port = sock.getsockname()[1]
-    server, task = await _start(app, sock)
+    server, task = await _start(app, sock, **options)
     try:
         yield port
     finally:
@@ -143,8 +144,8 @@ def streamable_app(journal: Journal, **kw: Any) -> Starlette:
     return build_server(journal).streamable_http_app(**kw)
 
 
-def sse_app(journal: Journal) -> Starlette:
-    return build_server(journal).sse_app()
+def sse_app(journal: Journal, **kw: Any) -> Starlette:
+    return build_server(journal).sse_app(**kw)
 
 
 async def start_subprocess_server() -> tuple[asyncio.subprocess.Process, int]:

@@ -1,0 +1,127 @@
+"""The TLS client context for an HTTPS upstream, built once at start from the settings.
+
+Contract:
+- `client_context(ca=..., cert=..., key=..., key_password=...)` returns one `ssl.SSLContext` that
+  every connection to the upstream (direct or through an egress proxy's tunnel) uses;
+  `read_key_password(file)` reads the passphrase.
+  Certificate and hostname verification are always on: there is no switch to turn them off (a
+  private CA, or a self-signed server certificate itself, given with `--upstream-ca` is the way
+  to trust an upstream the system roots do not know).
+- `--upstream-ca FILE` (PEM, one or more certificates) *replaces* the system roots: only what the
+  file holds is trusted for the upstream, as with curl's `--cacert` and httpx's `verify=`. An
+  internal upstream is then pinned to the private CA, and a public CA cannot vouch for it.
+  Without it the system roots are used (`SSL_CERT_FILE`/`SSL_CERT_DIR` honoured, as OpenSSL does).
+- `--upstream-client-cert FILE` with `--upstream-client-key FILE` (PEM; the key may also be in
+  the certificate file) is the client certificate for mutual TLS. An encrypted key needs
+  `--upstream-client-key-password-file FILE` (its first line is the passphrase); the proxy never
+  prompts on a terminal.
+- A file that is missing, unreadable or not what its setting expects raises `TlsConfigError`
+  (a `ValueError`, so the command line prints it and exits 2) whose message names the setting and
+  the file, and never repeats the file's content nor the passphrase.
+
+Standard library only: the context is what `asyncio` takes for `create_connection(ssl=...)`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+__all__ = ["TlsConfigError", "client_context", "read_key_password"]
+
+
+class TlsConfigError(ValueError):
+    """A TLS setting names a file the proxy cannot use; the message names the setting."""
+
+
+class _Encrypted(Exception):
+    """Raised by the password callback when an encrypted key came without a passphrase."""
+
+
+def read_key_password(path: Path | None) -> str | None:
+    """The passphrase in the first line of `path` (a mounted secret), None without a file."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TlsConfigError(
+            f"--upstream-client-key-password-file {path}: cannot be read ({type(exc).__name__})"
+        ) from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise TlsConfigError(f"--upstream-client-key-password-file {path}: the file is empty")
+    return password
+
+
+def client_context(
+    *,
+    ca: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    key_password: str | None = None,
+) -> ssl.SSLContext:
+    """The verifying client context: the private CA (or the system roots) and the client cert."""
+    if key is not None and cert is None:
+        raise TlsConfigError("--upstream-client-key needs --upstream-client-cert (the certificate it belongs to)")
+    if ca is not None:
+        _readable("--upstream-ca", ca)
+        try:
+            # With a CA file, the standard library's default context loads that file and not the
+            # system roots: the CA replaces them (see the docstring).
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+        except ssl.SSLError as exc:
+            raise TlsConfigError(
+                f"--upstream-ca {ca}: no PEM certificate could be read from it ({_reason(exc)})"
+            ) from None
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    # The default context already verifies certificates and host names; stated, since it is the
+    # guarantee this module gives.
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None:
+        _readable("--upstream-client-cert", cert)
+        if key is not None:
+            _readable("--upstream-client-key", key)
+        _load_client_pair(context, cert, key, key_password)
+    return context
+
+
+def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, password: str | None) -> None:
+    def no_passphrase() -> str:
+        raise _Encrypted
+
+    where = f"--upstream-client-cert {cert}" + (f" with --upstream-client-key {key}" if key else "")
+    try:
+        context.load_cert_chain(str(cert), str(key) if key else None, password=password or no_passphrase)
+    except _Encrypted:
+        raise TlsConfigError(
+            f"--upstream-client-key {key or cert}: the key is encrypted; give its passphrase with "
+            "--upstream-client-key-password-file"
+        ) from None
+    except ssl.SSLError as exc:
+        reason = exc.reason or ""
+        if reason == "KEY_VALUES_MISMATCH":
+            raise TlsConfigError(f"{where}: the key does not belong to the certificate") from None
+        if password is not None:
+            # OpenSSL reports a wrong passphrase as a PEM error too: name both possibilities.
+            raise TlsConfigError(
+                f"{where}: cannot load the certificate and key (not PEM, or the passphrase in "
+                f"--upstream-client-key-password-file does not decrypt the key: {_reason(exc)})"
+            ) from None
+        raise TlsConfigError(f"{where}: cannot load a PEM certificate and its private key ({_reason(exc)})") from None
+
+
+def _readable(setting: str, path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise TlsConfigError(f"{setting} {path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+
+
+def _reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason code (`NO_CERTIFICATE_OR_CRL_FOUND`), never anything from the file."""
+    return exc.reason or exc.library or "unrecognised content"

@@ -9,6 +9,10 @@ AttemptStarted, AttemptFinished, BackoffStarted, CallFinished; a mix of 70% firs
   - metrics + call log (the log at WARNING, so the INFO lines are filtered as in a quiet deployment),
   - metrics + call log + tracing (spans to an exporter that drops them, behind a BatchSpanProcessor),
 and prints CPU microseconds per call (process time) and the difference against the baseline.
+A second table feeds the events as the engine emits them today (a first-attempt success is one
+`CallSucceeded` through `emit_success`; start events only when an observer wants them; a report
+event for an unresolved call when one takes it) to metrics + call log, with and without the status
+page's observer (`--admin`), so its own cost per call shows.
 This measures the observers alone: no network, no engine, no export. It is not an end-to-end figure.
 """
 
@@ -31,11 +35,14 @@ from proxy.telemetry.events import (
     AttemptStarted,
     BackoffStarted,
     CallFinished,
+    CallReported,
     CallStarted,
+    CallSucceeded,
     Telemetry,
 )
 from proxy.telemetry.logs import CallLogObserver
 from proxy.telemetry.metrics import MetricsObserver
+from proxy.telemetry.status import StatusObserver
 from proxy.telemetry.tracing import build_tracing
 
 TOOLS = [f"tool_{i}" for i in range(20)]
@@ -83,12 +90,46 @@ def one_call(telemetry: Telemetry, i: int) -> None:
     telemetry.emit(CallFinished(call_id, tool, outcome, reason, None, attempts, 0.1, 0.05 * failures, False))
 
 
-def measure(telemetry: Telemetry, calls: int) -> float:
+REPORT = {"errorCategory": "transient", "stopReason": "attempts_exhausted", "attemptCount": 3, "message": "x" * 200}
+
+
+def one_call_shipped(telemetry: Telemetry, i: int) -> None:
+    """The events of one call as the engine emits them (see proxy/engine.py)."""
+    tool = TOOLS[i % len(TOOLS)]
+    kind = i % 10
+    if kind < 7:
+        call_id = f"c{i}" if telemetry.success_ids else ""
+        telemetry.emit_success(CallSucceeded(call_id, tool, 0.01, 0.011, None))
+        return
+    call_id = f"c{i}"
+    failures = 2 if kind < 9 else 3
+    attempts = min(failures + 1, 3)
+    if telemetry.starts:
+        telemetry.emit(CallStarted(call_id, tool, "read_only", "s1", "legacy", "v1", 3, 10.0))
+    for n in range(1, attempts + 1):
+        if n > 1 or telemetry.starts:
+            telemetry.emit(AttemptStarted(call_id, tool, n, 1.0))
+        ok = n > failures
+        result, category = ("success", None) if ok else ("tool_error", "transient")
+        telemetry.emit(AttemptFinished(call_id, tool, n, 0.01, result, category, "yes", "upstream"))
+        if not ok and n < attempts:
+            telemetry.emit(BackoffStarted(call_id, tool, n + 1, 0.05))
+    if failures < 3:
+        outcome, reason = "recovered", None
+    else:
+        outcome, reason = "unresolved", "attempts_exhausted"
+        if telemetry.reports:
+            telemetry.emit(CallReported(call_id, tool, REPORT))
+    telemetry.emit(CallFinished(call_id, tool, outcome, reason, None, attempts, 0.1, 0.05 * failures, False))
+
+
+def measure(telemetry: Telemetry, calls: int, call: object = one_call) -> float:
+    run = call if callable(call) else one_call
     for i in range(min(1000, calls)):  # warm-up: label children created, code paths hot
-        one_call(telemetry, i)
+        run(telemetry, i)
     start = time.process_time()
     for i in range(calls):
-        one_call(telemetry, i)
+        run(telemetry, i)
     return (time.process_time() - start) / calls * 1e6
 
 
@@ -125,6 +166,18 @@ def main() -> None:
     print(f"{'configuration':<24}{'CPU us/call':>14}{'added us/call':>16}")
     for name, us in results.items():
         print(f"{name:<24}{us:>14.1f}{us - base:>16.1f}")
+
+    def metrics_status() -> Telemetry:
+        return Telemetry([CallLogObserver(), MetricsObserver(CollectorRegistry()), StatusObserver()])
+
+    shipped = {}
+    for name, factory in (("metrics+logs", metrics), ("metrics+logs+status", metrics_status)):
+        shipped[name] = min(measure(factory(), args.calls, one_call_shipped) for _ in range(args.repeat))
+    print()
+    print("events as the engine emits them (70% first-attempt successes as one CallSucceeded):")
+    print(f"{'configuration':<24}{'CPU us/call':>14}{'added us/call':>16}")
+    for name, us in shipped.items():
+        print(f"{name:<24}{us:>14.1f}{us - shipped['metrics+logs']:>16.1f}")
 
 
 if __name__ == "__main__":

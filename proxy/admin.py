@@ -13,11 +13,16 @@ and the active policy set.
   store fails `/readyz` only with `--state-required-for-ready` (docs/state.md, the trade-off).
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
+- `/`: the status page (proxy/statuspage.py), fed by `/status.json` (recent and problem calls,
+  circuits, retry budgets, ledger entries, policy version and reload error, upstream health and
+  eras, per-tool rates and latency) and `/status/explain?tool=NAME` (`policies explain` for a tool
+  the upstream listed). The HTML carries a per-response CSP nonce and may not be framed.
 
-Admin authentication (`--admin-token-file`): `/metrics` and `/policies` then need
-`Authorization: Bearer <token>` (compared in constant time); anything else is 401 with a
-`WWW-Authenticate: Bearer realm="mcp-recovery-proxy admin"` challenge, counted in
-`mcp_recovery_auth_failures_total{reason="admin"}`. `/healthz` and `/readyz` stay open for probes.
+Admin authentication (`--admin-token-file`): every path but `/healthz` and `/readyz` (open for
+probes) then needs `Authorization: Bearer <token>`, or Basic credentials whose password is the
+token (what a browser sends after its own prompt: the status page's challenge is `Basic`, the
+others' `Bearer realm="mcp-recovery-proxy admin"`); compared in constant time; anything else is
+401, counted in `mcp_recovery_auth_failures_total{reason="admin"}`.
 
 Safety: the Host header is checked like the MCP port's (proxy/hostcheck.py), so a DNS-rebinding
 page cannot read `/readyz` or `/policies`: loopback names, any IP literal (what Kubernetes probes
@@ -29,21 +34,26 @@ policy problem or a metric label never carries the proxy's credentials.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
 from proxy.secret_values import SECRETS
 from proxy.service import Service
+from proxy.statuspage import explain_document, page, status_document
 from proxy.telemetry.shed import SHED
+from proxy.telemetry.status import StatusObserver
 
 
 class _ScrubbedJSON(JSONResponse):
@@ -82,20 +92,35 @@ class _HostCheck:
 
 
 class _AdminToken:
-    """`/metrics` and `/policies` behind a bearer token; every other path passes."""
+    """Every path but the probes' behind the admin token; `/healthz` and `/readyz` pass."""
 
-    PROTECTED = frozenset({"/metrics", "/policies"})
+    OPEN = frozenset({"/healthz", "/readyz"})
+    PAGES = frozenset({"", "/status.json", "/status/explain"})  # the status page: a browser asks
     CHALLENGE = b'Bearer realm="mcp-recovery-proxy admin"'
+    # A browser prompts for Basic credentials by itself and then sends them with the page's own
+    # requests; the password is the token (the user name is ignored).
+    PAGE_CHALLENGE = b'Basic realm="mcp-recovery-proxy admin", charset="UTF-8"'
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode("latin-1")
+        self._token = token.encode("utf-8")
+
+    def _allowed(self, given: bytes) -> bool:
+        # compare_digest: the time taken does not depend on how much of the token matched
+        if given[:6].lower() == b"basic ":
+            try:
+                _, _, password = base64.b64decode(given[6:].strip(), validate=True).partition(b":")
+            except (binascii.Error, ValueError):
+                return False
+            return hmac.compare_digest(password, self._token)
+        return hmac.compare_digest(given, self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].rstrip("/") in self.PROTECTED:
+        path = scope["path"].rstrip("/") if scope["type"] == "http" else ""
+        if scope["type"] == "http" and path not in self.OPEN:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            # compare_digest: the time taken does not depend on how much of the token matched
-            if not hmac.compare_digest(given, self._expected):
+            if not self._allowed(given):
                 SHED.count("auth_failures", "admin")
                 body = b'{"error":"unauthorized","error_description":"this admin page needs the admin token"}'
                 await send(
@@ -105,7 +130,7 @@ class _AdminToken:
                         "headers": [
                             (b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", self.CHALLENGE),
+                            (b"www-authenticate", self.PAGE_CHALLENGE if path in self.PAGES else self.CHALLENGE),
                         ],
                     }
                 )
@@ -121,6 +146,7 @@ def build_admin_app(
     policies: Callable[[], dict[str, Any]] | None = None,
     allowed_hosts: list[str] | tuple[str, ...] = (),
     admin_token: str | None = None,
+    status: StatusObserver | None = None,
 ) -> ASGIApp:
     async def healthz(_: Request) -> Response:
         return _ScrubbedJSON({"status": "ok"})
@@ -158,8 +184,41 @@ def build_admin_app(
             return _ScrubbedJSON({"error": "no policy store"}, status_code=404)
         return _ScrubbedJSON(policies())
 
+    async def status_page(_: Request) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        return HTMLResponse(
+            page(nonce),
+            headers={
+                # Nothing but the inline parts this response carries, and fetches to this origin.
+                "content-security-policy": (
+                    f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+                    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                    "frame-ancestors 'none'"
+                ),
+                "x-frame-options": "DENY",
+                "x-content-type-options": "nosniff",
+                "referrer-policy": "no-referrer",
+                "cache-control": "no-store",
+            },
+        )
+
+    async def status_json(_: Request) -> Response:
+        return _ScrubbedJSON(
+            status_document(service, policies, status),
+            headers={"cache-control": "no-store", "x-content-type-options": "nosniff"},
+        )
+
+    async def status_explain(request: Request) -> Response:
+        doc = explain_document(service, request.query_params.get("tool", ""))
+        if doc is None:
+            return _ScrubbedJSON({"error": "not a tool the upstream listed"}, status_code=404)
+        return _ScrubbedJSON(doc, headers={"cache-control": "no-store"})
+
     app = Starlette(
         routes=[
+            Route("/", status_page),
+            Route("/status.json", status_json),
+            Route("/status/explain", status_explain),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),

@@ -270,6 +270,7 @@ def _print_demo_banner(settings: Settings) -> None:
         f"  MCP endpoint (Streamable HTTP, both protocol eras): {where}",
     ]
     if admin:
+        lines.append(f"  status page (open it in a browser): {admin}/")
         lines.append(f"  admin: {admin}/readyz  {admin}/metrics  {admin}/policies")
     lines += [
         "",

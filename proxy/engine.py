@@ -86,6 +86,7 @@ from proxy.telemetry.events import (
     AttemptStarted,
     BackoffStarted,
     CallFinished,
+    CallReported,
     CallStarted,
     CallSucceeded,
     Telemetry,
@@ -801,6 +802,8 @@ class _Call:
             outcome = "tool_error"
         else:
             outcome = "unresolved"
+        if e.telemetry.reports:
+            e.telemetry.emit(CallReported(self.call_id, self.label, report))
         # An unclassified failure is counted as such, not under the label the policy gives it in the
         # report: a dashboard must not show it as transient.
         classification = report.get("classification")

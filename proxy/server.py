@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from proxy.frontend.uvicorn_h1 import HttpLimits
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
+from proxy.telemetry.status import StatusObserver
 
 log = logging.getLogger("proxy.server")
 
@@ -181,7 +182,15 @@ async def run(settings: Settings) -> int:
     restore = _on_sigterm(on_signal)
     try:
         return await _serve(
-            settings, service, policies, bundle.registry, stop, on_signal, auth=auth, admin_token=admin_token
+            settings,
+            service,
+            policies,
+            bundle.registry,
+            stop,
+            on_signal,
+            auth=auth,
+            admin_token=admin_token,
+            status=bundle.status,
         )
     finally:
         restore()
@@ -228,6 +237,7 @@ async def _serve(
     *,
     auth: Authenticator | None = None,
     admin_token: str | None = None,
+    status: StatusObserver | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
     if settings.admin:
@@ -240,6 +250,7 @@ async def _serve(
             policies=policies.snapshot,
             allowed_hosts=settings.allowed_hosts,
             admin_token=admin_token,
+            status=status,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),

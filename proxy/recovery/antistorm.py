@@ -29,6 +29,7 @@ Contract (pure: time is an argument; the engine owns the one instance):
   answering) closes the circuit, a transient failure opens it again. Outside half-open, a
   success or a non-transient answer resets the count.
 - Bounded: at most `MAX_TOOLS` tools are tracked; past that the oldest is forgotten.
+- `snapshot(now_s)` reads the table for the status page (circuits and budget use per tool).
 """
 
 from __future__ import annotations
@@ -208,6 +209,35 @@ class AntiStorm:
         """(tool, refusing now) for every tracked tool whose policy has a breaker (for /metrics;
         safe to call from another thread: it reads a snapshot of the table)."""
         return [(tool, self.circuit_open(tool, now_s)) for tool, st in list(self._tools.items()) if st.breaker]
+
+    def snapshot(self, now_s: float) -> list[dict[str, object]]:
+        """Per tracked tool, for the status page: the circuit (`closed`, `open` with the seconds
+        left, `half_open`; None without a breaker), consecutive transient failures, and the calls
+        and retries admitted in the budget's window. A read: nothing here changes state."""
+        out: list[dict[str, object]] = []
+        for tool, st in list(self._tools.items()):
+            calls, retries = st.window(now_s)
+            circuit: str | None = None
+            open_for_s = 0.0
+            if st.breaker:
+                if st.state == _OPEN and now_s < st.open_until_s:
+                    circuit, open_for_s = "open", st.open_until_s - now_s
+                elif st.state != _CLOSED:
+                    circuit = "half_open"  # cooled down: the next call is the trial
+                else:
+                    circuit = "closed"
+            out.append(
+                {
+                    "tool": tool,
+                    "circuit": circuit,
+                    "open_for_s": round(open_for_s, 3),
+                    "failures": st.failures,
+                    "window_s": WINDOW_S,
+                    "window_calls": calls,
+                    "window_retries": retries,
+                }
+            )
+        return out
 
     @staticmethod
     def _cooldown_s(policy: ToolPolicy) -> float:

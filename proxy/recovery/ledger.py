@@ -16,6 +16,8 @@ Contract:
   an approval naming that entry's `budget_id` (single use: a second use is refused, and so is an
   approval naming any other budget), `clear` forgets an operation that later succeeded.
 - Entries expire after their window; the store keeps at most `max_entries` (oldest evicted).
+- `InMemoryLedger.entries(now_s, limit=)` lists the live entries for the status page (not part
+  of the Protocol: a ledger without it shows none there).
 """
 
 from __future__ import annotations
@@ -171,3 +173,15 @@ class InMemoryLedger:
     def ops(self) -> list[str]:
         """Every operation held (live or not yet expired on read), oldest first: a copy."""
         return list(self._entries)
+
+    def entries(self, now_s: float | None = None, *, limit: int = 100) -> list[ExhaustedEntry]:
+        """The live entries, most recently recorded first, at most `limit` (for the status page;
+        expired ones are skipped, not removed: a read changes nothing)."""
+        now = self._now(now_s)
+        out: list[ExhaustedEntry] = []
+        for entry in reversed(self._entries.values()):
+            if now < entry.expires_at_s:
+                out.append(entry)
+                if len(out) >= limit:
+                    break
+        return out

@@ -13,13 +13,18 @@ Contract:
   (`Telemetry.starts`): an observer declares `needs_starts = False` when it does not (metrics
   and the call log read nothing from them; tracing opens its spans on them). Observers without
   the attribute get every event.
-- Likewise `needs_call_ids = False` declares that an observer never reads `call_id`. When no
+- Likewise `needs_call_ids = False` declares that an observer never reads the `call_id` of a
+  `CallSucceeded` (the only event whose id can be left out; others always carry it). When no
   observer that takes `CallSucceeded` needs call ids (`Telemetry.success_ids` is False: the
   metrics alone, as shipped), a first-attempt success's `call_id` is "" (the engine's id counter
   still advances, so the ids of other calls are unchanged); otherwise it is the call's id.
 - An observer may route events itself: `handler_for(event_type)` returns the callable that
   takes events of that type, or None for a type it ignores (it is then never called for them);
   without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
+- `CallReported` carries the unresolved report (the `_meta` report of RECOVERY.md §5, already
+  redacted and bounded, exactly as the caller gets it) of a call the engine gave up on, just
+  before its `CallFinished`. It is built only when some observer takes it (`Telemetry.reports`:
+  the status page's observer does; the metrics and the call log route it nowhere).
 - `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises
   is logged (once per observer and event type) and never breaks traffic. `emit_success` is
   `emit` for `CallSucceeded` only, its routing resolved when the `Telemetry` is built. Observers must be
@@ -38,7 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 log = logging.getLogger("proxy.telemetry")
 
@@ -114,6 +119,12 @@ class CallSucceeded(NamedTuple):
         )
 
 
+class CallReported(NamedTuple):
+    call_id: str
+    tool: str
+    report: Mapping[str, Any]  # the caller's unresolved report: observers copy what they keep
+
+
 class UpstreamStatus(NamedTuple):
     upstream: str
     up: bool
@@ -132,6 +143,7 @@ Event = (
     | BackoffStarted
     | CallFinished
     | CallSucceeded
+    | CallReported
     | UpstreamStatus
     | PolicyReloaded
 )
@@ -162,6 +174,7 @@ EVENT_TYPES: tuple[type, ...] = (
     BackoffStarted,
     CallFinished,
     CallSucceeded,
+    CallReported,
     UpstreamStatus,
     PolicyReloaded,
 )
@@ -194,6 +207,8 @@ class Telemetry:
         self.emit_success: Callable[[CallSucceeded], None] = self._emitter(CallSucceeded)
         # Whether a first-attempt success's call id is read: formatting one costs more than building its event.
         self.success_ids = any(needs_call_ids(o) for o, _ in self._routes[CallSucceeded])
+        # Whether an unresolved report is wanted as an event (the engine builds none otherwise).
+        self.reports = bool(self._routes[CallReported])
 
     def emit(self, event: Event) -> None:
         for observer, handler in self._routes.get(event.__class__, ()):

@@ -7,6 +7,8 @@ Contract:
   - `.registry`: the proxy's own `CollectorRegistry` (never the global one) for `/metrics`,
     with process metrics (`process_*`) and `python_info` on it;
   - `.tracing`: the `TracingObserver`, or None when no `OTEL_*` exporter is configured;
+  - `.status`: the status page's `StatusObserver` when the admin endpoint is on (`--admin`: the
+    only reader of what it keeps), else None;
   - `.on_policy_reload(result, version, error)`: a `PolicyStore(on_reload=...)` hook that emits
     `PolicyReloaded`;
   - `async .shutdown()`: ends open spans and flushes the span processor (off the event loop).
@@ -28,6 +30,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from proxy.telemetry.events import Observer, PolicyReloaded, Telemetry
 from proxy.telemetry.logs import CallLogObserver
 from proxy.telemetry.metrics import MetricsObserver
+from proxy.telemetry.status import StatusObserver
 from proxy.telemetry.tracing import TracingObserver, build_tracing
 
 
@@ -37,6 +40,7 @@ class TelemetryBundle:
     registry: CollectorRegistry
     metrics: MetricsObserver
     tracing: TracingObserver | None
+    status: StatusObserver | None = None
 
     def on_policy_reload(self, result: str, version: str, error: str | None = None) -> None:
         """`PolicyStore`'s `on_reload` hook: the error text is logged by the store, never a label."""
@@ -68,6 +72,9 @@ def build_telemetry(
         trace_id=tracing.trace_id if tracing else None, mode=getattr(settings, "call_log", "problems")
     )
     observers: list[Observer] = [call_log, metrics]
+    status = StatusObserver() if getattr(settings, "admin", None) else None
+    if status is not None:
+        observers.append(status)
     if tracing is not None:
         observers.append(tracing)
-    return TelemetryBundle(Telemetry(observers, tracer=tracing), registry, metrics, tracing)
+    return TelemetryBundle(Telemetry(observers, tracer=tracing), registry, metrics, tracing, status)

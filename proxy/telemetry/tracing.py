@@ -354,8 +354,15 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
                 OTLPSpanExporter as GrpcExporter,
             )
         except ImportError:
-            log.error("OTLP protocol grpc needs opentelemetry-exporter-otlp-proto-grpc; tracing stays off")
+            log.error(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter, an optional extra: "
+                "pip install 'mcp-recovery-proxy[otlp-grpc]'; tracing stays off"
+            )
             return None
+        # gRPC has no URL path: the endpoint is host and port (an http:// scheme means plaintext).
+        grpc_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if env is not os.environ and grpc_endpoint:
+            return GrpcExporter(endpoint=grpc_endpoint)  # type: ignore[no-any-return]
         return GrpcExporter()  # type: ignore[no-any-return]
     if protocol != "http/protobuf":
         log.error("OTLP protocol %r is not supported (http/protobuf, grpc); tracing stays off", protocol)

@@ -60,6 +60,12 @@ async def _run_lines(rig: Rig, lines: list[bytes]) -> list[Any]:
     frontend._legacy = rig.service.sessions[rig.session_id]
     out = _Out()
     await frontend.run(_Lines(lines, frontend), out)  # type: ignore[arg-type]
+    # The end of stdin is a graceful shutdown of the whole service (proxy/frontend/stdio.py), and
+    # after it every request is answered "shutting down". This rig plays many stdin batches on one
+    # service, so it takes the service out of its (finished, nothing-in-flight) drain again.
+    assert rig.service.draining and not rig.service.requests.tasks
+    rig.service.draining = False
+    rig.service._drained = None
     assert out.data == b"" or out.data.endswith(b"\n"), bytes(out.data[-200:])
     return [jsonrpc.loads(line) for line in bytes(out.data).splitlines()]
 

@@ -563,7 +563,17 @@ class StdioUpstream:
     async def probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it is legacy-only. One that does not
         answer it at all (exits, or stays silent) is legacy-only only if a fresh child answers a
-        2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
+        2025 `initialize` (`check`): a command that crashes at once must not read as ready.
+
+        A child answered, so the command works: the warm pool starts filling now. Waiting for the
+        first 2025 session's own child to answer (as before) made that session wait for a whole
+        cold start, 10 s on a loaded machine in the conformance suite's first scenario."""
+        caps = await self._probe()
+        if caps.legacy:
+            self._replenish()
+        return caps
+
+    async def _probe(self) -> Capabilities:
         link = await self.open(Era.MODERN)
         try:
             ex = await link.send_request(discover_request(link.new_id()))

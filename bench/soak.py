@@ -293,10 +293,20 @@ class Load:
             try:
                 async with Client(self.url, mode=mode) as client:  # type: ignore[arg-type]
                     self.tally.sessions_opened += mode == "legacy"
+                    opened_at = last_at = time.monotonic()
                     for _ in range(self.session_calls):
                         if not await self._wait_turn():
                             break
+                        before = sum(self.tally.failures.values())
+                        began_at = time.monotonic()
                         await self._call(client)
+                        if sum(self.tally.failures.values()) > before:
+                            now = time.monotonic()
+                            self.tally.failures[
+                                f"  (a {mode} session {now - opened_at:.0f} s old, its previous call ended "
+                                f"{began_at - last_at:.0f} s before this one began, which took {now - began_at:.0f} s)"
+                            ] += 1
+                        last_at = time.monotonic()
             except Exception as exc:
                 self.tally.failures[f"{mode} session: {type(exc).__name__}: {exc}"[:160]] += 1
 

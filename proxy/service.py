@@ -514,15 +514,20 @@ class Service:
         return session_id, relay
 
     def _check_initialized(self, session_id: str) -> None:
-        """A session whose client said nothing after `initialize` is closed; one whose initialize
-        is still running (a slow upstream start) is looked at again later."""
+        """A session whose client said nothing within `session_init_timeout_s` of the answer to its
+        `initialize` is closed; one whose initialize is still running (a slow upstream start) is
+        looked at again later. Counted from the answer, not from the request: a stdio child whose
+        cold start took most of the timeout left a benign client a sliver of it, and on a loaded
+        machine its `notifications/initialized` came after the session was gone (the soak lost
+        long-lived sessions that way; every later request of theirs got 404)."""
         relay = self.sessions.get(session_id)
         if relay is None or relay.initialized or self._stopping:
             return
-        if relay.busy:
-            asyncio.get_running_loop().call_later(
-                self.settings.session_init_timeout_s, self._check_initialized, session_id
-            )
+        timeout_s = self.settings.session_init_timeout_s
+        quiet_s = time.monotonic() - relay.last_activity  # set when the initialize was answered
+        if relay.busy or quiet_s < timeout_s:
+            later_s = timeout_s if relay.busy else timeout_s - quiet_s
+            asyncio.get_running_loop().call_later(later_s, self._check_initialized, session_id)
             return
         log.info(
             "closing session %s…: nothing followed its initialize within %g s",

@@ -201,6 +201,7 @@ class Tally:
     failures: Counter[str] = field(default_factory=Counter)
     sessions_opened: int = 0
     sessions_abandoned: int = 0
+    notes: Counter[str] = field(default_factory=Counter)  # about the failures, not counted as more
 
 
 class Pacer:
@@ -302,9 +303,9 @@ class Load:
                         await self._call(client)
                         if sum(self.tally.failures.values()) > before:
                             now = time.monotonic()
-                            self.tally.failures[
-                                f"  (a {mode} session {now - opened_at:.0f} s old, its previous call ended "
-                                f"{began_at - last_at:.0f} s before this one began, which took {now - began_at:.0f} s)"
+                            self.tally.notes[
+                                f"failed in a {mode} session {now - opened_at:.0f} s old, its previous call ended "
+                                f"{began_at - last_at:.0f} s before this one began, which took {now - began_at:.0f} s"
                             ] += 1
                         last_at = time.monotonic()
             except Exception as exc:
@@ -509,6 +510,8 @@ async def main() -> int:
         print(f"  {n:6d}  {what}")
     for what, n in tally.failures.most_common(8):
         print(f"  {n:6d}  FAILED {what}")
+    for what, n in tally.notes.most_common(5):
+        print(f"  {n:6d}  {what}")
     if warm is None:
         print("the run ended before its warm-up: no comparison")
         return 1

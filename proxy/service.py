@@ -12,8 +12,8 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
 - Sessions are bounded in total (`max_sessions`) and per client address (`max_sessions_per_client`,
-  answered 429), and a session whose client sent nothing after its `initialize` (no
-  `notifications/initialized`, no request) within `session_init_timeout_s` is closed: unanswered
+  answered 429), and a session whose client sent nothing (no `notifications/initialized`, no
+  request) within `session_init_timeout_s` of the answer to its `initialize` is closed: unanswered
   handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
   says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
   counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed

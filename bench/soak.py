@@ -260,7 +260,8 @@ class Load:
         self.running = asyncio.Event()
         self.stopped = False
 
-    async def _call(self, client, bound_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    async def _call(self, client, bound_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+        """One call of the mix; False when it failed (counted in the tally)."""
         name, args = pick_call(self.rng)
         progress = name == "slow_report"
 
@@ -271,9 +272,12 @@ class Load:
             async with asyncio.timeout(bound_s):
                 result = await client.call_tool(name, args, progress_callback=on_progress if progress else None)
             self.tally.outcomes[f"{name} {outcome_of(result)}"] += 1
+            return True
         except Exception as exc:  # counted: a failed call is a result of the run
             self.tally.failures[f"{name}: {type(exc).__name__}: {exc}"[:160]] += 1
-        self.tally.calls += 1
+            return False
+        finally:
+            self.tally.calls += 1
 
     async def _wait_turn(self) -> bool:
         """False when the run is over; waits while paused; then takes a slot of the steady rate."""
@@ -298,10 +302,8 @@ class Load:
                     for _ in range(self.session_calls):
                         if not await self._wait_turn():
                             break
-                        before = sum(self.tally.failures.values())
                         began_at = time.monotonic()
-                        await self._call(client)
-                        if sum(self.tally.failures.values()) > before:
+                        if not await self._call(client):
                             now = time.monotonic()
                             self.tally.notes[
                                 f"failed in a {mode} session {now - opened_at:.0f} s old, its previous call ended "

@@ -569,6 +569,23 @@ class StdioUpstream:
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
+        """`_probe`, and with shared sessions the shared children started beside it (each bounded
+        by the handshake timeout; a probe that gives up does not stop them), so that no 2025
+        session waits for a process start."""
+        starting = self._shared_sessions().start_all() if self.shared_sessions and not self._closed else None
+        capabilities = await self._probe()
+        if starting is not None:
+            await asyncio.shield(starting)
+        return capabilities
+
+    def _shared_sessions(self) -> SharedSessions:
+        if self._shared is None:
+            from proxy.upstream.stdio_shared import SharedSessions
+
+            self._shared = SharedSessions(self, self.shared_children)
+        return self._shared
+
+    async def _probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it is legacy-only. One that does not
         answer it at all (exits, or stays silent) is legacy-only only if a fresh child answers a
         2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
@@ -609,11 +626,7 @@ class StdioUpstream:
                 self._modern = StdioLink(self, Era.MODERN)
             return self._modern
         if self.shared_sessions:
-            if self._shared is None:
-                from proxy.upstream.stdio_shared import SharedSessions
-
-                self._shared = SharedSessions(self, self.shared_children)
-            return self._shared.session()  # bounded by the proxy's --max-sessions, not by children
+            return self._shared_sessions().session()  # bounded by the proxy's --max-sessions, not by children
         if len(self._links) >= self.max_children:
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,

@@ -11,11 +11,15 @@ after a crash, its handshake replayed) serve every session:
   the first such answer, with the session's requested revision when it is a 2025 one.
 - Placement is per request, so that what a child sends without naming a request can still be tied
   to one session: a request goes to the child where its session already has requests in flight,
-  else to its session's home child if no other session has requests in flight there, else to
-  another such child (a running one first, then one started for it: at most N), and only when
-  every child has another session's request in flight, to the one with the fewest. A child in its
-  crash backoff is passed over while another can take the request. A session's home child (the one
-  with the fewest sessions when it opened) holds its resource subscriptions.
+  else to a running child where no other session has requests in flight (its session's home child
+  first). When every running child has another session's request, the next child is started in
+  the background (at most N in all) and the request meanwhile shares the running child with the
+  fewest requests: a process start costs a request far more than sharing does. Only when no child
+  runs does a request wait for one to start. A child in its crash backoff is passed over while
+  another can take the request. All N children are started when the upstream is probed (the
+  proxy is ready once they answered), and after a child was reaped the next contention starts it
+  again in the background. A session's home child (the one with the fewest sessions when it opened) holds its
+  resource subscriptions.
 - Request ids and progress tokens are the proxy's own (one counter for every child), mapped back by
   each session's relay, so sessions never see each other's answers or progress.
 - What a child sends without naming a request goes to the one session with requests in flight on
@@ -88,7 +92,8 @@ class SharedChild:
         self.busy: dict[SessionLink, int] = {}  # requests in flight, per session
         self.subscriptions: dict[str, set[SessionLink]] = {}
         self.used_at = time.monotonic()
-        self._lock = asyncio.Lock()
+        self.warming = False  # being started in the background (`SharedSessions.warm`)
+        self._initializing: asyncio.Task[None] | None = None
 
     def _new_link(self) -> StdioLink:
         from proxy.upstream.stdio import StdioLink
@@ -115,34 +120,38 @@ class SharedChild:
         return next(iter(self.busy))
 
     async def ready(self) -> dict[str, Any]:
-        """Initialize this child once (a respawn replays it by itself); its `initialize` result."""
-        if self.initialized and self.owner._initialized is not None:
-            return self.owner._initialized
-        async with self._lock:
-            if not self.initialized:
-                link = self.link
-                ex = await link.send_request(initialize_request(link.new_id()))
-                try:
-                    response = await asyncio.wait_for(ex.response, self.owner.upstream.handshake_timeout_s)
-                except TimeoutError:
-                    await link.cancel(ex)
-                    raise UpstreamFailure(
-                        FailureKind.TIMEOUT, Dispatch.NO, "a shared upstream process did not answer initialize"
-                    ) from None
-                result = response.get("result")
-                if not isinstance(result, dict):
-                    raise UpstreamFailure(
-                        FailureKind.PROTOCOL, Dispatch.NO, "a shared upstream process refused initialize"
-                    )
-                await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
-                if self.owner._initialized is None:
-                    self.owner._initialized = result
-                level = self.owner.upstream_level
-                if level is not None:
-                    await self._ask(set_level_request(level))
-                self.initialized = True
+        """Initialize this child once (a respawn replays it by itself); its `initialize` result.
+        The handshake runs in a task of its own: a caller that stops waiting (a cancelled request)
+        does not leave the child half initialized."""
+        if not self.initialized or self.owner._initialized is None:
+            task = self._initializing
+            if task is None or task.done():
+                task = self._initializing = asyncio.get_running_loop().create_task(self._initialize())
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, if nobody waits
+            await asyncio.shield(task)
         assert self.owner._initialized is not None
         return self.owner._initialized
+
+    async def _initialize(self) -> None:
+        link = self.link
+        ex = await link.send_request(initialize_request(link.new_id()))
+        try:
+            response = await asyncio.wait_for(ex.response, self.owner.upstream.handshake_timeout_s)
+        except TimeoutError:
+            await link.cancel(ex)
+            raise UpstreamFailure(
+                FailureKind.TIMEOUT, Dispatch.NO, "a shared upstream process did not answer initialize"
+            ) from None
+        result = response.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a shared upstream process refused initialize")
+        await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if self.owner._initialized is None:
+            self.owner._initialized = result
+        level = self.owner.upstream_level
+        if level is not None:
+            await self._ask(set_level_request(level))
+        self.initialized = True
 
     def _state(self) -> list[Message]:
         """What a respawned child is told after its handshake: the level, its subscriptions."""
@@ -218,6 +227,7 @@ class SharedChild:
         """Stop using this child (reaped): a fresh link takes its place, started when needed."""
         old, self.link = self.link, self._new_link()
         self.initialized = False
+        self._initializing = None
         return old
 
 
@@ -271,17 +281,46 @@ class SharedSessions:
         for child in children:
             if session in child.busy:
                 return child
-        free = [c for c in children if not c.busy and not c.backing_off]
         home = session.home
-        if home in free:
-            return home
-        for child in free:
-            if child.running:
-                return child
+        running = [c for c in children if c.running and not c.backing_off]
+        free = [c for c in running if not c.busy]
         if free:
-            return free[0]
+            return home if home in free else free[0]
+        idle = [c for c in children if not c.running and not c.busy and not c.backing_off]
+        if running:
+            # Every running child has another session's request: start the next one for the
+            # requests to come, and meanwhile share a running one (a process start, seconds on a
+            # busy machine, would cost this request more than sharing does).
+            if idle:
+                self.warm(home if home in idle else idle[0])
+            return min(running, key=lambda c: (len(c.busy), c is not home, c.index))
+        if idle:
+            return home if home in idle else idle[0]
         usable = [c for c in children if not c.backing_off] or [home]
         return min(usable, key=lambda c: (len(c.busy), c is not home, c.index))
+
+    def start_all(self) -> asyncio.Task[Any]:
+        """Start and initialize every child at once, in the background (the upstream's probe
+        awaits it, so that a ready proxy has its children running); one that fails is started
+        again when a request needs it."""
+        return self._background(self._start_all())
+
+    async def _start_all(self) -> None:
+        await asyncio.gather(*(self._start(child) for child in self.children))
+
+    def warm(self, child: SharedChild) -> None:
+        """Start and initialize `child` in the background."""
+        if not child.warming and not child.running:
+            self._background(self._start(child))
+
+    async def _start(self, child: SharedChild) -> None:
+        child.warming = True
+        try:
+            await child.ready()
+        except Exception as exc:  # the next request placed on it starts it again, or says why
+            log.info("could not start a shared upstream child: %s", exc)
+        finally:
+            child.warming = False
 
     async def set_level(self, session: SessionLink, message: Message) -> dict[str, Any]:
         params = message.get("params")
@@ -365,10 +404,11 @@ class SharedSessions:
             log.info("stopped %d shared upstream children unused for %g s", reaped, idle_s)
         return reaped
 
-    def _background(self, coroutine: Any) -> None:
+    def _background(self, coroutine: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def aclose(self) -> None:
         await asyncio.gather(*(child.link.aclose() for child in self.children), return_exceptions=True)

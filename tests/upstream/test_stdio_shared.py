@@ -150,6 +150,8 @@ async def test_concurrent_sessions_go_to_different_children_and_get_their_own_se
     upstream = StdioUpstream(command, shared_sessions=True, shared_children=2)
     try:
         async with asyncio.timeout(BOUND_S):
+            await upstream.probe()  # as the service does at start: both shared children are started
+            assert upstream.children == 2
             alice, bob = await open_sessions(upstream, 2)
             held = await alice.call("hold")
             # bob asks while alice holds the first child: his call goes to the second one, so the
@@ -164,7 +166,7 @@ async def test_concurrent_sessions_go_to_different_children_and_get_their_own_se
             release = await alice.call("release")  # alice's requests stay on the child holding hers
             assert (await held.response)["result"]["released"] is True
             await release.response
-        pids = {e["pid"] for e in journal(seen)}
+        pids = {e["pid"] for e in journal(seen) if e["method"] != "server/discover"}
         assert len(pids) == 2 and upstream.children == 2
         for pid in pids:  # each child was initialized by the proxy before its first request
             assert methods(seen, pid)[:2] == ["initialize", "notifications/initialized"]
@@ -287,6 +289,13 @@ async def test_more_sessions_than_children_stay_within_the_bound_and_idle_childr
         async with asyncio.timeout(BOUND_S):
             sessions = await open_sessions(upstream, 8)
             holds = [await s.call("hold") for s in sessions]  # eight sessions in flight at once
+            # the first child runs: the others were started in the background, not waited for
+            assert {hold.transport_state.index for hold in holds} == {0}
+            shared = upstream._shared
+            assert shared is not None
+            await shared.start_all()  # (what contention started, awaited)
+            assert upstream.children == 3
+            holds += [await s.call("hold") for s in sessions]
             assert upstream.children == 3, "never more children than the setting"
             for s in sessions:
                 await (await s.call("release")).response
@@ -296,8 +305,6 @@ async def test_more_sessions_than_children_stay_within_the_bound_and_idle_childr
             for s in sessions:
                 await s.link.aclose()
             assert upstream.reap_idle_shared() == 2, "idle and without sessions: all but one stopped"
-            shared = upstream._shared
-            assert shared is not None
             assert sum(c.running for c in shared.children) == 1
             assert upstream.spares == 0, "no warm pool beside the shared children"
     finally:

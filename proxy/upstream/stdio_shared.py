@@ -139,11 +139,13 @@ class SharedChild:
             response = await asyncio.wait_for(ex.response, self.owner.upstream.handshake_timeout_s)
         except TimeoutError:
             await link.cancel(ex)
+            await self._stop_child()  # its late answer must not meet a second initialize
             raise UpstreamFailure(
                 FailureKind.TIMEOUT, Dispatch.NO, "a shared upstream process did not answer initialize"
             ) from None
         result = response.get("result")
         if not isinstance(result, dict):
+            await self._stop_child()
             raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a shared upstream process refused initialize")
         await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
         if self.owner._initialized is None:
@@ -152,6 +154,12 @@ class SharedChild:
         if level is not None:
             await self._ask(set_level_request(level))
         self.initialized = True
+
+    async def _stop_child(self) -> None:
+        """End a child whose handshake failed: the next request starts a fresh one."""
+        child = self.link._child
+        if child is not None:
+            await child.terminate()
 
     def _state(self) -> list[Message]:
         """What a respawned child is told after its handshake: the level, its subscriptions."""

@@ -569,13 +569,15 @@ class StdioUpstream:
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
-        """`_probe`, and with shared sessions the shared children started beside it (each bounded
-        by the handshake timeout; a probe that gives up does not stop them), so that no 2025
-        session waits for a process start."""
-        starting = self._shared_sessions().start_all() if self.shared_sessions and not self._closed else None
+        """`_probe`; then, with shared sessions, the shared children are started and awaited (each
+        bounded by the handshake timeout; one that fails is started again by the request that
+        needs it; a probe that gives up meanwhile does not stop them), so that a ready proxy has
+        them running and no 2025 session waits for a process start. After the probe, not beside
+        it: on a loaded machine several processes starting at once made every start miss its
+        timeout."""
         capabilities = await self._probe()
-        if starting is not None:
-            await asyncio.shield(starting)
+        if self.shared_sessions and capabilities.legacy and not self._closed:
+            await asyncio.shield(self._shared_sessions().start_all())
         return capabilities
 
     def _shared_sessions(self) -> SharedSessions:

@@ -16,10 +16,10 @@ after a crash, its handshake replayed) serve every session:
   the background (at most N in all) and the request meanwhile shares the running child with the
   fewest requests: a process start costs a request far more than sharing does. Only when no child
   runs does a request wait for one to start. A child in its crash backoff is passed over while
-  another can take the request. All N children are started when the upstream is probed (the
-  proxy is ready once they answered), and after a child was reaped the next contention starts it
-  again in the background. A session's home child (the one with the fewest sessions when it opened) holds its
-  resource subscriptions.
+  another can take the request. All N children are started once the upstream answered the
+  start-up probe (the proxy is ready once they answered or gave up); after a child was reaped,
+  the next contention starts it again in the background. A session's home child (the one with
+  the fewest sessions when it opened) holds its resource subscriptions.
 - Request ids and progress tokens are the proxy's own (one counter for every child), mapped back by
   each session's relay, so sessions never see each other's answers or progress.
 - What a child sends without naming a request goes to the one session with requests in flight on

@@ -28,9 +28,10 @@ whole comparison once per N, each against its own proxy with `--stdio-sessions s
 baseline), then prints one summary line per N. Every leg is
 bounded in count and time (`--bound-s`), every call by `--call-bound-s`; the proxy is started and
 stopped by its pid. `--max-sessions-per-client` is raised to the session count on the proxy,
-since every client here has the same address, and `--session-init-timeout-s` to 120 s (on a loaded
-machine the clients' own CPU can delay `notifications/initialized` past the default 10 s, and
-what is measured is sessions, not that protection). Not a test and not in CI.
+since every client here has the same address, `--session-init-timeout-s` to 120 s and
+`--head-timeout-s` to 60 s (on a loaded machine the clients' own CPU can delay
+`notifications/initialized`, or the rest of a request head, past the default 10 s, and what is
+measured is sessions, not those protections). Not a test and not in CI.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
         # within the default 10 s: what is measured is sessions, not that protection
         "--session-init-timeout-s",
         "120",
+        # likewise a client starved of CPU can take longer than the default 10 s to finish a
+        # request head on a connection it opened (answered 408, then closed: seen as ReadError)
+        "--head-timeout-s",
+        "60",
         *extra,
         "--",
         PYTHON,

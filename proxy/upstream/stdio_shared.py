@@ -324,6 +324,8 @@ class SharedSessions:
     async def _start(self, child: SharedChild) -> None:
         child.warming = True
         try:
+            if child.initialized and not child.running:  # died: a request respawns it (state replayed)
+                await child._ask({"jsonrpc": "2.0", "id": 0, "method": "ping"})
             await child.ready()
         except Exception as exc:  # the next request placed on it starts it again, or says why
             log.info("could not start a shared upstream child: %s", exc)

@@ -309,3 +309,30 @@ async def test_more_sessions_than_children_stay_within_the_bound_and_idle_childr
             assert upstream.spares == 0, "no warm pool beside the shared children"
     finally:
         await upstream.aclose()
+
+
+async def test_a_dead_child_is_started_again_when_the_running_ones_are_busy(server: tuple[list[str], Path]) -> None:
+    command, _ = server
+    upstream = StdioUpstream(command, shared_sessions=True, shared_children=2)
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await upstream.probe()
+            shared = upstream._shared
+            assert shared is not None and upstream.children == 2
+            dead = shared.children[1].link._child
+            assert dead is not None
+            os.killpg(dead.pid, signal.SIGKILL)
+            await dead.exited.wait()
+            alice, bob = await open_sessions(upstream, 2)
+            held = await alice.call("hold")
+            shared_call = await bob.call("pid")  # the one running child is alice's: bob shares it...
+            assert shared_call.transport_state is shared.children[0]
+            await shared.start_all()  # ...while the dead one is started again in the background
+            assert shared.children[1].running
+            replacement = shared.children[1].link._child
+            assert replacement is not None and replacement.pid != dead.pid
+            await (await alice.call("release")).response
+            await held.response
+            await shared_call.response
+    finally:
+        await upstream.aclose()

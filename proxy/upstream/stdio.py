@@ -2,7 +2,8 @@
 
 - One child per legacy (2025) downstream session, and one shared child for all 2026-07-28
   requests: an SDK server fixes its era on the first request it reads, so one child cannot
-  serve both.
+  serve both. With `shared_sessions` (`--stdio-sessions shared`) at most `shared_children`
+  children serve every 2025 session instead (stdio_shared.py); `probe` starts them.
 - `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no

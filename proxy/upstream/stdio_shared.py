@@ -17,8 +17,8 @@ after a crash, its handshake replayed) serve every session:
   fewest requests: a process start costs a request far more than sharing does. Only when no child
   runs does a request wait for one to start. A child in its crash backoff is passed over while
   another can take the request. All N children are started once the upstream answered the
-  start-up probe (the proxy is ready once they answered or gave up); after a child was reaped,
-  the next contention starts it again in the background. A session's home child (the one with
+  start-up probe (the proxy is ready once they answered or gave up); after a child was reaped or
+  died, the next contention starts it again in the background. A session's home child (the one with
   the fewest sessions when it opened) holds its resource subscriptions.
 - Request ids and progress tokens are the proxy's own (one counter for every child), mapped back by
   each session's relay, so sessions never see each other's answers or progress.
@@ -28,7 +28,7 @@ after a crash, its handshake replayed) serve every session:
   other notifications. With no session, or several, in flight there, it reaches none: dropped and
   counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), a server request answered with
   an error so the child does not wait for it. List-changed notifications go to every session homed
-  on the child. Fewer sessions in flight at once than children therefore route everything.
+  on the child. No more sessions in flight at once than children therefore routes everything.
 - `resources/subscribe` and `resources/unsubscribe`: a table per child (uri -> sessions). The first
   session to subscribe to a uri subscribes the child; later ones are answered by the proxy; the
   child is unsubscribed when the last session leaves the uri (or closes). A
@@ -36,7 +36,9 @@ after a crash, its handshake replayed) serve every session:
 - `logging/setLevel`: each session's level is kept by the proxy; the children run at the most
   verbose level any open session asked for, and each session gets only the log lines at or above
   its own level (a session that never set one gets every line tied to it, as it would from the
-  server's default). One session's level never silences another.
+  server's default). One session's level never silences another. (Both are relayed to a child
+  as they are when the children do not offer `logging` or `resources.subscribe`: its refusal is
+  the answer.)
 - A child that dies fails the requests in flight on it (`CLOSED`; the engine resolves its calls
   like any crash); the next request placed on it starts a replacement, which gets the handshake,
   the log level and its subscriptions replayed (`StdioLink.replay_after_handshake`).

@@ -499,7 +499,9 @@ class RedisState:
                     entry = self.ledger.check(op, now)
                     if entry is not None:
                         args = self._record_args(entry, now, only_if_absent=True)
-                        pipe.evalsha(self._record.sha, 1, self._key(op), *args)
+                        # (by name: redis-py's cluster pipeline blocks its evalsha() method, though
+                        # it routes EVALSHA by its first key, as the single-node one does)
+                        pipe.execute_command("EVALSHA", self._record.sha, 1, self._key(op), *args)
                         pushed += 1
                 for op in self._unsynced_clears:
                     pipe.delete(self._key(op))
@@ -635,7 +637,7 @@ class RedisState:
             if deltas:  # a count that maps just outside the window (clock rounding): the newest bucket
                 args[-2] += sum(c for c, _ in deltas.values())
                 args[-1] += sum(r for _, r in deltas.values())
-            pipe.evalsha(self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
+            pipe.execute_command("EVALSHA", self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
             own.append((tool, *antistorm.own_window(tool, now)))
         listed = self._tools_key()
         if counts:

@@ -24,7 +24,7 @@ from proxy.recovery.ledger import operation_digest
 from proxy.recovery.reasons import StopReason
 from proxy.settings import Settings
 from proxy.state import StateConfigError, build_state, check_url
-from proxy.state.shared import RedisState
+from proxy.state.shared import RedisState, client_url, describe
 from tests.fixtures.helpers import free_port
 from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles
 
@@ -107,6 +107,9 @@ def test_tls_settings_are_refused_where_they_cannot_apply_and_the_url_cannot_tur
         check_url("redis+cluster://h:1/3")
     assert check_url("valkeys+cluster://h:1") == (True, True)
     assert check_url("valkey://h:1/2") == (False, False)
+    assert client_url("valkeys+cluster://:pw@h:1") == "rediss://:pw@h:1"
+    assert client_url("redis+cluster://h:1") == "redis://h:1"
+    assert describe("rediss+cluster://:pw@h:1") == "rediss+cluster://h:1"
 
 
 async def test_the_right_ca_connects_and_a_wrong_one_raises_before_serving(

@@ -46,7 +46,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from proxy.recovery.antistorm import WINDOW_S, AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
@@ -105,6 +112,11 @@ for i, key in ipairs(KEYS) do
 end
 return {calls, retries}
 """
+
+
+# What a store operation can raise when the store is unreachable, slow or refuses: redis-py's
+# cluster client raises RedisClusterException (not a RedisError) when no node answers.
+STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 class StoreUnavailable(Exception):
@@ -286,7 +298,7 @@ class RedisState:
         `start` and the sync task (local state until it does)."""
         try:
             await asyncio.wait_for(self.client.ping(), max(self.timeout_s, CHECK_TIMEOUT_S))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except STORE_ERRORS as exc:
             refused = refusal(exc)
             if refused is not None:
                 raise StateConfigError(f"--state {self.description}: {refused}") from None
@@ -326,7 +338,8 @@ class RedisState:
     async def _call(self, operation: str, awaitable: Awaitable[T]) -> T:
         try:
             result = await asyncio.wait_for(awaitable, self.timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # translated where it enters: any failure of the
+            # client, a cluster client's internal errors included, is a store that did not answer
             self._failed(operation, exc)
             raise StoreUnavailable(operation) from None
         if not self._up:
@@ -474,7 +487,8 @@ class RedisState:
                 raise
             except StoreUnavailable:
                 pass
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # redis-py's cluster pub/sub raises KeyError
+                # while it knows no node; whatever it is, the listener must live on and retry
                 self._failed("subscribe", exc)
             finally:
                 with contextlib.suppress(Exception):
@@ -512,7 +526,7 @@ class RedisState:
                 await self._pull()
             except StoreUnavailable:
                 return
-            except RedisError as exc:
+            except STORE_ERRORS as exc:
                 self._failed("reconcile", exc)
                 return
             self.reconciles += 1

@@ -80,7 +80,7 @@ MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
 SCAN_BATCH = 500
-MAX_CONNECTIONS = 8  # to a single-node store (pub/sub has its own); a cluster client pools per node
+MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
 CHECK_TIMEOUT_S = 2.0  # the bound of the check before serving (a TLS handshake on a loaded machine)
 
 _RECORD = """

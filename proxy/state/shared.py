@@ -242,9 +242,9 @@ class RedisState:
                 if client_cert is not None:
                     options["ssl_certfile"] = str(client_cert)
                     options["ssl_keyfile"] = str(client_key or client_cert)
-            # One retry, so that a MOVED after a resharding is followed once (the bound stays ours:
-            # every operation is awaited at most `timeout_s`).
-            self.client = RedisCluster.from_url(client_url(url), retry=Retry(NoBackoff(), 1), **options)
+            # No retry of a failed connection, as for one node (the bound is ours); a MOVED or ASK
+            # answer is still followed by the client's own redirection loop, inside the bound.
+            self.client = RedisCluster.from_url(client_url(url), retry=Retry(NoBackoff(), 0), **options)
         else:
             # A burst of calls (fifty approvals at once) waits for one of a few connections instead
             # of opening one each: a TLS handshake per call would cost more than the calls, and the

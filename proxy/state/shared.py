@@ -80,6 +80,7 @@ MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
 SCAN_BATCH = 500
+MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
 MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
 CHECK_TIMEOUT_S = 2.0  # the bound of the check before serving (a TLS handshake on a loaded machine)
 
@@ -91,12 +92,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PUBLISH', ARGV[8], ARGV[9])
 return 1
 """
-# 1: approved now; 0: another budget, or already spent; -1: the store holds no such entry
+# 1: approved now (or spent earlier by an attempt with this nonce, ARGV[4], whose answer never
+# reached us); 0: another budget, or already spent; -1: the store holds no such entry
 _APPROVE = """
-local fields = redis.call('HMGET', KEYS[1], 'b', 'a')
+local fields = redis.call('HMGET', KEYS[1], 'b', 'a', 'n')
 if not fields[1] then return -1 end
-if fields[1] ~= ARGV[1] or fields[2] == '1' then return 0 end
-redis.call('HSET', KEYS[1], 'a', '1')
+if fields[1] ~= ARGV[1] then return 0 end
+if fields[2] == '1' then
+  if fields[3] == ARGV[4] then return 1 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'a', '1', 'n', ARGV[4])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
@@ -276,6 +282,7 @@ class RedisState:
         self.budget_syncs = 0  # completed exchanges of the retry budget's counts
         self.last_error: str | None = "not connected yet"
         self._pending: dict[str, None] = {}  # ops recorded while the store was down (ordered set)
+        self._unanswered: dict[tuple[str, str], str] = {}  # (op, budget id): nonce of a lost approval
         self._unsynced_clears: dict[str, None] = {}
         self._flushed: dict[tuple[str, int], tuple[int, int]] = {}
         self._antistorm: AntiStorm | None = None
@@ -421,12 +428,22 @@ class RedisState:
             self.fallbacks["approve"] += 1
             return False  # single use cannot be checked: refused (fail closed, docs/state.md)
         message = self._message("a", op, b=budget_id)
+        # An attempt that timed out may still run when a stalled store wakes up (its command was
+        # sent) and spend the approval though the caller was refused. Each attempt carries a nonce
+        # the script stores with the spend; an attempt that went unanswered leaves its nonce here,
+        # and the next approval of the same budget through this replica takes it over, so a spend
+        # whose answer was lost is honoured once, and single use still holds (a nonce is taken
+        # by one attempt at a time).
+        nonce = self._unanswered.pop((op, budget_id), None) or os.urandom(8).hex()
         try:
             verdict = await self._call(
-                "approve", self._approve(keys=[self._key(op)], args=[budget_id, self.channel, message])
+                "approve", self._approve(keys=[self._key(op)], args=[budget_id, self.channel, message, nonce])
             )
         except StoreUnavailable:
             self.fallbacks["approve"] += 1
+            self._unanswered[(op, budget_id)] = nonce
+            while len(self._unanswered) > MAX_UNANSWERED:
+                self._unanswered.pop(next(iter(self._unanswered)))
             return False
         if verdict == 1:
             self.ledger.approve(op, budget_id, now_s)

@@ -100,7 +100,13 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-sessions",
         choices=["per-session", "shared"],
         default=s,
-        help="2025 sessions over a stdio upstream: a child each (default), or all on one shared child",
+        help="2025 sessions over a stdio upstream: a child each (default), or a few shared children",
+    )
+    p.add_argument(
+        "--stdio-shared-children",
+        type=int,
+        default=s,
+        help="with --stdio-sessions shared: the most children the sessions share (2)",
     )
     p.add_argument(
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"

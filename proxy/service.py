@@ -81,6 +81,7 @@ def build_upstream(settings: Settings) -> Upstream:
             stderr_burst_lines=settings.stderr_burst_lines,
             stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
+            shared_children=settings.stdio_shared_children,
         )
     url = settings.upstream
     if not url:
@@ -497,9 +498,6 @@ class Service:
             catalog=self.catalog,
             tool_calls=self.tool_calls,
             session_id=session_id,
-            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
-            # can be tied to its own requests
-            shared=getattr(link, "shared", None),
             requests=self.requests,
             shares=self.shares,
             client=client,
@@ -571,3 +569,6 @@ class Service:
             reap_spares = getattr(self.upstream, "reap_idle_spares", None)
             if reap_spares is not None:
                 reap_spares()  # warm-pool children unused as long (a stdio upstream)
+            reap_shared = getattr(self.upstream, "reap_idle_shared", None)
+            if reap_shared is not None:
+                reap_shared()  # shared children (`--stdio-sessions shared`) with no session, as long

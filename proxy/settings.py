@@ -91,7 +91,10 @@ class Settings(BaseSettings):
     )
     stdio_sessions: Literal["per-session", "shared"] = Field(
         "per-session",
-        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or shared children (shared)",
+    )
+    stdio_shared_children: int = Field(
+        2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
     shutdown_grace_s: float = Field(

@@ -70,6 +70,9 @@ from tests.proxy_process import scripted_stdio_command  # noqa: E402
 
 MODES = ("legacy", "2026-07-28")
 UNRESOLVED = "io.mcp-recovery-proxy/unresolved"
+# errors the SDK client synthesizes (-32000, CONNECTION_CLOSED) when a response stream ends or
+# breaks without the answer: nobody answered the call
+SDK_MADE_UP = ("SSE stream ended without a response", "SSE stream failed")
 OVERSHOOT_TARGET_MS = 50.0
 HANG_S = 8.0
 EXIT_BOUND_S = 16.0  # docs/reliability.md: the proxy never outlives grace + about 16 s
@@ -515,8 +518,8 @@ async def call_once(client: Client, spec: Spec, mode: str, bound_s: float) -> Ou
             out.right_answer = _right_answer(spec, result.structured_content, text)
     except TimeoutError:
         out.answer = "no_answer"
-    except MCPError as exc:  # a JSON-RPC error answer is still an answer
-        out.answer = "jsonrpc_error"
+    except MCPError as exc:  # a JSON-RPC error answer is still an answer, unless the SDK made it up
+        out.answer = "stream_ended" if exc.message.startswith(SDK_MADE_UP) else "jsonrpc_error"
         out.detail = f"{exc.code}: {exc.message}"[:200]
     except Exception as exc:
         out.answer = "exception"
@@ -530,6 +533,10 @@ class Progress:
     done: int = 0
     stop: anyio.Event = field(default_factory=anyio.Event)
     go_at: float = 0.0
+    broken: list[str] = field(default_factory=list)  # client sessions that broke under their client
+
+
+MAX_REOPENS = 20  # per client: a session that breaks is replaced, at most this often
 
 
 async def run_clients(
@@ -554,21 +561,40 @@ async def run_clients(
 
     async def client_task(c: int) -> None:
         mode = MODES[c % len(MODES)]
+        queue = collections.deque(queues[c])
+        opened = False
         try:
-            async with Client(url, mode=mode) as client:
-                with anyio.fail_after(open_bound_s):
-                    await client.list_tools()
-                counts["ready"] += 1
-                if counts["ready"] == clients:
-                    ready.set()
-                await go.wait()
-                for spec in queues[c]:
-                    if progress.stop.is_set():
-                        outcomes.append(Outcome(spec.index, spec.kind, spec.call_id, mode, answer="not_sent"))
-                        continue
-                    outcomes.append(await call_once(client, spec, mode, bound_s))
-                    progress.done += 1
+            for _ in range(MAX_REOPENS + 1):
+                try:
+                    async with Client(url, mode=mode) as client:
+                        if not opened:
+                            with anyio.fail_after(open_bound_s):
+                                await client.list_tools()
+                            opened = True
+                            counts["ready"] += 1
+                            if counts["ready"] == clients:
+                                ready.set()
+                            await go.wait()
+                        while queue and not progress.stop.is_set():
+                            outcomes.append(await call_once(client, queue[0], mode, bound_s))
+                            queue.popleft()
+                            progress.done += 1
+                except Exception as exc:
+                    # The client's session broke under it (its SDK task group failed, e.g. a read
+                    # error on a stream): the call in flight got no answer; a new client goes on.
+                    if not opened:
+                        raise
+                    progress.broken.append(f"{mode}: {exc!r}"[:300])
+                    if queue:
+                        spec = queue.popleft()
+                        o = Outcome(spec.index, spec.kind, spec.call_id, mode, answer="session_broke")
+                        o.detail = repr(exc)[:300]
+                        outcomes.append(o)
+                        progress.done += 1
+                if not queue or progress.stop.is_set():
+                    break
         finally:
+            outcomes.extend(Outcome(sp.index, sp.kind, sp.call_id, mode, answer="not_sent") for sp in queue)
             counts["done"] += 1
             if counts["done"] == clients:
                 all_done.set()
@@ -804,7 +830,8 @@ def judge_calls(
             # allowed only when the earlier attempt's answer never reached the proxy (a transport
             # failure of a read-only tool: timeout, reset, process gone)
             saw = [st.get("outcome") for st in o.steps[:-1]]
-            if o.answer != "result" or any(s != "transport_error" for s in saw) or len(o.steps) < executed:
+            # (a call with no result at all fails the answered-once check instead)
+            if o.answer == "result" and (any(s != "transport_error" for s in saw) or len(o.steps) < executed):
                 ineligible.append(f"{o.call_id}: {executed} executions, caller's steps {o.steps}")
         if spec.tool in STATE_CHANGING and executed > 1:
             ineligible.append(f"{o.call_id}: state-changing, executed {executed} times")
@@ -1015,6 +1042,11 @@ def load_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str, c
     code, exit_s = stop_proxy(proxy, args.grace + EXIT_BOUND_S + 30)
     data = judge_calls(rep, name, plan, outcomes, events, faults, killed)
     data["wall_s"] = wall
+    data["sessions_broken"] = len(progress.broken)
+    if progress.broken:
+        rep.say(f"  client sessions that broke under their client (then replaced): {len(progress.broken)}")
+        for line in collections.Counter(progress.broken).most_common(5):
+            rep.say(f"    {line[1]} x {line[0]}")
     data["rss_kib"] = {
         "peak": rss_peak,
         "final": rss_final,
@@ -1181,7 +1213,9 @@ def sigterm_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str
         timing["exit_s"] = time.monotonic() - timing["sent_at"]
         await anyio.sleep(3600)  # cancelled when the clients are done
 
-    outcomes, wall, _ = anyio.run(lambda: run_clients(proxy.url, plan, clients, SIGTERM_HANG_S + 60, terminate_later))
+    outcomes, wall, progress = anyio.run(
+        lambda: run_clients(proxy.url, plan, clients, SIGTERM_HANG_S + 60, terminate_later)
+    )
     if "exit_s" not in timing:  # the callers ended first: wait (bounded) for the exit here
         with contextlib.suppress(subprocess.TimeoutExpired):
             assert proxy.proc is not None
@@ -1243,6 +1277,7 @@ def sigterm_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str
             "attempts_open": fate_counts.get("open", 0),
             "duplicates": len(dups),
             "wall_s": wall,
+            "sessions_broken": len(progress.broken),
         }
     )
     if http_upstream is not None:

@@ -62,7 +62,7 @@ class ProxyProcess:
                 log.close()  # type: ignore[union-attr]  # the child has its own copy
         return self.proc
 
-    def start(self, timeout_s: float = 20.0) -> ProxyProcess:
+    def start(self, timeout_s: float = 60.0) -> ProxyProcess:
         self.spawn()
         deadline = time.monotonic() + timeout_s
         while True:

@@ -806,6 +806,21 @@ def judge_calls(
         len(answers) == len(plan) and not twice and not wrong and not unanswered,
     )
 
+    # 1b. outcomes their kind cannot have: a read that never fails on its own, or fails only
+    # transiently, must not come back as a refusal (a session the proxy broke answered 400, say)
+    transient_only = ("echo", "slow", "reset", "flaky_recovered", "flaky_jsonrpc", "flaky_crash", "exhausted", "hang")
+    refused = ("not_retryable", "upstream_declined", "ledger_exhausted")
+    misread = [o for o in outcomes if o.kind in transient_only and o.answer == "result" and o.stop_reason in refused]
+    data["wrong_outcome"] = len(misread)
+    for o in misread[:5]:
+        rep.say(f"    WRONG OUTCOME {o.call_id} ({o.mode}): {o.stop_reason}: {o.detail[:160]}")
+    rep.check(
+        f"{name}: reads that fail only transiently reported as refusals (not_retryable, declined)",
+        str(len(misread)),
+        "0",
+        not misread,
+    )
+
     # 2. duplicate executions of state-changing tools: more than one effect for one call
     charges = [s for s in plan if s.tool in STATE_CHANGING]
     dups = {s.call_id: len(by_call[s.call_id]["effect"]) for s in charges if len(by_call[s.call_id]["effect"]) > 1}

@@ -52,6 +52,7 @@ def test_every_call_is_answered_once_without_duplicates_or_retries_beyond_budget
     assert leg["unanswered"] == 0
     assert leg["answered_more_than_once"] == 0
     assert leg["wrong_answer"] == 0
+    assert leg["wrong_outcome"] == 0
     assert leg["state_changing_effects"] > 0  # charges did run...
     assert leg["duplicates"] == 0  # ...and none twice
     assert leg["over_budget"] == 0

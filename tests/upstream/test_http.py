@@ -645,10 +645,10 @@ async def test_legacy_session_recovers_when_its_reestablishment_failed_once() ->
     state = {"forgot": False, "down": False, "inits": 0}
 
     async def endpoint(request: Request) -> Response:
+        if request.method != "POST":  # the listen stream's GET, the session's DELETE
+            return Response(status_code=405)
         body = orjson.loads(await request.body())
         sid = request.headers.get("mcp-session-id")
-        if request.method != "POST":
-            return Response(status_code=405)
         if body.get("method") == "initialize":
             if state["down"]:
                 return Response(status_code=503)

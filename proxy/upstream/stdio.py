@@ -232,8 +232,12 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
             self._paused.set_result(None)
 
     async def drain(self) -> None:
-        if self._paused is not None and not self._paused.done():
-            await self._paused
+        paused = self._paused
+        if paused is not None and not paused.done():
+            # Shielded: every writer of this child waits on this one future, and cancelling a
+            # waiter (its attempt timed out) would otherwise cancel it for all the others, each
+            # then taking that CancelledError for its own caller's cancellation.
+            await asyncio.shield(paused)
 
 
 class _Child:

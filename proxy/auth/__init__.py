@@ -98,4 +98,6 @@ def build_authenticator(settings: Settings) -> Authenticator | None:
     from proxy.auth.jwt import JwtAuthenticator
 
     assert settings.auth_issuer is not None and settings.public_url is not None
-    return JwtAuthenticator(settings.auth_issuer, settings.auth_audience or settings.public_url)
+    return JwtAuthenticator(
+        settings.auth_issuer, settings.auth_audience or settings.public_url, typ=settings.auth_jwt_typ
+    )

@@ -16,6 +16,11 @@ Contract:
   `--auth-audience`, by default `--public-url`, RFC 8707); `exp` is present and `exp`/`nbf` hold
   within `leeway_s`; `sub` is present. Scopes: `scope` (space separated) or `scp` (a list or a
   string). The principal is `jwt:<iss>#<sub>`.
+- The header's `typ` (`--auth-jwt-typ`): `any` (the default) does not look at it; `at+jwt` accepts
+  only `at+jwt` or `application/at+jwt` (RFC 9068 §4; compared case-insensitively, as media types
+  are), checked before any key is looked up. Why `any` by default is in docs/security.md: the
+  audience check already refuses the token RFC 9068's `typ` guards against (an ID token, whose
+  `aud` is a client id), and the common issuers send `typ: JWT`.
 - Refusals (`AuthRefused`, reason in brackets): 401 `invalid_token` for an unreadable token, a
   refused alg or a bad signature [invalid_token], an expired or not yet valid one [expired], a
   wrong audience [wrong_audience] or issuer [wrong_issuer], a `kid` the JWKS does not hold after
@@ -48,7 +53,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -87,6 +92,8 @@ MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_KEYS = 64
 MAX_SUB_CHARS = 256
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+JwtTyp = Literal["at+jwt", "any"]
+AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §2.1, §4
 
 
 def metadata_urls(issuer: str) -> list[str]:
@@ -191,8 +198,10 @@ class JwtAuthenticator:
         retry_after_s: float = 5.0,
         max_key_age_s: float = 900.0,
         cache_size: int = 10_000,
+        typ: JwtTyp = "any",
     ) -> None:
         check_fetch_url(issuer, "--auth-issuer")
+        self.require_at_jwt = typ == "at+jwt"
         self.issuer = issuer
         self.audience = audience
         self.leeway_s = leeway_s
@@ -271,6 +280,10 @@ class JwtAuthenticator:
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in ALLOWED_ALGORITHMS:
             raise AuthRefused(401, "invalid_token", "the token's signing algorithm is not accepted")
+        if self.require_at_jwt:
+            typ = header.get("typ")
+            if not isinstance(typ, str) or typ.lower() not in AT_JWT_TYPES:
+                raise AuthRefused(401, "invalid_token", "the token is not an access token: its typ must be at+jwt")
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise AuthRefused(401, "invalid_token", "the token's key id is not a string")

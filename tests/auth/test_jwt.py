@@ -335,3 +335,34 @@ async def test_a_withdrawn_key_stops_being_trusted_once_the_keys_are_refreshed_f
         assert (r.status, r.reason) == (401, "unknown_key")
     finally:
         await v.aclose()
+
+
+@pytest.mark.parametrize(
+    ("typ", "accepted_by_default", "accepted_by_at_jwt"),
+    [
+        ("at+jwt", True, True),
+        ("application/at+jwt", True, True),
+        ("AT+JWT", True, True),  # a media type: compared case-insensitively
+        ("JWT", True, False),  # what Entra ID, Okta, Keycloak and PyJWT's default send
+        (None, True, False),  # no typ at all
+        ("dpop+jwt", True, False),
+    ],
+)
+async def test_typ_is_checked_only_with_auth_jwt_typ_at_jwt(
+    auth: AuthServer, typ: str | None, accepted_by_default: bool, accepted_by_at_jwt: bool
+) -> None:
+    for setting, accepted in (("any", accepted_by_default), ("at+jwt", accepted_by_at_jwt)):
+        v = make(auth, typ=setting)
+        with anyio.fail_after(BOUND_S):
+            await v.start()
+        try:
+            # PyJWT writes typ JWT unless told otherwise; None removes it from the header
+            token = auth.issue(aud=AUDIENCE, headers={"typ": typ})
+            if accepted:
+                assert (await v.authenticate(bearer(token))).id.endswith("#user-1"), setting
+            else:
+                r = await refused(v, bearer(token))
+                assert (r.status, r.error, r.reason) == (401, "invalid_token", "invalid_token"), setting
+                assert "at+jwt" in r.description
+        finally:
+            await v.aclose()

@@ -180,7 +180,7 @@ class Service:
         self.capabilities: Capabilities | None = None
         self.probe_error: str | None = "not probed yet"
         self.sessions: dict[str, Relay] = {}
-        self._session_clients: dict[str, str] = {}  # session id -> the client address that opened it
+        self._session_clients: dict[str, str] = {}  # session id -> the client that opened it (its key)
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
@@ -487,7 +487,7 @@ class Service:
                 raise UpstreamFailure(
                     FailureKind.OVERLOADED,
                     Dispatch.NO,
-                    f"this client address holds its maximum of {settings.sessions_per_client} sessions",
+                    f"this client holds its maximum of {settings.sessions_per_client} sessions",
                     http_status=429,
                 )
         link = await self.upstream.open(Era.LEGACY)

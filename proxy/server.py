@@ -176,6 +176,11 @@ async def run(settings: Settings) -> int:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
     if auth is not None:
+        if auth.mode == "jwt":
+            from proxy.auth.jwt import JwtAuthenticator, KeysCollector
+
+            assert isinstance(auth, JwtAuthenticator)
+            bundle.registry.register(KeysCollector(auth))
         await auth.start()
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
@@ -251,6 +256,7 @@ async def _serve(
             allowed_hosts=settings.allowed_hosts,
             admin_token=admin_token,
             status=status,
+            auth=auth,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),

@@ -40,6 +40,11 @@ Contract:
   one is dropped when looked up). A cached call costs one hash and one dict lookup, not a
   signature check. A token stays accepted until its `exp` even if its key is withdrawn
   meanwhile; keep access tokens short.
+- `keys_status()` says whether the keys can be had, for `/readyz` and the metrics
+  (`mcp_recovery_auth_keys_up`, `mcp_recovery_auth_keys_age_seconds`: `KeysCollector`): `ok` (keys
+  held, the last fetch succeeded), `stale` (keys held, the last fetch failed: tokens of known
+  keys and cached verdicts still work, an unknown `kid` gets 503), `unavailable` (no keys yet:
+  every token not already verified gets 503). Readiness does not fail on it (docs/security.md).
 - Nothing secret leaves this module: descriptions name what failed, never the token; the
   principal carries `iss` and `sub` only (bounded, control characters refused).
 """
@@ -51,7 +56,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -69,6 +74,7 @@ from jwt.exceptions import (
     PyJWKError,
     PyJWTError,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.auth.base import AuthConfigError, AuthMode, AuthRefused, Principal, bearer_token
 
@@ -246,6 +252,21 @@ class JwtAuthenticator:
                 await self._refresh
         if self._client is not None:
             await self._client.aclose()
+
+    # -- what /readyz and the metrics read ---------------------------------------------------------
+
+    def keys_status(self) -> dict[str, Any]:
+        """`keys`: ok | stale | unavailable (module docstring), with the keys' age and the last
+        fetch's problem (issuer URLs and a status, no secret; bounded)."""
+        keys = self._keys
+        state = "unavailable" if keys is None else ("stale" if self._last_error is not None else "ok")
+        out: dict[str, Any] = {"mode": "jwt", "keys": state, "issuer": self.issuer[:200]}
+        if keys is not None:
+            out["key_ids"] = len(keys.by_kid)
+            out["keys_age_s"] = round(time.monotonic() - keys.fetched_at, 1)
+        if self._last_error is not None:
+            out["last_error"] = self._last_error[:300]
+        return out
 
     # -- the request path ------------------------------------------------------------------------
 
@@ -454,3 +475,28 @@ class JwtAuthenticator:
             return orjson.loads(body)
         except ValueError:
             raise KeysUnavailable(f"{what} at {url[:200]} is not JSON") from None
+
+
+class KeysCollector:
+    """`mcp_recovery_auth_keys_up` (1: keys held and the last fetch succeeded) and
+    `mcp_recovery_auth_keys_age_seconds`, read at scrape time (no work on the request path)."""
+
+    def __init__(self, auth: JwtAuthenticator) -> None:
+        self.auth = auth
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.auth.keys_status()
+        up = GaugeMetricFamily(
+            "mcp_recovery_auth_keys_up", "Whether the jwt issuer's signing keys are held and were last fetched fine."
+        )
+        up.add_metric([], 1.0 if status["keys"] == "ok" else 0.0)
+        yield up
+        age = GaugeMetricFamily(
+            "mcp_recovery_auth_keys_age_seconds", "Seconds since the signing keys held were fetched (absent: none)."
+        )
+        if "keys_age_s" in status:
+            age.add_metric([], float(status["keys_age_s"]))
+        yield age

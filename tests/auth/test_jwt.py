@@ -366,3 +366,35 @@ async def test_typ_is_checked_only_with_auth_jwt_typ_at_jwt(
                 assert "at+jwt" in r.description
         finally:
             await v.aclose()
+
+
+async def test_keys_status_says_ok_stale_or_unavailable_and_the_gauge_follows(auth: AuthServer) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from proxy.auth.jwt import KeysCollector
+
+    auth.jwks_mode = "error"
+    v = make(auth, fetch_timeout_s=1.0, retry_after_s=0.0)
+    registry = CollectorRegistry()
+    registry.register(KeysCollector(v))
+    with anyio.fail_after(BOUND_S):
+        await v.start()
+    try:
+        status = v.keys_status()
+        assert status["keys"] == "unavailable" and "HTTP 503" in status["last_error"], status
+        assert b"mcp_recovery_auth_keys_up 0.0" in generate_latest(registry)
+        auth.jwks_mode = "ok"
+        with anyio.fail_after(BOUND_S):
+            await v._await_refresh()
+        status = v.keys_status()
+        assert status["keys"] == "ok" and status["key_ids"] == 1 and "last_error" not in status, status
+        assert b"mcp_recovery_auth_keys_up 1.0" in generate_latest(registry)
+        assert b"mcp_recovery_auth_keys_age_seconds " in generate_latest(registry)
+        auth.jwks_mode = "error"
+        with anyio.fail_after(BOUND_S):
+            await v._await_refresh()
+        assert v.keys_status()["keys"] == "stale"
+        assert b"mcp_recovery_auth_keys_up 0.0" in generate_latest(registry)
+    finally:
+        auth.jwks_mode = "ok"
+        await v.aclose()

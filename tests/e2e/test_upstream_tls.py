@@ -31,6 +31,7 @@ from tests.fixtures.egress_proxy import EgressProxy
 from tests.fixtures.helpers import ScriptedHTTP, wait_port
 from tests.fixtures.tls import Pki, make_pki
 from tests.proxy_process import ProxyProcess
+from tests.telemetry.test_otlp import Receiver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 BOUND_S = 30.0
@@ -75,20 +76,36 @@ def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if isinstance(c, TextContent))
 
 
-def proxy_for(upstream: ScriptedHTTP, flags: list[str], egress: EgressProxy, password: str, log: Path) -> ProxyProcess:
+def proxy_for(
+    upstream: ScriptedHTTP,
+    flags: list[str],
+    egress: EgressProxy,
+    password: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> ProxyProcess:
     return ProxyProcess(
         upstream_url=f"https://{NAME}:{upstream.port}/mcp",
         extra=[*flags, "--log-level", "debug", "--call-log", "all", "--ready-check-interval-s", "0.5"],
         log_path=log,
-        env={"HTTPS_PROXY": f"http://agent:{password}@127.0.0.1:{egress.port}", "NO_PROXY": "localhost"},
+        env={"HTTPS_PROXY": f"http://agent:{password}@127.0.0.1:{egress.port}", "NO_PROXY": "localhost", **(env or {})},
     )
 
 
+def key_text(pki: Pki) -> list[str]:
+    """The client key file's text, as canaries: each line of its PEM body."""
+    return [line for line in pki.client_key.read_text().splitlines() if line and not line.startswith("-----")]
+
+
 async def test_both_eras_and_a_retried_call_go_over_mtls_through_the_tunnel(
-    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path
+    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress:
-        proxy = proxy_for(upstream, tls_flags(pki, tmp_path), egress, PASSWORD, tmp_path / "proxy.log")
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress, Receiver() as receiver:
+        # every span exported too (issue 14: the client key, its passphrase, the egress password)
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        proxy = proxy_for(upstream, tls_flags(pki, tmp_path), egress, PASSWORD, tmp_path / "proxy.log", otel)
         await anyio.to_thread.run_sync(proxy.start)
         try:
             for mode in ("legacy", "2026-07-28"):
@@ -112,10 +129,17 @@ async def test_both_eras_and_a_retried_call_go_over_mtls_through_the_tunnel(
                     assert answer.status_code == 200, answer.text
                     assert_clean(path, answer.text)
         finally:
-            proxy.stop()
-        log = proxy.log_tail(10**7)
-        assert "through the egress proxy http://agent@127.0.0.1" in log
-        assert_clean("the log", log)
+            proxy.stop()  # SIGTERM: the span exporter flushes on the way out
+        spans = receiver.spans()
+    log = proxy.log_tail(10**7)
+    assert "through the egress proxy http://agent@127.0.0.1" in log
+    assert_clean("the log", log)
+    assert len(spans) >= 6, "the calls' spans were exported"
+    for resource, span in spans:
+        text = str(resource) + str(span)
+        assert_clean(f"the span {span.name!r}", text)
+        for line in key_text(pki):
+            assert line not in text and line not in log, f"the client key leaked into the span {span.name!r}"
 
 
 FAILURES = {

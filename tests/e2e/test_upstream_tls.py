@@ -200,3 +200,48 @@ async def test_a_failing_upstream_connection_says_what_failed_and_leaks_nothing(
         log = proxy.log_tail(10**7)
         assert expected in log, log[-3000:]
         assert_clean("the log", log)
+
+
+async def test_renewed_tls_files_are_used_without_a_restart_and_a_bad_renewal_keeps_the_last_good(
+    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path
+) -> None:
+    """The CA file first holds a CA that did not sign the upstream's certificate (the state of a
+    rotation not yet rolled out): the upstream is untrusted. A half-written file is refused and
+    the last good context kept; the right CA is then picked up from the file, no restart."""
+    secret = tmp_path / "secret"  # the mounted folder the watcher watches
+    secret.mkdir()
+    ca_file = secret / "ca.pem"
+    ca_file.write_bytes(pki.other_ca.read_bytes())
+    flags = tls_flags(pki, tmp_path)
+    flags[flags.index("--upstream-ca") + 1] = str(ca_file)
+    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress:
+        proxy = proxy_for(upstream, flags, egress, PASSWORD, tmp_path / "proxy.log")
+        await anyio.to_thread.run_sync(proxy.spawn)
+        try:
+            await anyio.to_thread.run_sync(wait_port, proxy.admin_port, BOUND_S)
+            async with httpx.AsyncClient(timeout=BOUND_S) as http:
+
+                async def readyz_until(predicate: Any) -> httpx.Response:
+                    deadline = time.monotonic() + BOUND_S
+                    while not predicate(answer := await http.get(proxy.admin + "/readyz")):
+                        assert time.monotonic() < deadline, answer.text
+                        await anyio.sleep(0.1)
+                    return answer
+
+                await readyz_until(lambda r: r.status_code == 503 and "--upstream-ca" in r.text)
+                ca_file.write_text("-----BEGIN CERTIFICATE-----\nhalf-written-renewal\n")
+                deadline = time.monotonic() + BOUND_S
+                while "keeping the last good" not in proxy.log_tail(10**6):
+                    assert time.monotonic() < deadline, proxy.log_tail()
+                    await anyio.sleep(0.1)
+                ca_file.write_bytes(pki.ca.read_bytes())
+                await readyz_until(lambda r: r.status_code == 200)
+            with anyio.fail_after(BOUND_S):
+                async with Client(proxy.url, mode="legacy") as client:
+                    assert text_of(await client.call_tool("echo", {"text": "renewed"})) == "renewed"
+        finally:
+            proxy.stop()
+    log = proxy.log_tail(10**7)
+    assert "upstream TLS files reloaded (watch)" in log
+    assert "half-written-renewal" not in log  # the problem names the file, never its content
+    assert_clean("the log", log)

@@ -133,8 +133,13 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--admin-token-file", default=s, help="a bearer token required for /metrics and /policies")
     p.add_argument(
-        "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
+        "--state",
+        default=s,
+        help="memory (default) or a shared store: redis://, rediss://, valkey://, redis+cluster:// (docs/state.md)",
     )
+    p.add_argument("--state-ca", default=s, help="PEM CA bundle trusted for a rediss:// store (not the system roots)")
+    p.add_argument("--state-client-cert", default=s, help="PEM client certificate for a rediss:// store (mTLS)")
+    p.add_argument("--state-client-key", default=s, help="PEM private key of --state-client-cert")
     p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
     p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
     p.add_argument(

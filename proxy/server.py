@@ -186,6 +186,11 @@ async def run(settings: Settings) -> int:
             assert isinstance(auth, JwtAuthenticator)
             bundle.registry.register(KeysCollector(auth))
         await auth.start()
+    if service.state is not None:
+        # A store that answers and refuses us (its certificate does not verify against --state-ca,
+        # wrong password) stops the start here, named (cli.py prints it), instead of failing
+        # every later call; one that does not answer yet leaves the proxy on local state.
+        await service.state.check()
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
     restore = _on_sigterm(on_signal)

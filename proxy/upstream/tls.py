@@ -16,6 +16,8 @@ Contract:
   the certificate file) is the client certificate for mutual TLS. An encrypted key needs
   `--upstream-client-key-password-file FILE` (its first line is the passphrase); the proxy never
   prompts on a terminal.
+- The shared store's TLS (`--state-ca`, `--state-client-cert`, `--state-client-key`, proxy/state/)
+  uses the same checks with `flag="--state"`, so every message names the flag that was given.
 - A file that is missing, unreadable or not what its setting expects raises `TlsConfigError`
   (a `ValueError`, so the command line prints it and exits 2) whose message names the setting and
   the file, and never repeats the file's content nor the passphrase.
@@ -56,19 +58,17 @@ class _Encrypted(Exception):
     """Raised by the password callback when an encrypted key came without a passphrase."""
 
 
-def read_key_password(path: Path | None) -> str | None:
+def read_key_password(path: Path | None, *, flag: str = "--upstream") -> str | None:
     """The passphrase in the first line of `path` (a mounted secret), None without a file."""
     if path is None:
         return None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TlsConfigError(
-            f"--upstream-client-key-password-file {path}: cannot be read ({type(exc).__name__})"
-        ) from None
+        raise TlsConfigError(f"{flag}-client-key-password-file {path}: cannot be read ({type(exc).__name__})") from None
     password = text.splitlines()[0] if text else ""
     if not password:
-        raise TlsConfigError(f"--upstream-client-key-password-file {path}: the file is empty")
+        raise TlsConfigError(f"{flag}-client-key-password-file {path}: the file is empty")
     return password
 
 
@@ -78,20 +78,20 @@ def client_context(
     cert: Path | None = None,
     key: Path | None = None,
     key_password: str | None = None,
+    flag: str = "--upstream",
 ) -> ssl.SSLContext:
-    """The verifying client context: the private CA (or the system roots) and the client cert."""
+    """The verifying client context: the private CA (or the system roots) and the client cert.
+    `flag` is the prefix of the settings' names in messages (`--upstream`, `--state`)."""
     if key is not None and cert is None:
-        raise TlsConfigError("--upstream-client-key needs --upstream-client-cert (the certificate it belongs to)")
+        raise TlsConfigError(f"{flag}-client-key needs {flag}-client-cert (the certificate it belongs to)")
     if ca is not None:
-        _readable("--upstream-ca", ca)
+        _readable(f"{flag}-ca", ca)
         try:
             # With a CA file, the standard library's default context loads that file and not the
             # system roots: the CA replaces them (see the docstring).
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
         except ssl.SSLError as exc:
-            raise TlsConfigError(
-                f"--upstream-ca {ca}: no PEM certificate could be read from it ({_reason(exc)})"
-            ) from None
+            raise TlsConfigError(f"{flag}-ca {ca}: no PEM certificate could be read from it ({_reason(exc)})") from None
     else:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     # The default context already verifies certificates and host names; stated, since it is the
@@ -100,24 +100,24 @@ def client_context(
     context.verify_mode = ssl.CERT_REQUIRED
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert is not None:
-        _readable("--upstream-client-cert", cert)
+        _readable(f"{flag}-client-cert", cert)
         if key is not None:
-            _readable("--upstream-client-key", key)
-        _load_client_pair(context, cert, key, key_password)
+            _readable(f"{flag}-client-key", key)
+        _load_client_pair(context, cert, key, key_password, flag)
     return context
 
 
-def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, password: str | None) -> None:
+def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, password: str | None, flag: str) -> None:
     def no_passphrase() -> str:
         raise _Encrypted
 
-    where = f"--upstream-client-cert {cert}" + (f" with --upstream-client-key {key}" if key else "")
+    where = f"{flag}-client-cert {cert}" + (f" with {flag}-client-key {key}" if key else "")
     try:
         context.load_cert_chain(str(cert), str(key) if key else None, password=password or no_passphrase)
     except _Encrypted:
         raise TlsConfigError(
-            f"--upstream-client-key {key or cert}: the key is encrypted; give its passphrase with "
-            "--upstream-client-key-password-file"
+            f"{flag}-client-key {key or cert}: the key is encrypted; give its passphrase with "
+            f"{flag}-client-key-password-file"
         ) from None
     except ssl.SSLError as exc:
         reason = exc.reason or ""
@@ -127,7 +127,7 @@ def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, pas
             # OpenSSL reports a wrong passphrase as a PEM error too: name both possibilities.
             raise TlsConfigError(
                 f"{where}: cannot load the certificate and key (not PEM, or the passphrase in "
-                f"--upstream-client-key-password-file does not decrypt the key: {_reason(exc)})"
+                f"{flag}-client-key-password-file does not decrypt the key: {_reason(exc)})"
             ) from None
         raise TlsConfigError(f"{where}: cannot load a PEM certificate and its private key ({_reason(exc)})") from None
 

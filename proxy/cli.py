@@ -127,6 +127,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--public-url", default=s, help="the URL clients dial, endpoint path included")
     p.add_argument("--auth-issuer", default=s, help="jwt: the issuer URL whose metadata names its JWKS")
     p.add_argument("--auth-audience", default=s, help="jwt: the audience tokens must name (default: --public-url)")
+    p.add_argument(
+        "--auth-jwt-typ",
+        choices=["at+jwt", "any"],
+        default=s,
+        help="jwt: accept only typ at+jwt (RFC 9068), or any typ (default: the audience check does the work)",
+    )
     p.add_argument("--auth-tokens-file", default=s, help="tokens: 'NAME TOKEN' per line, '#' comments; hot-reloaded")
     p.add_argument(
         "--auth-hash-key-file", default=s, help="passthrough: the credential hash's key (share it between replicas)"

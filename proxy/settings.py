@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     )
     auth_issuer: str | None = Field(None, description="jwt: the issuer whose metadata names its JWKS")
     auth_audience: str | None = Field(None, description="jwt: the audience tokens must name (default: --public-url)")
+    auth_jwt_typ: Literal["at+jwt", "any"] = Field(
+        "any", description="jwt: the token header's typ: at+jwt (RFC 9068 only) or any (default; docs/security.md)"
+    )
     auth_tokens_file: Path | None = Field(None, description="tokens: 'NAME TOKEN' lines, '#' comments; hot-reloaded")
     auth_hash_key_file: Path | None = Field(
         None,

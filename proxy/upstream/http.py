@@ -1095,6 +1095,12 @@ class HttpClientOwner:
             proxy=self.proxy,
         )
 
+    def replace_ssl_context(self, context: ssl.SSLContext) -> None:
+        """The reloaded TLS context (proxy/upstream/tls.py, `TlsWatcher`): every connection opened
+        from now on, by this client or one rebuilt later, uses it."""
+        self._ssl = context
+        self._client.set_ssl_context(context)
+
     @property
     def client(self) -> HttpClient:
         if self._client.closed:

@@ -12,8 +12,8 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
 - Sessions are bounded in total (`max_sessions`) and per client address (`max_sessions_per_client`,
-  answered 429), and a session whose client sent nothing after its `initialize` (no
-  `notifications/initialized`, no request) within `session_init_timeout_s` is closed: unanswered
+  answered 429), and a session whose client sent nothing (no `notifications/initialized`, no
+  request) within `session_init_timeout_s` of the answer to its `initialize` is closed: unanswered
   handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
   says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
   counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
@@ -519,15 +519,20 @@ class Service:
         return session_id, relay
 
     def _check_initialized(self, session_id: str) -> None:
-        """A session whose client said nothing after `initialize` is closed; one whose initialize
-        is still running (a slow upstream start) is looked at again later."""
+        """A session whose client said nothing within `session_init_timeout_s` of the answer to its
+        `initialize` is closed; one whose initialize is still running (a slow upstream start) is
+        looked at again later. Counted from the answer, not from the request: a stdio child whose
+        cold start took most of the timeout left a benign client a sliver of it, and on a loaded
+        machine its `notifications/initialized` came after the session was gone (the soak lost
+        long-lived sessions that way; every later request of theirs got 404)."""
         relay = self.sessions.get(session_id)
         if relay is None or relay.initialized or self._stopping:
             return
-        if relay.busy:
-            asyncio.get_running_loop().call_later(
-                self.settings.session_init_timeout_s, self._check_initialized, session_id
-            )
+        timeout_s = self.settings.session_init_timeout_s
+        quiet_s = time.monotonic() - relay.last_activity  # set when the initialize was answered
+        if relay.busy or quiet_s < timeout_s:
+            later_s = timeout_s if relay.busy else timeout_s - quiet_s
+            asyncio.get_running_loop().call_later(later_s, self._check_initialized, session_id)
             return
         log.info(
             "closing session %s…: nothing followed its initialize within %g s",

@@ -57,7 +57,10 @@ class Settings(BaseSettings):
         "comma-separated); none by default: the TCP peer is the client",
     )
     session_init_timeout_s: float = Field(
-        10.0, gt=0, description="a session with no request or notifications/initialized after initialize closes"
+        10.0,
+        gt=0,
+        description="a session with no request or notifications/initialized this long after the answer "
+        "to its initialize closes",
     )
     max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
     stream_buffer_bytes: int = Field(

@@ -579,10 +579,16 @@ class StdioUpstream:
         needs it; a probe that gives up meanwhile does not stop them), so that a ready proxy has
         them running and no 2025 session waits for a process start. After the probe, not beside
         it: on a loaded machine several processes starting at once made every start miss its
-        timeout."""
+        timeout.
+
+        Per session, a child answered, so the command works: the warm pool starts filling now.
+        Waiting for the first 2025 session's own child to answer (as before) made that session wait
+        for a whole cold start, 10 s on a loaded machine in the conformance suite's first scenario."""
         capabilities = await self._probe()
         if self.shared_sessions and capabilities.legacy and not self._closed:
             await asyncio.shield(self._shared_sessions().start_all())
+        elif capabilities.legacy:
+            self._replenish()  # (no pool with shared sessions, nor behind --listen stdio)
         return capabilities
 
     def _shared_sessions(self) -> SharedSessions:

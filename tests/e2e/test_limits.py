@@ -201,7 +201,9 @@ async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhauste
     extra = ["--max-sessions", "2", "--session-init-timeout-s", "0.5"]
     for proxy, _ in proxy_for("stdio", tmp_path, extra):
         with anyio.fail_after(BOUND_S):
-            async with httpx.AsyncClient(timeout=10) as http:
+            # Each initialize waits for a child's start (over 10 s at load 24, the pool's next spare
+            # starting beside it): the test's bound governs, not a per-request 10 s.
+            async with httpx.AsyncClient(timeout=BOUND_S) as http:
                 good = await open_session(http, proxy.url)
                 await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **good})
                 silent = await open_session(http, proxy.url)  # never says anything more

@@ -169,6 +169,27 @@ async def test_a_session_waits_for_a_starting_spare_instead_of_starting_its_own(
         await upstream.aclose()
 
 
+async def test_the_pool_warms_once_the_probe_answered_so_the_first_session_gets_a_spare() -> None:
+    upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=1)
+    try:
+        caps = await upstream.probe()  # (the child answers discover without versions: legacy only)
+        assert caps.legacy and not caps.modern
+        await _pool_holds(upstream, 1)
+        spare = upstream._pool[0]
+        first = await upstream.open(Era.LEGACY)
+        assert (await _call(first, "initialize"))["result"] == {"method": "initialize"}
+        assert first._child is spare, "the first session did not wait for a process start of its own"
+    finally:
+        await upstream.aclose()
+    broken = StdioUpstream([sys.executable, "-c", "import sys; sys.exit(3)"], spares=1)
+    try:
+        with pytest.raises(UpstreamFailure):
+            await broken.probe()
+        assert broken.spares_ready == 0 and not broken._starting, "a command that never answered gets no spare"
+    finally:
+        await broken.aclose()
+
+
 async def test_idle_spares_are_reaped_down_to_one() -> None:
     upstream = StdioUpstream([sys.executable, "-c", CHILD], spares=3, spare_idle_s=0.0)
     try:

@@ -365,6 +365,8 @@ elif cmd == "zombies":
     found = [f"{pid} (parent {ppid}) {line[:80]}" for pid, ppid, state, line in procs() if state == "Z"]
     print("; ".join(found) or "none")
     sys.exit(1 if found else 0)
+elif cmd == "starts":  # the command line starts with TEXT (tini's and the proxy's name it later)
+    print(" ".join(str(p) for p, _, s, line in sorted(procs()) if line.startswith(args[0]) and s != "Z"))
 elif cmd == "find":
     guard = "_guard.py" in args[0]
     print(" ".join(str(p) for p, _, s, line in sorted(procs()) if args[0] in line and s != "Z" and (guard or "_guard.py" not in line)))
@@ -493,6 +495,7 @@ docker rm -f "$cid" >/dev/null 2>&1 && cid=""
 # (deploy/examples/python-time). Pinned as in tests/interop (tests/deploy checks they agree).
 SERVER_EVERYTHING_VERSION=2026.8.31
 MCP_SERVER_TIME_VERSION=2026.10.19
+everything_cmd="node /usr/local/bin/mcp-server-everything"  # how the server's processes look in ps
 if [[ ${MCP_SMOKE_SKIP_STDIO:-0} == 1 ]]; then
   echo "SKIP stdio servers in the image (MCP_SMOKE_SKIP_STDIO=1)"
 else
@@ -568,7 +571,7 @@ restarts() { client metric "$admin/metrics" mcp_recovery_upstream_restarts_total
 until_noticed() {
   local r0=$1 pids=" $2 " both=${3:-} r now p counted fresh deadline=$(($(date +%s) + wait_s))
   while :; do
-    r=$(restarts); now=$(procs "$cid" find mcp-server-everything)
+    r=$(restarts); now=$(procs "$cid" starts "$everything_cmd")
     fresh=""
     for p in $now; do [[ $pids == *" $p "* ]] || fresh+="$p "; done
     counted=0; python3 -c "import sys; sys.exit(0 if float('$r') > float('$r0') else 1)" && counted=1
@@ -640,7 +643,7 @@ if run_sidecar everything "$everything_image"; then
 
   # Kill every server process from inside the container: the guards reap them, the proxy
   # restarts a child, the session's next call works, and nothing is left as a zombie.
-  before=$(procs "$cid" find mcp-server-everything)
+  before=$(procs "$cid" starts "$everything_cmd")
   if [[ -n $before ]]; then
     r0=$(restarts)
     procs "$cid" kill SIGKILL $before
@@ -661,7 +664,7 @@ if run_sidecar everything "$everything_image"; then
   if out=$(until_procs "$cid" 0 zombies); then pass "no zombie after the kill: $out"; else fail "zombies after the kill: $out"; fi
 
   # An orphan: the server outlives its guard and dies as a child of PID 1, which must reap it.
-  r0=$(restarts); before=$(procs "$cid" find mcp-server-everything)
+  r0=$(restarts); before=$(procs "$cid" starts "$everything_cmd")
   if orphan_pid=$(orphan); then
     if out=$(until_procs "$cid" 0 zombies); then
       pass "orphaned server $orphan_pid (guard killed, re-parented to PID 1, then killed) reaped by tini: zombies $out"
@@ -699,6 +702,8 @@ fi
 info "control: $everything_image without tini (the proxy as PID 1)"
 sidecar_opts=(--entrypoint mcp-recovery-proxy)  # an overridden entrypoint drops the CMD: give it again
 if run_sidecar control "$everything_image" serve -- mcp-server-everything stdio; then
+  # A session, so that a child (and its guard) surely runs: the warm spare may not have started.
+  client legacy-open "$mcp" >/dev/null || fail "control: 2025-11-25 initialize"
   if orphan_pid=$(orphan); then
     if out=$(until_procs "$cid" 1 zombies); then
       pass "control: without an init the orphan stays a zombie ($out): the zombie check sees one"

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"verifier in-process, {args.micro_n} calls each: signature check {signed:.1f} µs/call, "
                     f"cached verdict {cached:.1f} µs/call"
                 )
+        print(f"load at the end {os.getloadavg()} (figures taken under load are rough: compare within this run)")
     return 0
 
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/sessions.py                          # 40 clients x 10 calls, defaults
     .venv/bin/python bench/sessions.py --proxy-arg=--stdio-spares=4
     .venv/bin/python bench/sessions.py --proxy-arg=--stdio-sessions=shared
+    .venv/bin/python bench/sessions.py --shared-children 1,2,4     # a proxy per N, both legs each
     .venv/bin/python bench/sessions.py --repo /work/main        # another checkout's proxy
 
 The run of issue 16: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
@@ -20,12 +21,17 @@ Both legs run against the same proxy process, the 2026 leg first (its child is a
 the start-up probe, as it would be in service). Printed per leg: calls answered and failed,
 wall time, sessions (calls) per second, and p50/p99 of the time from opening the client to the
 call's answer (what an agent that opens a session per call waits for); then the 2025 leg's wall
-time over the 2026 leg's (the issue's target: within 2x with shared children). Every leg is
+time over the 2026 leg's (the issue's target: within 2x with shared children), and the load
+average (`os.getloadavg`) at the start and end of each leg. `--shared-children 1,2,4` runs the
+whole comparison once per N, each against its own proxy with `--stdio-sessions shared
+--stdio-shared-children N` (both legs in the same proxy run: the 2026 leg is that run's
+baseline), then prints one summary line per N. Every leg is
 bounded in count and time (`--bound-s`), every call by `--call-bound-s`; the proxy is started and
 stopped by its pid. `--max-sessions-per-client` is raised to the session count on the proxy,
-since every client here has the same address, and `--session-init-timeout-s` to 120 s (on a loaded
-machine the clients' own CPU can delay `notifications/initialized` past the default 10 s, and
-what is measured is sessions, not that protection). Not a test and not in CI.
+since every client here has the same address, `--session-init-timeout-s` to 120 s and
+`--head-timeout-s` to 60 s (on a loaded machine the clients' own CPU can delay
+`notifications/initialized`, or the rest of a request head, past the default 10 s, and what is
+measured is sessions, not those protections). Not a test and not in CI.
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
         # within the default 10 s: what is measured is sessions, not that protection
         "--session-init-timeout-s",
         "120",
+        # likewise a client starved of CPU can take longer than the default 10 s to finish a
+        # request head on a connection it opened (answered 408, then closed: seen as ReadError)
+        "--head-timeout-s",
+        "60",
         *extra,
         "--",
         PYTHON,
@@ -134,6 +144,7 @@ async def leg(url: str, mode: str, clients: int, calls: int, bound_s: float, cal
                     exc = exc.exceptions[0]  # the SDK's task groups wrap the one failure that matters
                 failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
+    load_before = os.getloadavg()[0]
     began = time.perf_counter()
     try:
         async with asyncio.timeout(bound_s):
@@ -141,7 +152,7 @@ async def leg(url: str, mode: str, clients: int, calls: int, bound_s: float, cal
     except TimeoutError:
         failures.append(f"leg bound of {bound_s:g} s reached")
     wall = time.perf_counter() - began
-    return {"mode": mode, "wall": wall, "times": times, "failures": failures}
+    return {"mode": mode, "wall": wall, "times": times, "failures": failures, "load": load_before}
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -158,7 +169,7 @@ def show(name: str, r: dict[str, object]) -> None:
     print(
         f"  {name:5} answered {len(times):4d}  failed {len(failures):3d}  wall {wall:7.1f} s  "
         f"{len(times) / wall:7.1f} sessions/s  first answer p50 {quantile(times, 0.5) * 1000:7.0f} ms  "
-        f"p99 {quantile(times, 0.99) * 1000:7.0f} ms"
+        f"p99 {quantile(times, 0.99) * 1000:7.0f} ms  load {r['load']:.1f} -> {os.getloadavg()[0]:.1f}"
     )
     for why in sorted(set(failures))[:5]:
         print(f"        {failures.count(why)}x {why}")
@@ -192,22 +203,14 @@ def children_of(pid: int) -> int:
     return n
 
 
-async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=40)
-    parser.add_argument("--calls", type=int, default=10, help="calls per client, one session each")
-    parser.add_argument("--proxy-arg", action="append", default=[], help="a flag for `serve` (repeatable)")
-    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose proxy runs")
-    parser.add_argument("--bound-s", type=float, default=400.0, help="each leg ends after this, counted as failed")
-    parser.add_argument("--call-bound-s", type=float, default=120.0)
-    parser.add_argument("--only", choices=["2025", "2026"], help="run one leg only")
-    args = parser.parse_args()
+async def run(args: argparse.Namespace, proxy_args: list[str]) -> dict[str, dict[str, object]]:
+    """Both legs (or the one asked) against one proxy started with `proxy_args`."""
     total = args.clients * args.calls
     log = Path(f"/tmp/bench-sessions-{os.getpid()}.log")
-    proc, url, _admin = start_proxy(args.repo, args.proxy_arg, args.clients, log)
+    proc, url, _admin = start_proxy(args.repo, proxy_args, args.clients, log)
     print(
         f"{args.clients} clients x {args.calls} calls, one session per call ({total} calls a leg); "
-        f"proxy {args.repo} {' '.join(args.proxy_arg) or '(defaults)'}; "
+        f"proxy {args.repo} {' '.join(proxy_args) or '(defaults)'}; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     results: dict[str, dict[str, object]] = {}
@@ -222,12 +225,56 @@ async def main() -> int:
     finally:
         code = stop(proc)
         print(f"  proxy exit status after SIGTERM: {code}")
-    if "2025" in results and "2026" in results:
-        # by rate, not wall time: a leg cut short by its bound answered fewer calls
-        rates = {k: len(r["times"]) / float(r["wall"]) for k, r in results.items()}  # type: ignore[arg-type]
-        ratio = rates["2026"] / rates["2025"] if rates["2025"] else float("inf")
+    ratio = rate_ratio(results)
+    if ratio is not None:
         print(f"  2026 rate / 2025 rate: {ratio:.2f}x (issue 16 target with shared children: at most 2x)")
-    failed = sum(len(r["failures"]) for r in results.values())  # type: ignore[arg-type]
+    return results
+
+
+def rate_ratio(results: dict[str, dict[str, object]]) -> float | None:
+    """The 2026 leg's calls per second over the 2025 leg's (by rate, not wall time: a leg cut short
+    by its bound answered fewer calls)."""
+    if "2025" not in results or "2026" not in results:
+        return None
+    rates = {k: len(r["times"]) / float(r["wall"]) for k, r in results.items()}  # type: ignore[arg-type]
+    return rates["2026"] / rates["2025"] if rates["2025"] else float("inf")
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=10, help="calls per client, one session each")
+    parser.add_argument("--proxy-arg", action="append", default=[], help="a flag for `serve` (repeatable)")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose proxy runs")
+    parser.add_argument("--bound-s", type=float, default=400.0, help="each leg ends after this, counted as failed")
+    parser.add_argument("--call-bound-s", type=float, default=120.0)
+    parser.add_argument("--only", choices=["2025", "2026"], help="run one leg only")
+    parser.add_argument(
+        "--shared-children",
+        help="comma-separated N: one run per N with --stdio-sessions shared --stdio-shared-children N",
+    )
+    args = parser.parse_args()
+    runs: list[tuple[str, list[str]]] = [("", args.proxy_arg)]
+    if args.shared_children:
+        runs = [
+            (f"N={n}", [*args.proxy_arg, "--stdio-sessions=shared", f"--stdio-shared-children={n}"])
+            for n in (int(x) for x in args.shared_children.split(","))
+        ]
+    outcomes: list[tuple[str, dict[str, dict[str, object]]]] = []
+    for name, proxy_args in runs:
+        outcomes.append((name, await run(args, proxy_args)))
+    if len(outcomes) > 1:
+        print("summary (2025 leg with shared children against the 2026 leg of the same proxy run):")
+        for name, results in outcomes:
+            r25 = results.get("2025", {})
+            times: list[float] = r25.get("times", [])  # type: ignore[assignment]
+            ratio = rate_ratio(results)
+            print(
+                f"  {name:5} 2025 answered {len(times):4d}  {len(times) / float(r25.get('wall', 1) or 1):5.1f} "  # type: ignore[arg-type]
+                f"sessions/s  p50 {quantile(times, 0.5) * 1000:6.0f} ms  p99 {quantile(times, 0.99) * 1000:6.0f} ms  "
+                f"2026/2025 {ratio if ratio is not None else float('nan'):.2f}x"
+            )
+    failed = sum(len(r["failures"]) for _, results in outcomes for r in results.values())  # type: ignore[arg-type]
     return 1 if failed else 0
 
 

@@ -15,14 +15,23 @@ leg divided by the completed calls. Three proxies run side by side, each with it
 
 The legs are interleaved (memory, redis, redis-down, memory, …) so that the load of the other work
 on this machine falls on all three alike; the medians over the rounds are printed, with the load
-average before and after. Targets (issue 15): in the healthy case at most 10% more proxy CPU per
-call and at most 0.2 ms added to p50. The redis-server's own CPU per call is printed apart (it is
-not the proxy's). Every process started here is stopped by its pid.
+average before and after.
+
+Then the fault run (`--fault-rounds`, 0 to skip): the same wrk leg through the `memory` proxy
+(the baseline) and through a proxy whose redis-server is SIGKILLed halfway through the leg
+(restarted, and awaited until the proxy is connected again, before each round), alternating;
+printed side by side: calls/s, p50, p99, and the calls that failed or timed out (wrk's timeout is
+10 s; the issue's bar is that every call is still answered within its deadline).
+
+Targets (issue 15): in the healthy case at most 10% more proxy CPU per call and at most 0.2 ms
+added to p50. The redis-server's own CPU per call is printed apart (it is not the proxy's). Every
+process started here is stopped by its pid.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -51,6 +60,66 @@ def start_redis(procs: R.Processes, workdir: Path) -> tuple[object, int]:
     return proc, port
 
 
+def restart_redis(procs: R.Processes, workdir: Path, port: int) -> object:
+    """A redis-server on `port` (the proxy's URL names it), awaited until the proxy has connected
+    to it again (its named client connections appear), bounded."""
+    import redis
+
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = procs.start(argv, workdir / f"redis-{port}.log")
+    R.wait_until(lambda: R.port_open(port), "redis-server", proc, workdir / f"redis-{port}.log")
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def proxy_connected() -> bool:
+        return sum(c.get("name") == "mcp-recovery-proxy" for c in client.client_list()) >= 2
+
+    R.wait_until(proxy_connected, "the proxy's reconnection", proc, workdir / f"redis-{port}.log")
+    return proc
+
+
+def fault_run(
+    procs: R.Processes, workdir: Path, wrk: str, lua: Path, args: argparse.Namespace, memory_port: int
+) -> None:
+    """Memory against a store SIGKILLed mid-leg, alternating rounds (see the module docstring)."""
+    import threading
+
+    conc = max(args.concurrency)
+    port = R.free_port()
+    stdio = [R.PYTHON, str(R.UPSTREAMS["lean"]), "--transport", "stdio", "--wait-ms", "0"]
+    _, proxy_port = R.start_proxy(procs, stdio, workdir, ["--state", f"redis://127.0.0.1:{port}/0", *args.proxy_arg])
+    print(f"\nfault run: {args.fault_rounds} rounds of {args.duration} s, c={conc}; the store is SIGKILLed "
+          f"{args.duration / 2:.1f} s into each redis-killed leg (load average {R._loadavg()})",
+          flush=True)  # fmt: skip
+    rows: dict[str, list[tuple[float, float, float, int]]] = {"memory": [], "redis-killed": []}
+
+    def kill(proc: object) -> None:  # SIGKILL: the store vanishes (connections reset, nothing flushed)
+        os.kill(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        procs.stop(proc)  # type: ignore[arg-type]  # reaped, and forgotten
+
+    for rnd in range(1, args.fault_rounds + 1):
+        for leg in rows:
+            killer = None
+            if leg == "redis-killed":
+                store = restart_redis(procs, workdir, port)
+                killer = threading.Timer(args.duration / 2, kill, args=(store,))
+                killer.start()
+            url = f"http://127.0.0.1:{memory_port if leg == 'memory' else proxy_port}/mcp"
+            res = R.run_wrk(wrk, lua, url, conc, args.duration, args.max_requests)
+            if killer is not None:
+                killer.join()
+            failed = res.bad + res.errors
+            rows[leg].append((res.ok / res.duration_s, res.p50_ms, res.p99_ms, failed))
+            print(f"  round {rnd} {leg:<13} {res.ok / res.duration_s:7.0f} calls/s  p50 {res.p50_ms:6.2f} ms  "
+                  f"p99 {res.p99_ms:7.2f} ms  failed or timed out {failed}", flush=True)  # fmt: skip
+    print(f"medians (load average now {R._loadavg()}):")
+    for leg, values in rows.items():
+        rate, p50, p99 = (statistics.median(v[i] for v in values) for i in range(3))
+        failed = sum(v[3] for v in values)
+        print(f"  {leg:<13} {rate:7.0f} calls/s  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms  failed or timed out {failed}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -59,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-requests", type=int, default=500_000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16])
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    parser.add_argument("--fault-rounds", type=int, default=3, help="memory vs a store killed mid-leg (0: skip)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     wrk = R.ensure_wrk()
@@ -120,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                             ok = cpu_change <= CPU_TARGET and p50_added <= P50_TARGET_MS
                             cmp_ += f"  targets (CPU≤+10%, p50≤+0.2 ms): {'PASS' if ok else 'FAIL'}"
                     print(f"{conc:>3} {leg:<10} {med[0]:>13.3f} {med[1]:>7.2f} {med[2]:>7.2f} {med[3]:>13.3f}  {cmp_}")
+            if args.fault_rounds > 0:
+                fault_run(procs, workdir, wrk, lua, args, proxies["memory"][1])
         except KeyboardInterrupt:
             print("\nbench: interrupted; stopping what it started", file=sys.stderr)
             return 130

@@ -11,6 +11,11 @@ and the active policy set.
 - `/readyz` also carries `state`: `{"store": "memory"}`, or the shared store's description (no
   credentials), whether it answers, and while it does not, the fallback in use. An unreachable
   store fails `/readyz` only with `--state-required-for-ready` (docs/state.md, the trade-off).
+- `/readyz` carries `auth` with `--auth jwt`: whether the issuer's signing keys can be had
+  (`ok`, `stale`: the last refresh failed, `unavailable`: none yet) and the last fetch's problem.
+  It never fails readiness: tokens already verified (cached) and tokens of keys already held are
+  still accepted, so taking the replica out would refuse callers it can serve; and every replica
+  shares the issuer, so readiness could not send them anywhere better (docs/security.md).
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
 - `/`: the status page (proxy/statuspage.py), fed by `/status.json` (recent and problem calls,
@@ -147,7 +152,11 @@ def build_admin_app(
     allowed_hosts: list[str] | tuple[str, ...] = (),
     admin_token: str | None = None,
     status: StatusObserver | None = None,
+    auth: Any = None,
 ) -> ASGIApp:
+    # --auth jwt: the issuer's keys, reported by /readyz (proxy/auth/jwt.py, keys_status)
+    keys_status: Callable[[], dict[str, Any]] | None = getattr(auth, "keys_status", None)
+
     async def healthz(_: Request) -> Response:
         return _ScrubbedJSON({"status": "ok"})
 
@@ -161,8 +170,9 @@ def build_admin_app(
             if not snapshot.get("version"):
                 reasons.append("no policy set loaded")
         state = service.state.status() if service.state is not None else {"store": "memory"}
+        extra = {"auth": keys_status()} if keys_status is not None else {}
         if reasons:
-            return _ScrubbedJSON({"status": "not ready", "reasons": reasons, "state": state}, status_code=503)
+            return _ScrubbedJSON({"status": "not ready", "reasons": reasons, "state": state, **extra}, status_code=503)
         caps = service.capabilities
         return _ScrubbedJSON(
             {
@@ -171,6 +181,7 @@ def build_admin_app(
                 "eras": {"legacy": bool(caps and caps.legacy), "modern": bool(caps and caps.modern)},
                 "sessions": len(service.sessions),
                 "state": state,
+                **extra,
             }
         )
 

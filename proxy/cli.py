@@ -100,7 +100,13 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-sessions",
         choices=["per-session", "shared"],
         default=s,
-        help="2025 sessions over a stdio upstream: a child each (default), or all on one shared child",
+        help="2025 sessions over a stdio upstream: a child each (default), or a few shared children",
+    )
+    p.add_argument(
+        "--stdio-shared-children",
+        type=int,
+        default=s,
+        help="with --stdio-sessions shared: the most children the sessions share (2)",
     )
     p.add_argument(
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
@@ -121,14 +127,25 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--public-url", default=s, help="the URL clients dial, endpoint path included")
     p.add_argument("--auth-issuer", default=s, help="jwt: the issuer URL whose metadata names its JWKS")
     p.add_argument("--auth-audience", default=s, help="jwt: the audience tokens must name (default: --public-url)")
+    p.add_argument(
+        "--auth-jwt-typ",
+        choices=["at+jwt", "any"],
+        default=s,
+        help="jwt: accept only typ at+jwt (RFC 9068), or any typ (default: the audience check does the work)",
+    )
     p.add_argument("--auth-tokens-file", default=s, help="tokens: 'NAME TOKEN' per line, '#' comments; hot-reloaded")
     p.add_argument(
         "--auth-hash-key-file", default=s, help="passthrough: the credential hash's key (share it between replicas)"
     )
     p.add_argument("--admin-token-file", default=s, help="a bearer token required for /metrics and /policies")
     p.add_argument(
-        "--state", default=s, help="memory (default) or a shared store: redis://, rediss://, valkey:// (docs/state.md)"
+        "--state",
+        default=s,
+        help="memory (default) or a shared store: redis://, rediss://, valkey://, redis+cluster:// (docs/state.md)",
     )
+    p.add_argument("--state-ca", default=s, help="PEM CA bundle trusted for a rediss:// store (not the system roots)")
+    p.add_argument("--state-client-cert", default=s, help="PEM client certificate for a rediss:// store (mTLS)")
+    p.add_argument("--state-client-key", default=s, help="PEM private key of --state-client-cert")
     p.add_argument("--state-prefix", default=s, help="key prefix in the shared store (mcp-recovery:)")
     p.add_argument("--state-timeout-s", type=float, default=s, help="bound of every store operation (0.5)")
     p.add_argument(

@@ -1,12 +1,18 @@
 """Which client a request comes from: the one key every per-client limit counts by.
 
 Contract:
-- `ClientIdentity.key(scope, headers)` is the only place the proxy decides who a caller is; the
+- `ClientIdentity.key(scope, headers, principal)` is the only place the proxy decides who a caller is; the
   sessions per client (`--max-sessions-per-client`), the 2026 requests in flight per caller and
   each client's share of the upstream (`--max-upstream-per-client`) all count by what it returns.
-  Authentication, once it identifies a principal, plugs in here (the principal then becomes the
-  key where one exists, the address where none does), and every limit follows without a change.
-- Today the key is the client's IP address as the HTTP server reports it (`scope["client"]`).
+- With `--auth jwt` or `--auth tokens` (`by_principal`), a request's key is its principal
+  (`principal:<Principal.id>`): one caller reaching the proxy from many addresses (pods behind a
+  NAT that changes, an agent host with several interfaces, IPv6 privacy addresses) is one client,
+  and callers behind one address (an ingress without `--forwarded-allow-ips`, a NAT) are several.
+  Only a principal the proxy itself verified is a key: in `passthrough` the credential is judged
+  by the upstream, after the request has taken its place (a session slot, a pooled connection),
+  so a caller sending a fresh made-up token on each request would be a fresh client each time;
+  there, as for `none` and for a request without a principal, the key is the address.
+- The address key is the client's IP address as the HTTP server reports it (`scope["client"]`).
   Behind a load balancer or an ingress every caller arrives from the same few addresses; with
   `--forwarded-allow-ips`, uvicorn's `ProxyHeadersMiddleware` (not hand-written parsing) has
   already replaced the peer's address with the client named in `X-Forwarded-For` when, and only
@@ -25,7 +31,10 @@ import functools
 import ipaddress
 import logging
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.auth.base import Principal
 
 log = logging.getLogger("proxy.clients")
 
@@ -44,14 +53,20 @@ def _address_key(host: str) -> str:
 
 
 class ClientIdentity:
-    __slots__ = ("_warned", "trusts_proxies")
+    __slots__ = ("_warned", "by_principal", "trusts_proxies")
 
-    def __init__(self, *, trusts_proxies: bool) -> None:
+    def __init__(self, *, trusts_proxies: bool, by_principal: bool = False) -> None:
         self.trusts_proxies = trusts_proxies  # --forwarded-allow-ips was given
+        self.by_principal = by_principal  # the proxy verifies credentials itself (jwt, tokens)
         self._warned = False
 
-    def key(self, scope: MutableMapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    def key(
+        self, scope: MutableMapping[str, Any], headers: Mapping[str, str], principal: Principal | None = None
+    ) -> str | None:
         """The client `scope`'s request comes from (None: unknown, not counted per client)."""
+        if principal is not None and self.by_principal:
+            # Prefixed so that no principal id can equal an address key (or the reverse).
+            return "principal:" + principal.id
         if not self._warned and not self.trusts_proxies and "x-forwarded-for" in headers:
             self._warned = True
             log.warning(

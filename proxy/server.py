@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from proxy.frontend.uvicorn_h1 import HttpLimits
+    from proxy.upstream.tls import TlsWatcher
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
 from proxy.telemetry.status import StatusObserver
@@ -175,8 +176,21 @@ async def run(settings: Settings) -> int:
     if settings.policies is not None:
         await policies.start()
         policies.install_sighup(asyncio.get_running_loop())
+    tls_watcher = _tls_watcher(settings, service)
+    if tls_watcher is not None:
+        await tls_watcher.start()
     if auth is not None:
+        if auth.mode == "jwt":
+            from proxy.auth.jwt import JwtAuthenticator, KeysCollector
+
+            assert isinstance(auth, JwtAuthenticator)
+            bundle.registry.register(KeysCollector(auth))
         await auth.start()
+    if service.state is not None:
+        # A store that answers and refuses us (its certificate does not verify against --state-ca,
+        # wrong password) stops the start here, named (cli.py prints it), instead of failing
+        # every later call; one that does not answer yet leaves the proxy on local state.
+        await service.state.check()
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
     restore = _on_sigterm(on_signal)
@@ -194,10 +208,28 @@ async def run(settings: Settings) -> int:
         )
     finally:
         restore()
+        if tls_watcher is not None:
+            await tls_watcher.aclose()
         if auth is not None:
             await auth.aclose()
         await policies.aclose()
         await bundle.shutdown()
+
+
+def _tls_watcher(settings: Settings, service: Service) -> TlsWatcher | None:
+    """An https upstream's TLS files are watched and reloaded (proxy/upstream/tls.py)."""
+    replace = getattr(service.upstream, "replace_ssl_context", None)
+    if replace is None or not (settings.upstream or "").removeprefix("sse+").startswith("https://"):
+        return None
+    from proxy.upstream.tls import TlsFiles, TlsWatcher
+
+    files = TlsFiles(
+        ca=settings.upstream_ca,
+        cert=settings.upstream_client_cert,
+        key=settings.upstream_client_key,
+        password_file=settings.upstream_client_key_password_file,
+    )
+    return TlsWatcher(files, replace) if files.paths else None
 
 
 def _stop_signal(stop: asyncio.Event, service: Service) -> Callable[[], None]:
@@ -251,6 +283,7 @@ async def _serve(
             allowed_hosts=settings.allowed_hosts,
             admin_token=admin_token,
             status=status,
+            auth=auth,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),

@@ -34,7 +34,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -46,6 +46,9 @@ from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
+
+if TYPE_CHECKING:
+    from proxy.upstream.http import HttpClientOwner
 
 log = logging.getLogger("proxy.service")
 
@@ -81,6 +84,7 @@ def build_upstream(settings: Settings) -> Upstream:
             stderr_burst_lines=settings.stderr_burst_lines,
             stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
+            shared_children=settings.stdio_shared_children,
         )
     url = settings.upstream
     if not url:
@@ -104,13 +108,15 @@ def build_upstream(settings: Settings) -> Upstream:
     proxy = egress.route_for(target)
     _log_route(target, ssl_context is not None, settings, proxy)
     common: dict[str, Any] = {"headers": headers, "ssl_context": ssl_context, "proxy": proxy}
+    upstream: HttpClientOwner
     if url.startswith("sse+"):
         from proxy.upstream.sse import SseUpstream
 
-        return SseUpstream(target, **common)
-    from proxy.upstream.http import HttpUpstream
+        upstream = SseUpstream(target, **common)
+    else:
+        from proxy.upstream.http import HttpUpstream
 
-    upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+        upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
     upstream.behind_caller_auth = settings.auth == "passthrough"
     return upstream
 
@@ -180,7 +186,7 @@ class Service:
         self.capabilities: Capabilities | None = None
         self.probe_error: str | None = "not probed yet"
         self.sessions: dict[str, Relay] = {}
-        self._session_clients: dict[str, str] = {}  # session id -> the client address that opened it
+        self._session_clients: dict[str, str] = {}  # session id -> the client that opened it (its key)
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
         self._probe_lock = asyncio.Lock()
@@ -399,10 +405,12 @@ class Service:
         each request goes upstream in its caller's era, and the upstream answers it as it would
         directly (a 2025-only server refuses a 2026 request itself). The refusal is kept: its
         challenge names where the upstream's metadata lives."""
+        modern = getattr(self.upstream, "speaks_modern", True)  # a legacy SSE server never does
         self.capabilities = Capabilities(
             legacy=True,
-            modern=True,
-            detail=f"probe refused with HTTP {refusal.http_status}: both eras relayed, the upstream answers",
+            modern=modern,
+            detail=f"probe refused with HTTP {refusal.http_status}: "
+            + ("both eras relayed, the upstream answers" if modern else "2025 sessions relayed, the upstream answers"),
         )
         self.probe_refusal = refusal
         self.probe_error = None
@@ -487,7 +495,7 @@ class Service:
                 raise UpstreamFailure(
                     FailureKind.OVERLOADED,
                     Dispatch.NO,
-                    f"this client address holds its maximum of {settings.sessions_per_client} sessions",
+                    f"this client holds its maximum of {settings.sessions_per_client} sessions",
                     http_status=429,
                 )
         link = await self.upstream.open(Era.LEGACY)
@@ -497,9 +505,6 @@ class Service:
             catalog=self.catalog,
             tool_calls=self.tool_calls,
             session_id=session_id,
-            # a session on a link other sessions share (`--stdio-sessions shared`) gets only what
-            # can be tied to its own requests
-            shared=getattr(link, "shared", None),
             requests=self.requests,
             shares=self.shares,
             client=client,
@@ -571,3 +576,6 @@ class Service:
             reap_spares = getattr(self.upstream, "reap_idle_spares", None)
             if reap_spares is not None:
                 reap_spares()  # warm-pool children unused as long (a stdio upstream)
+            reap_shared = getattr(self.upstream, "reap_idle_shared", None)
+            if reap_shared is not None:
+                reap_shared()  # shared children (`--stdio-sessions shared`) with no session, as long

@@ -91,7 +91,10 @@ class Settings(BaseSettings):
     )
     stdio_sessions: Literal["per-session", "shared"] = Field(
         "per-session",
-        description="2025 sessions over a stdio upstream: a child each (per-session), or all on one (shared)",
+        description="2025 sessions over a stdio upstream: a child each (per-session), or shared children (shared)",
+    )
+    stdio_shared_children: int = Field(
+        2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
     shutdown_grace_s: float = Field(
@@ -110,8 +113,14 @@ class Settings(BaseSettings):
     state: str = Field(
         "memory",
         description="where the ledger, approvals and retry budget live: memory, or a shared store at "
-        "redis://, rediss://, valkey:// or valkeys:// (docs/state.md)",
+        "redis://, rediss://, valkey:// or valkeys://, or a Redis Cluster at redis+cluster://, "
+        "rediss+cluster://, valkey+cluster:// or valkeys+cluster:// (docs/state.md)",
     )
+    state_ca: Path | None = Field(
+        None, description="PEM CA bundle trusted for a rediss:// store, instead of the system roots"
+    )
+    state_client_cert: Path | None = Field(None, description="PEM client certificate for a rediss:// store (mTLS)")
+    state_client_key: Path | None = Field(None, description="PEM private key of --state-client-cert")
     state_prefix: str = Field("mcp-recovery:", min_length=1, max_length=64, description="key prefix in the store")
     state_timeout_s: float = Field(
         0.5, gt=0, le=5, description="bound of every store operation; past it the proxy uses its local state"
@@ -136,6 +145,9 @@ class Settings(BaseSettings):
     )
     auth_issuer: str | None = Field(None, description="jwt: the issuer whose metadata names its JWKS")
     auth_audience: str | None = Field(None, description="jwt: the audience tokens must name (default: --public-url)")
+    auth_jwt_typ: Literal["at+jwt", "any"] = Field(
+        "any", description="jwt: the token header's typ: at+jwt (RFC 9068 only) or any (default; docs/security.md)"
+    )
     auth_tokens_file: Path | None = Field(None, description="tokens: 'NAME TOKEN' lines, '#' comments; hot-reloaded")
     auth_hash_key_file: Path | None = Field(
         None,
@@ -168,9 +180,12 @@ class Settings(BaseSettings):
     @field_validator("state")
     @classmethod
     def _check_state(cls, value: str) -> str:
-        if value == "memory" or value.startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
+        if value == "memory":
             return value
-        raise ValueError("--state takes 'memory' or redis://, rediss://, valkey://, valkeys:// URL")
+        from proxy.state import check_url
+
+        check_url(value)  # the scheme, and nothing in the URL that would turn TLS verification off
+        return value
 
     @field_validator("forwarded_allow_ips", mode="before")
     @classmethod

@@ -52,13 +52,8 @@ def check_settings(settings: Settings) -> None:
     if mode == "passthrough":
         if settings.upstream_argv or not settings.upstream:
             raise AuthConfigError(
-                "--auth passthrough needs a Streamable HTTP upstream (--upstream http(s)://…): a stdio "
+                "--auth passthrough needs a network upstream (--upstream http(s)://… or sse+http(s)://…): a stdio "
                 "server cannot receive the caller's Authorization"
-            )
-        if settings.upstream.startswith("sse+"):
-            raise AuthConfigError(
-                "--auth passthrough is not supported in front of a legacy SSE upstream yet (its event stream "
-                "opens before any caller's request): use a Streamable HTTP upstream"
             )
         if not settings.public_url:
             raise AuthConfigError(
@@ -98,4 +93,6 @@ def build_authenticator(settings: Settings) -> Authenticator | None:
     from proxy.auth.jwt import JwtAuthenticator
 
     assert settings.auth_issuer is not None and settings.public_url is not None
-    return JwtAuthenticator(settings.auth_issuer, settings.auth_audience or settings.public_url)
+    return JwtAuthenticator(
+        settings.auth_issuer, settings.auth_audience or settings.public_url, typ=settings.auth_jwt_typ
+    )

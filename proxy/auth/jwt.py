@@ -16,6 +16,11 @@ Contract:
   `--auth-audience`, by default `--public-url`, RFC 8707); `exp` is present and `exp`/`nbf` hold
   within `leeway_s`; `sub` is present. Scopes: `scope` (space separated) or `scp` (a list or a
   string). The principal is `jwt:<iss>#<sub>`.
+- The header's `typ` (`--auth-jwt-typ`): `any` (the default) does not look at it; `at+jwt` accepts
+  only `at+jwt` or `application/at+jwt` (RFC 9068 §4; compared case-insensitively, as media types
+  are), checked before any key is looked up. Why `any` by default is in docs/security.md: the
+  audience check already refuses the token RFC 9068's `typ` guards against (an ID token, whose
+  `aud` is a client id), and the common issuers send `typ: JWT`.
 - Refusals (`AuthRefused`, reason in brackets): 401 `invalid_token` for an unreadable token, a
   refused alg or a bad signature [invalid_token], an expired or not yet valid one [expired], a
   wrong audience [wrong_audience] or issuer [wrong_issuer], a `kid` the JWKS does not hold after
@@ -35,6 +40,11 @@ Contract:
   one is dropped when looked up). A cached call costs one hash and one dict lookup, not a
   signature check. A token stays accepted until its `exp` even if its key is withdrawn
   meanwhile; keep access tokens short.
+- `keys_status()` says whether the keys can be had, for `/readyz` and the metrics
+  (`mcp_recovery_auth_keys_up`, `mcp_recovery_auth_keys_age_seconds`: `KeysCollector`): `ok` (keys
+  held, the last fetch succeeded), `stale` (keys held, the last fetch failed: tokens of known
+  keys and cached verdicts still work, an unknown `kid` gets 503), `unavailable` (no keys yet:
+  every token not already verified gets 503). Readiness does not fail on it (docs/security.md).
 - Nothing secret leaves this module: descriptions name what failed, never the token; the
   principal carries `iss` and `sub` only (bounded, control characters refused).
 """
@@ -46,9 +56,9 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -64,6 +74,7 @@ from jwt.exceptions import (
     PyJWKError,
     PyJWTError,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy.auth.base import AuthConfigError, AuthMode, AuthRefused, Principal, bearer_token
 
@@ -87,6 +98,8 @@ MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_KEYS = 64
 MAX_SUB_CHARS = 256
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+JwtTyp = Literal["at+jwt", "any"]
+AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §2.1, §4
 
 
 def metadata_urls(issuer: str) -> list[str]:
@@ -191,8 +204,10 @@ class JwtAuthenticator:
         retry_after_s: float = 5.0,
         max_key_age_s: float = 900.0,
         cache_size: int = 10_000,
+        typ: JwtTyp = "any",
     ) -> None:
         check_fetch_url(issuer, "--auth-issuer")
+        self.require_at_jwt = typ == "at+jwt"
         self.issuer = issuer
         self.audience = audience
         self.leeway_s = leeway_s
@@ -238,6 +253,21 @@ class JwtAuthenticator:
         if self._client is not None:
             await self._client.aclose()
 
+    # -- what /readyz and the metrics read ---------------------------------------------------------
+
+    def keys_status(self) -> dict[str, Any]:
+        """`keys`: ok | stale | unavailable (module docstring), with the keys' age and the last
+        fetch's problem (issuer URLs and a status, no secret; bounded)."""
+        keys = self._keys
+        state = "unavailable" if keys is None else ("stale" if self._last_error is not None else "ok")
+        out: dict[str, Any] = {"mode": "jwt", "keys": state, "issuer": self.issuer[:200]}
+        if keys is not None:
+            out["key_ids"] = len(keys.by_kid)
+            out["keys_age_s"] = round(time.monotonic() - keys.fetched_at, 1)
+        if self._last_error is not None:
+            out["last_error"] = self._last_error[:300]
+        return out
+
     # -- the request path ------------------------------------------------------------------------
 
     async def authenticate(self, headers: Mapping[str, str]) -> Principal:
@@ -271,6 +301,10 @@ class JwtAuthenticator:
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in ALLOWED_ALGORITHMS:
             raise AuthRefused(401, "invalid_token", "the token's signing algorithm is not accepted")
+        if self.require_at_jwt:
+            typ = header.get("typ")
+            if not isinstance(typ, str) or typ.lower() not in AT_JWT_TYPES:
+                raise AuthRefused(401, "invalid_token", "the token is not an access token: its typ must be at+jwt")
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise AuthRefused(401, "invalid_token", "the token's key id is not a string")
@@ -441,3 +475,28 @@ class JwtAuthenticator:
             return orjson.loads(body)
         except ValueError:
             raise KeysUnavailable(f"{what} at {url[:200]} is not JSON") from None
+
+
+class KeysCollector:
+    """`mcp_recovery_auth_keys_up` (1: keys held and the last fetch succeeded) and
+    `mcp_recovery_auth_keys_age_seconds`, read at scrape time (no work on the request path)."""
+
+    def __init__(self, auth: JwtAuthenticator) -> None:
+        self.auth = auth
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.auth.keys_status()
+        up = GaugeMetricFamily(
+            "mcp_recovery_auth_keys_up", "Whether the jwt issuer's signing keys are held and were last fetched fine."
+        )
+        up.add_metric([], 1.0 if status["keys"] == "ok" else 0.0)
+        yield up
+        age = GaugeMetricFamily(
+            "mcp_recovery_auth_keys_age_seconds", "Seconds since the signing keys held were fetched (absent: none)."
+        )
+        if "keys_age_s" in status:
+            age.add_metric([], float(status["keys_age_s"]))
+        yield age

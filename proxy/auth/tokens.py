@@ -4,7 +4,9 @@ Contract:
 - The file (`--auth-tokens-file`) holds one `NAME TOKEN` per line; blank lines and lines whose
   first non-blank character is `#` are ignored. A name is 1-64 of `A-Za-z0-9._-`; a token is
   16-512 visible ASCII characters (RFC 6750's b64token and more), no blanks. Names and tokens are
-  unique. Anything else is a problem naming the line number (never the token).
+  unique. Anything else is a problem naming the line number and nothing of the line's text: not
+  the token, and not the name either (a line written `TOKEN NAME` puts the secret in the name's
+  place).
 - A request's principal is `token:<name>` of the entry whose token it presents; scopes: none
   (`scopes_known`: a policy's `required_scopes` then refuse the call, since a named token grants
   no scope). Lookup is a keyed digest: the table maps HMAC-SHA256(per-process random key, token)
@@ -42,7 +44,9 @@ MAX_FILE_BYTES = 1024 * 1024
 def parse_tokens(text: str, where: str) -> tuple[dict[str, str], list[str]]:
     """name -> token, and the problems (each naming `where` and a line, never a token)."""
     table: dict[str, str] = {}
-    seen: set[str] = set()
+    # where each name and token was first given, so a duplicate names that line instead of the text
+    name_lines: dict[str, int] = {}
+    token_lines: dict[str, int] = {}
     problems: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -52,18 +56,24 @@ def parse_tokens(text: str, where: str) -> tuple[dict[str, str], list[str]]:
         if len(fields) != 2:
             problems.append(f"{where}:{number}: expected 'NAME TOKEN' (two fields), found {len(fields)}")
             continue
+        # Neither field is quoted in a problem: a line written the wrong way round ('TOKEN NAME')
+        # has the secret where the name belongs, and a problem goes to the log.
         name, token = fields
         if not _NAME.fullmatch(name):
             problems.append(f"{where}:{number}: a name is 1-64 of A-Za-z0-9._-")
         elif not _TOKEN.fullmatch(token):
-            problems.append(f"{where}:{number}: the token of {name!r} must be 16-512 visible ASCII characters")
-        elif name in table:
-            problems.append(f"{where}:{number}: the name {name!r} is given twice")
-        elif token in seen:
-            problems.append(f"{where}:{number}: the token of {name!r} is also another entry's token")
+            problems.append(
+                f"{where}:{number}: the token must be 16-512 visible ASCII characters "
+                "(the line is 'NAME TOKEN', in that order)"
+            )
+        elif name in name_lines:
+            problems.append(f"{where}:{number}: the name is already given on line {name_lines[name]}")
+        elif token in token_lines:
+            problems.append(f"{where}:{number}: the token is already line {token_lines[token]}'s token")
         else:
             table[name] = token
-            seen.add(token)
+            name_lines[name] = number
+            token_lines[token] = number
     if not table and not problems:
         problems.append(f"{where}: no tokens (every caller would be refused)")
     return table, problems

@@ -515,7 +515,10 @@ class McpHttpApp:
             origins += LOOPBACK_ORIGIN_PATTERNS
         self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self.stream_buffer_bytes = settings.stream_buffer_bytes
-        self.clients = ClientIdentity(trusts_proxies=bool(settings.forwarded_allow_ips))
+        # jwt and tokens: per-client limits count by the principal the proxy verified (proxy/clients.py)
+        self.clients = ClientIdentity(
+            trusts_proxies=bool(settings.forwarded_allow_ips), by_principal=self._binds_sessions
+        )
         self._replays = _Replays(settings.replay_stream_bytes, settings.replay_total_bytes)
         self._replay_ids = itertools.count(1)
         self._watches: _LateWatches | None = None  # created in the loop, on the first POST
@@ -863,7 +866,7 @@ class McpHttpApp:
             return
         if principal is not None and not await self._scopes_suffice(send, relay, message, principal):
             return
-        caller = self.clients.key(scope, headers)
+        caller = self.clients.key(scope, headers, principal)
         await self._answer(relay, message, receive, send, forwarded, modern=True, caller=caller, principal=principal)
 
     def _check_modern_headers(self, scope: Scope, headers: dict[str, str], message: Message) -> Any:
@@ -923,7 +926,7 @@ class McpHttpApp:
                 await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                session_id, relay = await service.new_session(self.clients.key(scope, headers))
+                session_id, relay = await service.new_session(self.clients.key(scope, headers, principal))
             except UpstreamFailure as failure:
                 status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
                 await _respond_error(

@@ -3,7 +3,14 @@
 `--state memory` (the default) keeps them in the process: the engine's `InMemoryLedger` and its
 `AntiStorm` are the whole truth, and `build_state` returns None (nothing else runs, nothing on the
 call path changes). `--state redis://…` (rediss://, valkey://, valkeys://) shares them through a
-Redis or Valkey server: `proxy.state.shared.RedisState`.
+Redis or Valkey server, and `redis+cluster://…` (rediss+cluster://, valkey+cluster://,
+valkeys+cluster://) through a Redis Cluster: `proxy.state.shared.RedisState`.
+
+The URL is checked when the settings are read (`check_url`): a known scheme, db 0 for a cluster,
+and no `ssl_*` query parameter (redis-py would take `ssl_cert_reqs=none` from the URL and turn
+verification off; TLS is configured with `--state-ca`, `--state-client-cert`, `--state-client-key`,
+which apply to a TLS scheme only and whose files are checked at start, a `ValueError` naming the
+flag). Verification of the store's certificate is always on.
 
 The contract the engine relies on (`SharedState`):
 - `ledger` is a local, synchronous view of the shared ledger (an `InMemoryLedger`): the engine's
@@ -18,17 +25,27 @@ The contract the engine relies on (`SharedState`):
 - `cleared` forgets an operation everywhere (in the background: nothing waits for it).
 - `attach(antistorm)` lets the store's sync task exchange the retry budget's counts; the
   circuit breaker stays per replica (docs/state.md says why).
+- `check()` runs once before the proxy serves: a store that answers but refuses the proxy
+  (its certificate does not verify against `--state-ca`, the handshake fails, the password or
+  ACL user is wrong) raises `StateConfigError` (a `ValueError`: the command prints it and exits 2)
+  rather than leaving every later call to fail against it; a store that does not answer at all
+  only logs a warning (the proxy serves on local state until it does).
 - `status()` is the `/readyz` detail; `up` is `mcp_recovery_state_store_up`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 if TYPE_CHECKING:
     from proxy.recovery.antistorm import AntiStorm
     from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger
     from proxy.settings import Settings
+
+
+class StateConfigError(ValueError):
+    """The store answered and refused the proxy's configuration (TLS or credentials)."""
 
 
 class SharedState(Protocol):
@@ -39,6 +56,8 @@ class SharedState(Protocol):
     def up(self) -> bool: ...
 
     def attach(self, antistorm: AntiStorm) -> None: ...
+
+    async def check(self) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -53,10 +72,57 @@ class SharedState(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+SCHEMES = {  # scheme: (TLS, cluster)
+    "redis": (False, False),
+    "rediss": (True, False),
+    "valkey": (False, False),
+    "valkeys": (True, False),
+    "redis+cluster": (False, True),
+    "rediss+cluster": (True, True),
+    "valkey+cluster": (False, True),
+    "valkeys+cluster": (True, True),
+}
+
+
+def check_url(url: str) -> tuple[bool, bool]:
+    """(TLS, cluster) of a store URL; a ValueError says what is wrong with it (never its password)."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError("--state takes 'memory' or a URL: " + ", ".join(f"{s}://" for s in SCHEMES))
+    tls, cluster = SCHEMES[scheme]
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (a port that is not a number raises here, not at the first call)
+    except ValueError:
+        raise ValueError(f"--state {scheme}://: the port is not a number") from None
+    if not parts.hostname:
+        raise ValueError(f"--state {scheme}://: the URL names no host")
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if name.lower().startswith("ssl"):
+            raise ValueError(
+                f"--state: the URL's {name[:40]!r} parameter is not accepted; TLS is verified always, "
+                "with --state-ca, --state-client-cert and --state-client-key (docs/state.md)"
+            )
+    if cluster and parts.path.strip("/") not in ("", "0"):
+        raise ValueError("--state: a Redis Cluster has database 0 only")
+    return tls, cluster
+
+
 def build_state(settings: Settings, *, upstream_name: str) -> SharedState | None:
     """The shared store the settings name, or None for `memory` (redis is imported only then)."""
+    tls_flags = {
+        "--state-ca": settings.state_ca,
+        "--state-client-cert": settings.state_client_cert,
+        "--state-client-key": settings.state_client_key,
+    }
+    given = [flag for flag, value in tls_flags.items() if value is not None]
     if settings.state == "memory":
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for a TLS store (rediss://, valkeys://), not --state memory")
         return None
+    tls, _ = check_url(settings.state)
+    if given and not tls:
+        raise ValueError(f"{', '.join(given)}: only for a TLS store (rediss://, valkeys://), not a plain one")
     from proxy.state.shared import RedisState
 
     return RedisState(
@@ -65,4 +131,7 @@ def build_state(settings: Settings, *, upstream_name: str) -> SharedState | None
         timeout_s=settings.state_timeout_s,
         sync_interval_s=settings.state_sync_interval_s,
         upstream_name=upstream_name,
+        ca=settings.state_ca,
+        client_cert=settings.state_client_cert,
+        client_key=settings.state_client_key,
     )

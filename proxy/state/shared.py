@@ -24,6 +24,14 @@ own. When the store answers again, the proxy reconciles: it writes the live entr
 (without overwriting the store's), deletes what it cleared while down, and reads the store's
 entries back into its view. A store restarted empty thus gets back every entry a replica still
 holds; spent approvals included.
+
+Clients: to one server, redis-py's asyncio `Redis` over a pool of at most `MAX_CONNECTIONS`; over
+TLS every connection uses the one verifying context built at start from `--state-ca` and the
+client certificate (proxy/upstream/tls.py). To a Redis Cluster (`…+cluster://`), redis-py's
+asyncio `RedisCluster`: each script's keys share one hash slot, the scripts are loaded on every
+primary at each reconcile, the reconcile SCANs every primary, and the channel is a classic one
+(a PUBLISH on any node reaches every node's subscribers). Any exception the client raises is a
+store that did not answer (the cluster client raises more than `RedisError`).
 """
 
 from __future__ import annotations
@@ -34,21 +42,33 @@ import hashlib
 import logging
 import math
 import os
+import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from proxy.recovery.antistorm import WINDOW_S, AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
+from proxy.state import StateConfigError, check_url
+from proxy.upstream.tls import client_context
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")
@@ -60,6 +80,9 @@ MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
 SCAN_BATCH = 500
+MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
+MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
+CHECK_TIMEOUT_S = 2.0  # the bound of the check before serving (a TLS handshake on a loaded machine)
 
 _RECORD = """
 if ARGV[7] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -69,12 +92,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PUBLISH', ARGV[8], ARGV[9])
 return 1
 """
-# 1: approved now; 0: another budget, or already spent; -1: the store holds no such entry
+# 1: approved now (or spent earlier by an attempt with this nonce, ARGV[4], whose answer never
+# reached us); 0: another budget, or already spent; -1: the store holds no such entry
 _APPROVE = """
-local fields = redis.call('HMGET', KEYS[1], 'b', 'a')
+local fields = redis.call('HMGET', KEYS[1], 'b', 'a', 'n')
 if not fields[1] then return -1 end
-if fields[1] ~= ARGV[1] or fields[2] == '1' then return 0 end
-redis.call('HSET', KEYS[1], 'a', '1')
+if fields[1] ~= ARGV[1] then return 0 end
+if fields[2] == '1' then
+  if fields[3] == ARGV[4] then return 1 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'a', '1', 'n', ARGV[4])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
@@ -100,17 +128,60 @@ return {calls, retries}
 """
 
 
+# What a store operation can raise when the store is unreachable, slow or refuses: redis-py's
+# cluster client raises RedisClusterException (not a RedisError) when no node answers.
+STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
+
+
 class StoreUnavailable(Exception):
     """A store operation failed or took longer than its bound (the store is now marked down)."""
 
 
 def client_url(url: str) -> str:
-    """valkey:// and valkeys:// are redis:// and rediss:// to the client (the same protocol)."""
-    if url.startswith("valkey://"):
-        return "redis://" + url.removeprefix("valkey://")
-    if url.startswith("valkeys://"):
-        return "rediss://" + url.removeprefix("valkeys://")
-    return url
+    """The URL redis-py takes: valkey(s):// is redis(s):// (the same protocol), and `+cluster`
+    chooses the client class, not the URL."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.removesuffix("+cluster")
+    return {"valkey": "redis", "valkeys": "rediss"}.get(scheme, scheme) + "://" + rest
+
+
+def _tls_connection(context: ssl.SSLContext) -> type[aioredis.SSLConnection]:
+    """redis-py's TLS connection, given the one context built at start (proxy/upstream/tls.py):
+    its own would be built per connection, synchronously on the event loop, loading the system
+    roots (a first connect and PING took 320-355 ms with it, 47-60 ms with the shared context, at
+    load 10 here), and would trust the system roots besides --state-ca."""
+
+    class SharedContextConnection(aioredis.SSLConnection):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.ssl_context.context = context  # RedisSSLContext.get() returns it as built
+
+    return SharedContextConnection
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why a store that answered refused us (TLS verification or handshake, credentials), or None
+    when it did not answer at all. redis-py wraps the `ssl` error in its ConnectionError: the
+    chain is walked. The reason is OpenSSL's or the store's short code, never a credential."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            why = current.verify_message or current.reason or "not trusted"
+            return f"the store's TLS certificate does not verify ({why[:120]}): check --state-ca"
+        if isinstance(current, ssl.SSLError):
+            why = current.reason or current.library or type(current).__name__
+            return (
+                f"the TLS handshake with the store failed ({why[:120]}): is it a TLS port, and does it "
+                "require a client certificate (--state-client-cert)?"
+            )
+        if isinstance(current, AuthenticationError | NoPermissionError) or (
+            isinstance(current, ResponseError) and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
+        ):
+            return "the store refused the credentials of the URL (password or ACL user)"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def describe(url: str) -> str:
@@ -140,6 +211,9 @@ class RedisState:
         timeout_s: float = 0.5,
         sync_interval_s: float = 0.25,
         upstream_name: str = "",
+        ca: Path | None = None,
+        client_cert: Path | None = None,
+        client_key: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         max_entries: int = DEFAULT_MAX_ENTRIES,
@@ -154,15 +228,47 @@ class RedisState:
         self.wall = wall
         self._upstream_tag = upstream_name
         self._replica = os.urandom(6).hex()  # our own messages come back on the channel: skipped
-        self.client = aioredis.Redis.from_url(
-            client_url(url),
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # the bound is ours: one try, then the local state
-            retry_on_timeout=False,
-            health_check_interval=5,
-            client_name="mcp-recovery-proxy",
-        )
+        tls, self.cluster = check_url(url)
+        options: dict[str, Any] = {
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "health_check_interval": 5,
+            "client_name": "mcp-recovery-proxy",
+        }
+        context = client_context(ca=ca, cert=client_cert, key=client_key, flag="--state") if tls else None
+        self.client: aioredis.Redis | RedisCluster
+        if self.cluster:
+            if tls:
+                # redis-py's cluster client builds one context per connection from the files (the
+                # system roots trusted besides --state-ca): docs/state.md says so.
+                options |= {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+                options |= {"ssl_min_version": ssl.TLSVersion.TLSv1_2}
+                if ca is not None:
+                    options["ssl_ca_certs"] = str(ca)
+                if client_cert is not None:
+                    options["ssl_certfile"] = str(client_cert)
+                    options["ssl_keyfile"] = str(client_key or client_cert)
+            # No retry of a failed connection, as for one node (the bound is ours); a MOVED or ASK
+            # answer is still followed by the client's own redirection loop, inside the bound.
+            self.client = RedisCluster.from_url(client_url(url), retry=Retry(NoBackoff(), 0), **options)
+        else:
+            # A burst of calls (fifty approvals at once) waits for one of a few connections instead
+            # of opening one each: a TLS handshake per call would cost more than the calls, and the
+            # wait counts inside each operation's bound.
+            target = client_url(url)
+            if context is not None:
+                # (a rediss:// URL would make redis-py choose its own TLS connection class)
+                options["connection_class"] = _tls_connection(context)
+                target = "redis://" + target.removeprefix("rediss://")
+            pool = aioredis.BlockingConnectionPool.from_url(
+                target,
+                max_connections=MAX_CONNECTIONS,
+                timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),  # the bound is ours: one try, then the local state
+                retry_on_timeout=False,
+                **options,
+            )
+            self.client = aioredis.Redis.from_pool(pool)  # closed with the client
         self._record = self.client.register_script(_RECORD)
         self._approve = self.client.register_script(_APPROVE)
         self._clear = self.client.register_script(_CLEAR)
@@ -176,6 +282,7 @@ class RedisState:
         self.budget_syncs = 0  # completed exchanges of the retry budget's counts
         self.last_error: str | None = "not connected yet"
         self._pending: dict[str, None] = {}  # ops recorded while the store was down (ordered set)
+        self._unanswered: dict[tuple[str, str], str] = {}  # (op, budget id): nonce of a lost approval
         self._unsynced_clears: dict[str, None] = {}
         self._flushed: dict[tuple[str, int], tuple[int, int]] = {}
         self._antistorm: AntiStorm | None = None
@@ -200,6 +307,18 @@ class RedisState:
 
     def attach(self, antistorm: AntiStorm) -> None:
         self._antistorm = antistorm
+
+    async def check(self) -> None:
+        """Before the proxy serves (proxy/state/__init__.py): a store that answers and refuses the
+        proxy's TLS or credentials raises `StateConfigError`; one that does not answer is left to
+        `start` and the sync task (local state until it does)."""
+        try:
+            await asyncio.wait_for(self.client.ping(), max(self.timeout_s, CHECK_TIMEOUT_S))
+        except STORE_ERRORS as exc:
+            refused = refusal(exc)
+            if refused is not None:
+                raise StateConfigError(f"--state {self.description}: {refused}") from None
+            self._failed("ping", exc)
 
     async def start(self) -> None:
         """Connect (bounded); a store that does not answer yet leaves the proxy on local state."""
@@ -235,7 +354,8 @@ class RedisState:
     async def _call(self, operation: str, awaitable: Awaitable[T]) -> T:
         try:
             result = await asyncio.wait_for(awaitable, self.timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # translated where it enters: any failure of the
+            # client, a cluster client's internal errors included, is a store that did not answer
             self._failed(operation, exc)
             raise StoreUnavailable(operation) from None
         if not self._up:
@@ -308,12 +428,22 @@ class RedisState:
             self.fallbacks["approve"] += 1
             return False  # single use cannot be checked: refused (fail closed, docs/state.md)
         message = self._message("a", op, b=budget_id)
+        # An attempt that timed out may still run when a stalled store wakes up (its command was
+        # sent) and spend the approval though the caller was refused. Each attempt carries a nonce
+        # the script stores with the spend; an attempt that went unanswered leaves its nonce here,
+        # and the next approval of the same budget through this replica takes it over, so a spend
+        # whose answer was lost is honoured once, and single use still holds (a nonce is taken
+        # by one attempt at a time).
+        nonce = self._unanswered.pop((op, budget_id), None) or os.urandom(8).hex()
         try:
             verdict = await self._call(
-                "approve", self._approve(keys=[self._key(op)], args=[budget_id, self.channel, message])
+                "approve", self._approve(keys=[self._key(op)], args=[budget_id, self.channel, message, nonce])
             )
         except StoreUnavailable:
             self.fallbacks["approve"] += 1
+            self._unanswered[(op, budget_id)] = nonce
+            while len(self._unanswered) > MAX_UNANSWERED:
+                self._unanswered.pop(next(iter(self._unanswered)))
             return False
         if verdict == 1:
             self.ledger.approve(op, budget_id, now_s)
@@ -383,7 +513,8 @@ class RedisState:
                 raise
             except StoreUnavailable:
                 pass
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # redis-py's cluster pub/sub raises KeyError
+                # while it knows no node; whatever it is, the listener must live on and retry
                 self._failed("subscribe", exc)
             finally:
                 with contextlib.suppress(Exception):
@@ -395,15 +526,22 @@ class RedisState:
     async def _reconcile(self) -> None:
         """After (re)subscribing: write what the store lacks, then read the store into the view."""
         async with self._reconcile_lock:
-            now = self.clock()
             try:
+                # A new or restarted store (or every primary of a cluster) has none of our scripts
+                # (they are not persisted): load them once here, so the pipelines below and the
+                # budget sync can name them by their hash.
+                for script in (_RECORD, _APPROVE, _CLEAR, _BUDGET):
+                    await self._call("reconcile", self.client.script_load(script))
+                now = self.clock()
                 pipe = self.client.pipeline(transaction=False)
                 pushed = 0
                 for op in self.ledger.ops():
                     entry = self.ledger.check(op, now)
                     if entry is not None:
                         args = self._record_args(entry, now, only_if_absent=True)
-                        await self._record(keys=[self._key(op)], args=args, client=pipe)  # queued, no I/O
+                        # (by name: redis-py's cluster pipeline blocks its evalsha() method, though
+                        # it routes EVALSHA by its first key, as the single-node one does)
+                        pipe.execute_command("EVALSHA", self._record.sha, 1, self._key(op), *args)
                         pushed += 1
                 for op in self._unsynced_clears:
                     pipe.delete(self._key(op))
@@ -414,7 +552,7 @@ class RedisState:
                 await self._pull()
             except StoreUnavailable:
                 return
-            except RedisError as exc:
+            except STORE_ERRORS as exc:
                 self._failed("reconcile", exc)
                 return
             self.reconciles += 1
@@ -424,12 +562,8 @@ class RedisState:
         """Every live entry of the store into the local view; local entries the store lacks (it
         expired them, or a replica cleared them) are forgotten."""
         found: set[str] = set()
-        cursor: int | bytes = 0
         prefix = f"{self.prefix}ledger:{{"
-        while True:
-            cursor, keys = await self._call(
-                "reconcile", self.client.scan(cursor=cursor, match=f"{_glob_escape(prefix)}*", count=SCAN_BATCH)
-            )
+        async for keys in self._scan(f"{_glob_escape(prefix)}*"):
             if keys:
                 pipe = self.client.pipeline(transaction=False)
                 for key in keys:
@@ -449,11 +583,34 @@ class RedisState:
                             op, budget, fields[b"r"].decode(), int(fields[b"t"]), fields[b"s"].decode(),
                             approved, ttl_ms / 1000, now,
                         )  # fmt: skip
-            if not cursor or len(found) >= 2 * DEFAULT_MAX_ENTRIES:
+            if len(found) >= 2 * DEFAULT_MAX_ENTRIES:
                 break
         for op in self.ledger.ops():
             if op not in found:
                 self.ledger.clear(op)
+
+    async def _scan(self, match: str) -> AsyncIterator[list[bytes]]:
+        """The keys matching `match`, a batch per SCAN call (each bounded); on a cluster, every
+        primary is scanned in turn (each holds its own slots' keys)."""
+        if isinstance(self.client, RedisCluster):
+            for node in self.client.get_primaries():
+                cursor: int = 0
+                while True:
+                    replies = await self._call(
+                        "reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH, target_nodes=node)
+                    )
+                    cursors, keys = replies  # a cluster's SCAN answers {node name: cursor}, keys
+                    yield list(keys)
+                    cursor = int(next(iter(cursors.values()), 0)) if isinstance(cursors, dict) else int(cursors)
+                    if not cursor:
+                        break
+            return
+        cursor = 0
+        while True:
+            cursor, keys = await self._call("reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH))
+            yield list(keys)
+            if not cursor:
+                break
 
     # -- the fleet's retry budget ---------------------------------------------------------------
     def _budget_key(self, tool: str) -> str:
@@ -520,7 +677,7 @@ class RedisState:
             if deltas:  # a count that maps just outside the window (clock rounding): the newest bucket
                 args[-2] += sum(c for c, _ in deltas.values())
                 args[-1] += sum(r for _, r in deltas.values())
-            pipe.evalsha(self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
+            pipe.execute_command("EVALSHA", self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
             own.append((tool, *antistorm.own_window(tool, now)))
         listed = self._tools_key()
         if counts:

@@ -1241,6 +1241,12 @@ class HttpClient:
         self._all.discard(conn)
         self._release_slot()
 
+    def set_ssl_context(self, context: ssl.SSLContext) -> None:
+        """Connections opened from now on use `context` (renewed certificates, a new CA); those
+        already open keep the handshake they made. For an https origin only."""
+        if self._ssl is not None:
+            self._ssl = context
+
     async def aclose(self) -> None:
         """Close every connection (busy ones too: their requests fail with ConnectionClosed) and
         refuse further requests with `ClientClosed`."""

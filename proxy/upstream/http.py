@@ -891,7 +891,10 @@ class HttpLegacyLink(_HttpLink):
                 )
             log.info("the upstream forgot its session: re-establishing it")
             self._stop_get_stream()
-            self.session_id = None
+            # The stale id stays until a new one arrives: if the replay fails (the upstream is
+            # still restarting), the next request sends it again, gets its 404, and re-establishes
+            # then. Dropped here, every later request went without a session id and got the
+            # server's 400 "Missing session ID", a validation failure, for good.
             replay = {**init, "id": self.new_id()}
             try:
                 response_headers, answer = await self._upstream.rpc_once(
@@ -1091,6 +1094,12 @@ class HttpClientOwner:
             ssl_context=self._ssl,
             proxy=self.proxy,
         )
+
+    def replace_ssl_context(self, context: ssl.SSLContext) -> None:
+        """The reloaded TLS context (proxy/upstream/tls.py, `TlsWatcher`): every connection opened
+        from now on, by this client or one rebuilt later, uses it."""
+        self._ssl = context
+        self._client.set_ssl_context(context)
 
     @property
     def client(self) -> HttpClient:

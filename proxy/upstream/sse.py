@@ -11,6 +11,18 @@ If the SSE stream ends, every pending exchange fails (CLOSED; dispatch unknown o
 next message reconnects and replays the client's handshake (initialize with a fresh id, then
 `notifications/initialized`) before it is sent. A 404 on a POST (the server forgot the session)
 does the same once, transparently; a second 404 is `SESSION_EXPIRED`.
+
+`--auth passthrough` (the upstream authenticates its callers): a link belongs to one downstream
+2025 session, so its stream is one caller's. The link keeps the caller's latest `Authorization`
+(`caller_authorization`, from the headers of each message the session relays) and sends it on
+everything it sends for that session: the GET that opens the stream (and a reconnect's), every
+POST, the handshake it replays, its cancellations. A refusal of the stream's GET (401/403) is
+raised as the upstream's own refusal, challenge included, for the caller to answer. A server binds
+its SSE session to the principal of the credential that opened the stream (the MCP SDK answers a
+POST from another principal 404, "as if the session did not exist"), so a 404 to a POST whose
+credential is not the one the stream was opened with is that refusal, not a forgotten session:
+it is `SESSION_EXPIRED` at once, and the stream is not reopened with the POST's credential (which
+would move the session, and what the server pushes on it, to another principal).
 """
 
 from __future__ import annotations
@@ -61,10 +73,11 @@ def _target(url: str) -> str:
 class _Connection:
     """One GET stream and the POST endpoint it announced."""
 
-    def __init__(self) -> None:
+    def __init__(self, authorization: str | None) -> None:
         self.endpoint: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.reader: asyncio.Task[None] | None = None
         self.alive = True
+        self.authorization = authorization  # passthrough: the caller credential the GET carried
 
 
 class SseLegacyLink(LinkBase):
@@ -83,6 +96,12 @@ class SseLegacyLink(LinkBase):
         self._handshake_done = False  # the client's initialize succeeded once on some connection
         self._connections = 0
         self.reconnects = 0
+        # --auth passthrough: the session's caller's latest Authorization (see the module docstring)
+        self.caller_authorization: str | None = None
+
+    def _note_credential(self, headers: Mapping[str, str] | None) -> None:
+        if headers is not None and "authorization" in headers:
+            self.caller_authorization = headers["authorization"]
 
     # -- UpstreamLink ---------------------------------------------------------------------
 
@@ -95,6 +114,7 @@ class SseLegacyLink(LinkBase):
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
+        self._note_credential(headers)
         self._handshake.observe(message)
         is_init = message.get("method") == "initialize"
         ex = self._pending.add(message, on_message)
@@ -103,6 +123,8 @@ class SseLegacyLink(LinkBase):
                 endpoint = await self._ensure_connected(replay=not is_init)
                 ex.written = False
                 status = await self._post(endpoint, message, headers, ex)
+                if status == 404 and self._not_the_streams_principal(headers):
+                    raise self._refused_by_session_owner()
                 if status == 404 and attempt == 0:
                     self._drop_connection("the upstream forgot the SSE session (404)")
                     continue
@@ -128,9 +150,12 @@ class SseLegacyLink(LinkBase):
         return ex
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        self._note_credential(headers)
         self._handshake.observe(message)
         endpoint = await self._ensure_connected(replay=True)
         status = await self._post(endpoint, message, headers, None)
+        if status == 404 and self._not_the_streams_principal(headers):
+            raise self._refused_by_session_owner()
         if status == 404:
             self._drop_connection("the upstream forgot the SSE session (404)")
             raise UpstreamFailure(
@@ -168,6 +193,21 @@ class SseLegacyLink(LinkBase):
         self._drop_connection("the proxy closed the upstream link")
         self._upstream._forget(self)
 
+    def _not_the_streams_principal(self, headers: Mapping[str, str] | None) -> bool:
+        """The POST carried a credential other than the one the open stream was opened with."""
+        conn = self._conn
+        sent = (headers or {}).get("authorization", self.caller_authorization)
+        return conn is not None and conn.alive and sent != conn.authorization
+
+    @staticmethod
+    def _refused_by_session_owner() -> UpstreamFailure:
+        return UpstreamFailure(
+            FailureKind.SESSION_EXPIRED,
+            Dispatch.NO,
+            "the upstream refused this credential for the SSE session (404): another credential opened it",
+            http_status=404,
+        )
+
     # -- connection -----------------------------------------------------------------------
     def _on_initialize_answer(self, fut: asyncio.Future[Message]) -> None:
         if not fut.cancelled() and fut.exception() is None and "result" in fut.result():
@@ -194,7 +234,7 @@ class SseLegacyLink(LinkBase):
             return endpoint
 
     async def _connect(self) -> str:
-        conn = _Connection()
+        conn = _Connection(self.caller_authorization)
         self._conn = conn
         self._connections += 1
         conn.reader = asyncio.create_task(self._read(conn))
@@ -248,7 +288,10 @@ class SseLegacyLink(LinkBase):
     async def _read_stream(self, conn: _Connection) -> None:
         up = self._upstream
         try:
-            async with await self._client.request("GET", headers={"accept": "text/event-stream"}) as response:
+            h = {"accept": "text/event-stream"}
+            if conn.authorization is not None:
+                h["authorization"] = conn.authorization
+            async with await self._client.request("GET", headers=h) as response:
                 if response.status != 200:
                     failure = await status_failure(response, None)
                     if not conn.endpoint.done():
@@ -332,6 +375,10 @@ class SseLegacyLink(LinkBase):
                 ex.written = True
 
         h = {"content-type": "application/json", **(headers or {})}
+        if self.caller_authorization is not None and "authorization" not in h:
+            # the link's own messages (a replayed handshake, a cancellation, an answer to a server
+            # request) go with the session's caller's latest credential
+            h["authorization"] = self.caller_authorization
         try:
             async with await self._client.request(
                 "POST",
@@ -382,6 +429,7 @@ class SseUpstream(HttpClientOwner):
         )
         self.endpoint_timeout_s = endpoint_timeout_s
         self._links: set[SseLegacyLink] = set()
+        self.speaks_modern = False  # never: what a refused probe (passthrough) cannot ask is known here
 
     async def probe(self) -> Capabilities:
         """Open the SSE stream and wait for its `endpoint` event: legacy only, never modern."""

@@ -2,7 +2,8 @@
 
 - One child per legacy (2025) downstream session, and one shared child for all 2026-07-28
   requests: an SDK server fixes its era on the first request it reads, so one child cannot
-  serve both.
+  serve both. With `shared_sessions` (`--stdio-sessions shared`) at most `shared_children`
+  children serve every 2025 session instead (stdio_shared.py); `probe` starts them.
 - `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no
@@ -231,8 +232,12 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
             self._paused.set_result(None)
 
     async def drain(self) -> None:
-        if self._paused is not None and not self._paused.done():
-            await self._paused
+        paused = self._paused
+        if paused is not None and not paused.done():
+            # Shielded: every writer of this child waits on this one future, and cancelling a
+            # waiter (its attempt timed out) would otherwise cancel it for all the others, each
+            # then taking that CancelledError for its own caller's cancellation.
+            await asyncio.shield(paused)
 
 
 class _Child:
@@ -329,6 +334,9 @@ class StdioLink(LinkBase):
         self._child: _Child | None = None
         self._spawn_lock = asyncio.Lock()
         self._unsolicited: OnMessage = lambda m: None
+        # What a respawned child gets after the replayed handshake, beyond it (a shared child's
+        # log level and resource subscriptions: proxy/upstream/stdio_shared.py).
+        self.replay_after_handshake: Callable[[], list[Message]] | None = None
         self._quick_deaths = 0
         self._next_spawn_at = 0.0
         self._closed = False
@@ -464,6 +472,9 @@ class StdioLink(LinkBase):
         if self._handshake.initialized is not None:
             child.write(dumps(self._handshake.initialized) + b"\n")
             await child.drain()
+        extra = self.replay_after_handshake() if self.replay_after_handshake is not None else ()
+        for message in extra:  # their answers do not matter: the state is the proxy's to keep
+            await self._exchange_internally(child, {**message, "id": self._pending.new_id()}, "restoring its state")
 
     def _on_line(self, child: _Child, line: bytes) -> None:
         try:
@@ -531,6 +542,7 @@ class StdioUpstream:
         stderr_burst_lines: int = _LineBudget.BURST,
         stderr_lines_per_s: float = _LineBudget.RATE,
         shared_sessions: bool = False,
+        shared_children: int = 2,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -546,8 +558,9 @@ class StdioUpstream:
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
         self.single_session = single_session
-        # `--stdio-sessions shared`: every 2025 session on one child (proxy/upstream/stdio_shared.py)
+        # `--stdio-sessions shared`: every 2025 session on a few shared children (stdio_shared.py)
         self.shared_sessions = shared_sessions and not single_session
+        self.shared_children = max(1, shared_children)
         self._shared: SharedSessions | None = None
         # the warm pool (module docstring); one session, or shared sessions, need none
         self.spares = 0 if single_session or self.shared_sessions else spares
@@ -561,6 +574,25 @@ class StdioUpstream:
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
+        """`_probe`; then, with shared sessions, the shared children are started and awaited (each
+        bounded by the handshake timeout; one that fails is started again by the request that
+        needs it; a probe that gives up meanwhile does not stop them), so that a ready proxy has
+        them running and no 2025 session waits for a process start. After the probe, not beside
+        it: on a loaded machine several processes starting at once made every start miss its
+        timeout."""
+        capabilities = await self._probe()
+        if self.shared_sessions and capabilities.legacy and not self._closed:
+            await asyncio.shield(self._shared_sessions().start_all())
+        return capabilities
+
+    def _shared_sessions(self) -> SharedSessions:
+        if self._shared is None:
+            from proxy.upstream.stdio_shared import SharedSessions
+
+            self._shared = SharedSessions(self, self.shared_children)
+        return self._shared
+
+    async def _probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it is legacy-only. One that does not
         answer it at all (exits, or stays silent) is legacy-only only if a fresh child answers a
         2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
@@ -601,11 +633,7 @@ class StdioUpstream:
                 self._modern = StdioLink(self, Era.MODERN)
             return self._modern
         if self.shared_sessions:
-            if self._shared is None:
-                from proxy.upstream.stdio_shared import SharedSessions
-
-                self._shared = SharedSessions(self)
-            return self._shared.session()  # bounded by the proxy's --max-sessions, not by children
+            return self._shared_sessions().session()  # bounded by the proxy's --max-sessions, not by children
         if len(self._links) >= self.max_children:
             raise UpstreamFailure(
                 FailureKind.OVERLOADED,
@@ -651,7 +679,7 @@ class StdioUpstream:
         if self._modern is not None:
             links.append(self._modern)
         if self._shared is not None:
-            links.append(self._shared.link)
+            links += self._shared.links
         for link in links:
             child = link._child
             if child is None or child is but or child.protocol.overflow:
@@ -677,7 +705,7 @@ class StdioUpstream:
             links.append(self._modern)
             self._modern = None
         if self._shared is not None:
-            links.append(self._shared.link)
+            links += self._shared.links
             self._shared = None
         await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
 
@@ -818,10 +846,17 @@ class StdioUpstream:
     @property
     def children(self) -> int:
         n = sum(1 for link in self._links if link._child is not None and link._child.alive)
-        for link in (self._modern, self._shared.link if self._shared is not None else None):
+        others = [self._modern, *(self._shared.links if self._shared is not None else ())]
+        for link in others:
             if link is not None and link._child is not None and link._child.alive:
                 n += 1
         return n
+
+    def reap_idle_shared(self) -> int:
+        """`--stdio-sessions shared`: stop the shared children unused for `spare_idle_s` with no
+        session on them, keeping one (proxy/upstream/stdio_shared.py). Called by the service's
+        idle reaper."""
+        return self._shared.reap_idle(self.spare_idle_s) if self._shared is not None else 0
 
 
 class _AdoptedTransport:

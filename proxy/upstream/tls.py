@@ -1,4 +1,5 @@
-"""The TLS client context for an HTTPS upstream, built once at start from the settings.
+"""The TLS client context for an HTTPS upstream, built at start from the settings and rebuilt
+when its files change.
 
 Contract:
 - `client_context(ca=..., cert=..., key=..., key_password=...)` returns one `ssl.SSLContext` that
@@ -15,19 +16,38 @@ Contract:
   the certificate file) is the client certificate for mutual TLS. An encrypted key needs
   `--upstream-client-key-password-file FILE` (its first line is the passphrase); the proxy never
   prompts on a terminal.
+- The shared store's TLS (`--state-ca`, `--state-client-cert`, `--state-client-key`, proxy/state/)
+  uses the same checks with `flag="--state"`, so every message names the flag that was given.
 - A file that is missing, unreadable or not what its setting expects raises `TlsConfigError`
   (a `ValueError`, so the command line prints it and exits 2) whose message names the setting and
   the file, and never repeats the file's content nor the passphrase.
 
-Standard library only: the context is what `asyncio` takes for `create_connection(ssl=...)`.
+- Renewal without a restart (`TlsWatcher`): the folders of the CA, client certificate, key and
+  passphrase files are watched, like the policy folder (a Kubernetes Secret or cert-manager
+  swaps its `..data` link; watchfiles, debounced). When what the files hold changes, a new
+  context is built from them off the event loop, whole, with the same checks as at start; a good
+  one replaces the old for every connection opened from then on (connections already open keep
+  their handshake), a bad one (a half-written renewal, a key that does not fit) is refused: the
+  last good context stays, the problem is logged (naming the setting and file, never the
+  content) and counted (`reloads_error`, `last_error`).
+
+The context itself is the standard library's: what `asyncio` takes for `create_connection(ssl=...)`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import logging
 import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TlsConfigError", "client_context", "read_key_password"]
+__all__ = ["TlsConfigError", "TlsFiles", "TlsWatcher", "client_context", "read_key_password"]
+
+log = logging.getLogger("proxy.upstream.tls")
 
 
 class TlsConfigError(ValueError):
@@ -38,19 +58,17 @@ class _Encrypted(Exception):
     """Raised by the password callback when an encrypted key came without a passphrase."""
 
 
-def read_key_password(path: Path | None) -> str | None:
+def read_key_password(path: Path | None, *, flag: str = "--upstream") -> str | None:
     """The passphrase in the first line of `path` (a mounted secret), None without a file."""
     if path is None:
         return None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TlsConfigError(
-            f"--upstream-client-key-password-file {path}: cannot be read ({type(exc).__name__})"
-        ) from None
+        raise TlsConfigError(f"{flag}-client-key-password-file {path}: cannot be read ({type(exc).__name__})") from None
     password = text.splitlines()[0] if text else ""
     if not password:
-        raise TlsConfigError(f"--upstream-client-key-password-file {path}: the file is empty")
+        raise TlsConfigError(f"{flag}-client-key-password-file {path}: the file is empty")
     return password
 
 
@@ -60,20 +78,20 @@ def client_context(
     cert: Path | None = None,
     key: Path | None = None,
     key_password: str | None = None,
+    flag: str = "--upstream",
 ) -> ssl.SSLContext:
-    """The verifying client context: the private CA (or the system roots) and the client cert."""
+    """The verifying client context: the private CA (or the system roots) and the client cert.
+    `flag` is the prefix of the settings' names in messages (`--upstream`, `--state`)."""
     if key is not None and cert is None:
-        raise TlsConfigError("--upstream-client-key needs --upstream-client-cert (the certificate it belongs to)")
+        raise TlsConfigError(f"{flag}-client-key needs {flag}-client-cert (the certificate it belongs to)")
     if ca is not None:
-        _readable("--upstream-ca", ca)
+        _readable(f"{flag}-ca", ca)
         try:
             # With a CA file, the standard library's default context loads that file and not the
             # system roots: the CA replaces them (see the docstring).
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
         except ssl.SSLError as exc:
-            raise TlsConfigError(
-                f"--upstream-ca {ca}: no PEM certificate could be read from it ({_reason(exc)})"
-            ) from None
+            raise TlsConfigError(f"{flag}-ca {ca}: no PEM certificate could be read from it ({_reason(exc)})") from None
     else:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     # The default context already verifies certificates and host names; stated, since it is the
@@ -82,24 +100,24 @@ def client_context(
     context.verify_mode = ssl.CERT_REQUIRED
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert is not None:
-        _readable("--upstream-client-cert", cert)
+        _readable(f"{flag}-client-cert", cert)
         if key is not None:
-            _readable("--upstream-client-key", key)
-        _load_client_pair(context, cert, key, key_password)
+            _readable(f"{flag}-client-key", key)
+        _load_client_pair(context, cert, key, key_password, flag)
     return context
 
 
-def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, password: str | None) -> None:
+def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, password: str | None, flag: str) -> None:
     def no_passphrase() -> str:
         raise _Encrypted
 
-    where = f"--upstream-client-cert {cert}" + (f" with --upstream-client-key {key}" if key else "")
+    where = f"{flag}-client-cert {cert}" + (f" with {flag}-client-key {key}" if key else "")
     try:
         context.load_cert_chain(str(cert), str(key) if key else None, password=password or no_passphrase)
     except _Encrypted:
         raise TlsConfigError(
-            f"--upstream-client-key {key or cert}: the key is encrypted; give its passphrase with "
-            "--upstream-client-key-password-file"
+            f"{flag}-client-key {key or cert}: the key is encrypted; give its passphrase with "
+            f"{flag}-client-key-password-file"
         ) from None
     except ssl.SSLError as exc:
         reason = exc.reason or ""
@@ -109,7 +127,7 @@ def _load_client_pair(context: ssl.SSLContext, cert: Path, key: Path | None, pas
             # OpenSSL reports a wrong passphrase as a PEM error too: name both possibilities.
             raise TlsConfigError(
                 f"{where}: cannot load the certificate and key (not PEM, or the passphrase in "
-                f"--upstream-client-key-password-file does not decrypt the key: {_reason(exc)})"
+                f"{flag}-client-key-password-file does not decrypt the key: {_reason(exc)})"
             ) from None
         raise TlsConfigError(f"{where}: cannot load a PEM certificate and its private key ({_reason(exc)})") from None
 
@@ -125,3 +143,115 @@ def _readable(setting: str, path: Path) -> None:
 def _reason(exc: ssl.SSLError) -> str:
     """OpenSSL's reason code (`NO_CERTIFICATE_OR_CRL_FOUND`), never anything from the file."""
     return exc.reason or exc.library or "unrecognised content"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The files an upstream's TLS context is built from (the `--upstream-ca`/`-client-*` settings)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    password_file: Path | None = None
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.ca, self.cert, self.key, self.password_file) if p is not None)
+
+    def build(self) -> ssl.SSLContext:
+        """The context these files give now; `TlsConfigError` when they cannot give one."""
+        return client_context(
+            ca=self.ca, cert=self.cert, key=self.key, key_password=read_key_password(self.password_file)
+        )
+
+    def fingerprint(self) -> bytes:
+        """A digest of what the files hold (a missing file counts as its own state)."""
+        digest = hashlib.sha256()
+        for path in self.paths:
+            try:
+                digest.update(path.read_bytes())
+            except OSError as exc:
+                digest.update(f"unreadable:{exc.errno}".encode())
+            digest.update(b"\0")
+        return digest.digest()
+
+
+class TlsWatcher:
+    """Rebuilds the upstream's TLS context when its files change; see the module docstring."""
+
+    def __init__(
+        self,
+        files: TlsFiles,
+        apply: Callable[[ssl.SSLContext], None],
+        *,
+        debounce_ms: int = 200,
+        force_polling: bool | None = None,
+    ) -> None:
+        self.files = files
+        self._apply = apply
+        self._debounce_ms = debounce_ms
+        self._force_polling = force_polling
+        self._loaded = files.fingerprint()  # what the context built at start was made of
+        self.reloads_ok = 0
+        self.reloads_error = 0
+        self.last_error: str | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def reload(self, reason: str = "manual") -> bool | None:
+        """Build a context from the files if they changed; True: applied, False: refused, None: unchanged."""
+        async with self._lock:
+            fingerprint = await asyncio.to_thread(self.files.fingerprint)
+            if fingerprint == self._loaded:
+                return None
+            try:
+                context = await asyncio.to_thread(self.files.build)
+            except TlsConfigError as exc:
+                # Remembered, so the same bad content is reported once, not at every event.
+                self._loaded = fingerprint
+                self.reloads_error += 1
+                self.last_error = str(exc)
+                log.error(
+                    "upstream TLS files changed (%s) but cannot be used, keeping the last good ones: %s", reason, exc
+                )
+                return False
+            self._loaded = fingerprint
+            self._apply(context)
+            self.reloads_ok += 1
+            self.last_error = None
+            log.info("upstream TLS files reloaded (%s): new connections use them", reason)
+            return True
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="upstream-tls-watcher")
+
+    async def _watch(self) -> None:
+        import watchfiles
+
+        folders = sorted({str(path.parent) for path in self.files.paths})
+        while not self._stop.is_set():
+            try:
+                async for _changes in watchfiles.awatch(
+                    *folders,
+                    watch_filter=None,  # a Secret volume's `..data` swap is the change to see
+                    debounce=self._debounce_ms,
+                    recursive=False,
+                    stop_event=self._stop,
+                    force_polling=self._force_polling,
+                ):
+                    await self.reload("watch")
+            except Exception:
+                log.exception("upstream TLS file watcher on %s failed; restarting in 1s", ", ".join(folders))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -62,7 +62,7 @@ def _settings(**kw: object) -> Settings:
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        ({"auth": "passthrough", "upstream_command": "server"}, "HTTP upstream"),
+        ({"auth": "passthrough", "upstream_command": "server"}, "needs a network upstream"),
         ({"auth": "passthrough", "upstream": "http://127.0.0.1:1/mcp"}, "--public-url"),
         (
             {

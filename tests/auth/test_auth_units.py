@@ -29,9 +29,12 @@ GOOD = "0123456789abcdef"
     [
         (f"alice {GOOD} extra\n", "f:1: expected 'NAME TOKEN' (two fields), found 3"),
         (f"al/ice {GOOD}\n", "f:1: a name is 1-64 of A-Za-z0-9._-"),
-        ("alice short\n", "f:1: the token of 'alice' must be 16-512 visible ASCII characters"),
-        (f"alice {GOOD}\nalice {GOOD}x\n", "f:2: the name 'alice' is given twice"),
-        (f"alice {GOOD}\n# c\nbob {GOOD}\n", "f:3: the token of 'bob' is also another entry's token"),
+        (
+            "alice short\n",
+            "f:1: the token must be 16-512 visible ASCII characters (the line is 'NAME TOKEN', in that order)",
+        ),
+        (f"alice {GOOD}\nalice {GOOD}x\n", "f:2: the name is already given on line 1"),
+        (f"alice {GOOD}\n# c\nbob {GOOD}\n", "f:3: the token is already line 1's token"),
         ("# nothing\n\n", "f: no tokens (every caller would be refused)"),
     ],
 )
@@ -39,6 +42,37 @@ def test_a_bad_tokens_file_names_the_line_and_never_the_token(text: str, problem
     _, problems = parse_tokens(text, "f")
     assert problems == [problem]
     assert all(GOOD not in p for p in problems)
+
+
+CANARY = "canary-7f3e9b21c4d8a6"  # a secret that also passes as a NAME (1-64 of A-Za-z0-9._-)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{CANARY} alice\n",  # written the wrong way round: the secret in the name's place
+        f"{CANARY} alice\n{CANARY} bob\n",  # ... twice: a duplicate "name"
+        f"alice {GOOD}\n{CANARY} {GOOD}\n",  # ... beside another entry's token
+    ],
+    ids=["swapped", "swapped-twice", "swapped-duplicate-token"],
+)
+@pytest.mark.anyio
+async def test_a_tokens_file_written_token_first_never_echoes_the_token(
+    text: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, problems = parse_tokens(text, "f")
+    assert problems and all(CANARY not in p for p in problems), problems
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    with pytest.raises(AuthConfigError) as refused:
+        TokensAuthenticator(path)
+    assert CANARY not in str(refused.value)
+    path.write_text(f"alice {GOOD}\n")
+    auth = TokensAuthenticator(path)
+    path.write_text(text)
+    with caplog.at_level("DEBUG"):
+        assert await auth.reload() is False
+    assert caplog.records and CANARY not in caplog.text and CANARY not in (auth.last_error or "")
 
 
 def test_a_bad_tokens_file_at_start_refuses_the_start(tmp_path: Path) -> None:

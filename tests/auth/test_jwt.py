@@ -335,3 +335,66 @@ async def test_a_withdrawn_key_stops_being_trusted_once_the_keys_are_refreshed_f
         assert (r.status, r.reason) == (401, "unknown_key")
     finally:
         await v.aclose()
+
+
+@pytest.mark.parametrize(
+    ("typ", "accepted_by_default", "accepted_by_at_jwt"),
+    [
+        ("at+jwt", True, True),
+        ("application/at+jwt", True, True),
+        ("AT+JWT", True, True),  # a media type: compared case-insensitively
+        ("JWT", True, False),  # what Entra ID, Okta, Keycloak and PyJWT's default send
+        (None, True, False),  # no typ at all
+        ("dpop+jwt", True, False),
+    ],
+)
+async def test_typ_is_checked_only_with_auth_jwt_typ_at_jwt(
+    auth: AuthServer, typ: str | None, accepted_by_default: bool, accepted_by_at_jwt: bool
+) -> None:
+    for setting, accepted in (("any", accepted_by_default), ("at+jwt", accepted_by_at_jwt)):
+        v = make(auth, typ=setting)
+        with anyio.fail_after(BOUND_S):
+            await v.start()
+        try:
+            # PyJWT writes typ JWT unless told otherwise; None removes it from the header
+            token = auth.issue(aud=AUDIENCE, headers={"typ": typ})
+            if accepted:
+                assert (await v.authenticate(bearer(token))).id.endswith("#user-1"), setting
+            else:
+                r = await refused(v, bearer(token))
+                assert (r.status, r.error, r.reason) == (401, "invalid_token", "invalid_token"), setting
+                assert "at+jwt" in r.description
+        finally:
+            await v.aclose()
+
+
+async def test_keys_status_says_ok_stale_or_unavailable_and_the_gauge_follows(auth: AuthServer) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from proxy.auth.jwt import KeysCollector
+
+    auth.jwks_mode = "error"
+    v = make(auth, fetch_timeout_s=1.0, retry_after_s=0.0)
+    registry = CollectorRegistry()
+    registry.register(KeysCollector(v))
+    with anyio.fail_after(BOUND_S):
+        await v.start()
+    try:
+        status = v.keys_status()
+        assert status["keys"] == "unavailable" and "HTTP 503" in status["last_error"], status
+        assert b"mcp_recovery_auth_keys_up 0.0" in generate_latest(registry)
+        auth.jwks_mode = "ok"
+        with anyio.fail_after(BOUND_S):
+            await v._await_refresh()
+        status = v.keys_status()
+        assert status["keys"] == "ok" and status["key_ids"] == 1 and "last_error" not in status, status
+        assert b"mcp_recovery_auth_keys_up 1.0" in generate_latest(registry)
+        assert b"mcp_recovery_auth_keys_age_seconds " in generate_latest(registry)
+        auth.jwks_mode = "error"
+        with anyio.fail_after(BOUND_S):
+            await v._await_refresh()
+        assert v.keys_status()["keys"] == "stale"
+        assert b"mcp_recovery_auth_keys_up 0.0" in generate_latest(registry)
+    finally:
+        auth.jwks_mode = "ok"
+        await v.aclose()

@@ -237,6 +237,9 @@ def test_a_rotated_key_is_accepted_after_one_jwks_refresh(auth: AuthServer, prox
 def test_a_jwks_that_is_down_is_a_bounded_503_and_held_keys_still_work(auth: AuthServer, proxy: ProxyProcess) -> None:
     known = auth.issue(aud=proxy.url)
     assert post(proxy, known).status_code == 200
+    ready = httpx.get(proxy.admin + "/readyz", timeout=10.0)
+    assert ready.status_code == 200 and ready.json()["auth"]["keys"] == "ok", ready.text
+    assert "mcp_recovery_auth_keys_up 1.0" in httpx.get(proxy.admin + "/metrics", timeout=10.0).text
     auth.jwks_mode = "hang"
     auth.rotate()
     started = time.monotonic()
@@ -248,6 +251,12 @@ def test_a_jwks_that_is_down_is_a_bounded_503_and_held_keys_still_work(auth: Aut
     assert post(proxy, known).status_code == 200, "a token whose key is held needs no fetch"
     metrics = httpx.get(proxy.admin + "/metrics", timeout=10.0).text
     assert 'reason="keys_unavailable"' in metrics
+    # Readiness says so, and stays 200: held keys and cached verdicts still serve callers.
+    assert "mcp_recovery_auth_keys_up 0.0" in metrics
+    ready = httpx.get(proxy.admin + "/readyz", timeout=10.0)
+    assert ready.status_code == 200, ready.text
+    keys = ready.json()["auth"]
+    assert keys["keys"] == "stale" and keys["key_ids"] >= 1 and "no answer" in keys["last_error"], keys
 
 
 def test_a_tool_that_requires_a_scope_the_token_lacks_is_403_insufficient_scope(

@@ -231,4 +231,4 @@ def test_passthrough_is_refused_at_start_in_front_of_a_stdio_upstream(tmp_path: 
     argv = [PYTHON, "-m", "proxy", "serve", "--auth", "passthrough", "--public-url", "http://127.0.0.1:1/mcp"]
     done = subprocess.run([*argv, "--", PYTHON, "-c", "pass"], cwd=REPO_ROOT, capture_output=True, timeout=BOUND_S)
     assert done.returncode == 2
-    assert b"--auth passthrough needs a Streamable HTTP upstream" in done.stderr
+    assert b"--auth passthrough needs a network upstream" in done.stderr

@@ -176,7 +176,7 @@ async def test_sessions_are_capped_per_client_address(tmp_path: Path) -> None:
                     await one.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
                 r = await one.post(proxy.url, json=INIT, headers=HEADERS)
                 assert r.status_code == 429, r.text
-                assert "this client address holds its maximum of 2 sessions" in r.text
+                assert "this client holds its maximum of 2 sessions" in r.text
                 refused = 'mcp_recovery_http_refused_total{reason="sessions_per_client"}'
                 assert await counter(one, proxy, refused) == 1
                 await open_session(two, proxy.url)  # another address still gets one

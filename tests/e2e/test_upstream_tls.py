@@ -31,6 +31,7 @@ from tests.fixtures.egress_proxy import EgressProxy
 from tests.fixtures.helpers import ScriptedHTTP, wait_port
 from tests.fixtures.tls import Pki, make_pki
 from tests.proxy_process import ProxyProcess
+from tests.telemetry.test_otlp import Receiver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 BOUND_S = 30.0
@@ -75,20 +76,36 @@ def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if isinstance(c, TextContent))
 
 
-def proxy_for(upstream: ScriptedHTTP, flags: list[str], egress: EgressProxy, password: str, log: Path) -> ProxyProcess:
+def proxy_for(
+    upstream: ScriptedHTTP,
+    flags: list[str],
+    egress: EgressProxy,
+    password: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> ProxyProcess:
     return ProxyProcess(
         upstream_url=f"https://{NAME}:{upstream.port}/mcp",
         extra=[*flags, "--log-level", "debug", "--call-log", "all", "--ready-check-interval-s", "0.5"],
         log_path=log,
-        env={"HTTPS_PROXY": f"http://agent:{password}@127.0.0.1:{egress.port}", "NO_PROXY": "localhost"},
+        env={"HTTPS_PROXY": f"http://agent:{password}@127.0.0.1:{egress.port}", "NO_PROXY": "localhost", **(env or {})},
     )
 
 
+def key_text(pki: Pki) -> list[str]:
+    """The client key file's text, as canaries: each line of its PEM body."""
+    return [line for line in pki.client_key.read_text().splitlines() if line and not line.startswith("-----")]
+
+
 async def test_both_eras_and_a_retried_call_go_over_mtls_through_the_tunnel(
-    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path
+    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress:
-        proxy = proxy_for(upstream, tls_flags(pki, tmp_path), egress, PASSWORD, tmp_path / "proxy.log")
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress, Receiver() as receiver:
+        # every span exported too (issue 14: the client key, its passphrase, the egress password)
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        proxy = proxy_for(upstream, tls_flags(pki, tmp_path), egress, PASSWORD, tmp_path / "proxy.log", otel)
         await anyio.to_thread.run_sync(proxy.start)
         try:
             for mode in ("legacy", "2026-07-28"):
@@ -112,10 +129,17 @@ async def test_both_eras_and_a_retried_call_go_over_mtls_through_the_tunnel(
                     assert answer.status_code == 200, answer.text
                     assert_clean(path, answer.text)
         finally:
-            proxy.stop()
-        log = proxy.log_tail(10**7)
-        assert "through the egress proxy http://agent@127.0.0.1" in log
-        assert_clean("the log", log)
+            proxy.stop()  # SIGTERM: the span exporter flushes on the way out
+        spans = receiver.spans()
+    log = proxy.log_tail(10**7)
+    assert "through the egress proxy http://agent@127.0.0.1" in log
+    assert_clean("the log", log)
+    assert len(spans) >= 6, "the calls' spans were exported"
+    for resource, span in spans:
+        text = str(resource) + str(span)
+        assert_clean(f"the span {span.name!r}", text)
+        for line in key_text(pki):
+            assert line not in text and line not in log, f"the client key leaked into the span {span.name!r}"
 
 
 FAILURES = {
@@ -176,3 +200,48 @@ async def test_a_failing_upstream_connection_says_what_failed_and_leaks_nothing(
         log = proxy.log_tail(10**7)
         assert expected in log, log[-3000:]
         assert_clean("the log", log)
+
+
+async def test_renewed_tls_files_are_used_without_a_restart_and_a_bad_renewal_keeps_the_last_good(
+    pki: Pki, upstream: ScriptedHTTP, tmp_path: Path
+) -> None:
+    """The CA file first holds a CA that did not sign the upstream's certificate (the state of a
+    rotation not yet rolled out): the upstream is untrusted. A half-written file is refused and
+    the last good context kept; the right CA is then picked up from the file, no restart."""
+    secret = tmp_path / "secret"  # the mounted folder the watcher watches
+    secret.mkdir()
+    ca_file = secret / "ca.pem"
+    ca_file.write_bytes(pki.other_ca.read_bytes())
+    flags = tls_flags(pki, tmp_path)
+    flags[flags.index("--upstream-ca") + 1] = str(ca_file)
+    with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress:
+        proxy = proxy_for(upstream, flags, egress, PASSWORD, tmp_path / "proxy.log")
+        await anyio.to_thread.run_sync(proxy.spawn)
+        try:
+            await anyio.to_thread.run_sync(wait_port, proxy.admin_port, BOUND_S)
+            async with httpx.AsyncClient(timeout=BOUND_S) as http:
+
+                async def readyz_until(predicate: Any) -> httpx.Response:
+                    deadline = time.monotonic() + BOUND_S
+                    while not predicate(answer := await http.get(proxy.admin + "/readyz")):
+                        assert time.monotonic() < deadline, answer.text
+                        await anyio.sleep(0.1)
+                    return answer
+
+                await readyz_until(lambda r: r.status_code == 503 and "--upstream-ca" in r.text)
+                ca_file.write_text("-----BEGIN CERTIFICATE-----\nhalf-written-renewal\n")
+                deadline = time.monotonic() + BOUND_S
+                while "keeping the last good" not in proxy.log_tail(10**6):
+                    assert time.monotonic() < deadline, proxy.log_tail()
+                    await anyio.sleep(0.1)
+                ca_file.write_bytes(pki.ca.read_bytes())
+                await readyz_until(lambda r: r.status_code == 200)
+            with anyio.fail_after(BOUND_S):
+                async with Client(proxy.url, mode="legacy") as client:
+                    assert text_of(await client.call_tool("echo", {"text": "renewed"})) == "renewed"
+        finally:
+            proxy.stop()
+    log = proxy.log_tail(10**7)
+    assert "upstream TLS files reloaded (watch)" in log
+    assert "half-written-renewal" not in log  # the problem names the file, never its content
+    assert_clean("the log", log)

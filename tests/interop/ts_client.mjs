@@ -20,6 +20,9 @@
 //   -> {"ok": true, "result": <what the SDK returned>, "progress": [notifications seen]}
 //   -> {"ok": false, "error": {"name", "message", "code", "data"}} when the SDK threw: that is
 //      the failure a user of this SDK sees instead of a result.
+// - With MCP_INTEROP_SAMPLING_REPLY=NAME it declares sampling and answers every sampling request
+//   with the text "NAME answers <the first message's text>" (a client that tells its answers
+//   apart from another client's).
 // - Closes the client when stdin ends, and exits 0.
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -67,7 +70,18 @@ async function makeTransport(kind, rest) {
 }
 
 const [kind, ...rest] = process.argv.slice(2);
-const client = new Client({ name: "mcp-recovery-proxy-interop-ts", version: "1.0.0" }, { capabilities: {} });
+const samplingReply = process.env.MCP_INTEROP_SAMPLING_REPLY;
+const client = new Client(
+  { name: "mcp-recovery-proxy-interop-ts", version: "1.0.0" },
+  { capabilities: samplingReply ? { sampling: {} } : {} },
+);
+if (samplingReply) {
+  const { CreateMessageRequestSchema } = await sdk("types.js");
+  client.setRequestHandler(CreateMessageRequestSchema, async (request) => {
+    const asked = request.params.messages[0]?.content?.text ?? "";
+    return { role: "assistant", content: { type: "text", text: `${samplingReply} answers ${asked}` }, model: "m" };
+  });
+}
 try {
   await client.connect(await makeTransport(kind, rest));
   const tools = await client.listTools();

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.state.redis_server import RedisServer
+from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles, require_valkey
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +19,31 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     """A redis-server of the test's own, for the tests that kill, restart or slow it."""
     with RedisServer(tmp_path_factory.mktemp("redis-own") / "redis.log") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """A throwaway CA (and a second, wrong one), server and client certificates, made by openssl."""
+    return TlsFiles.make(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles) -> Iterator[RedisServer]:
+    """A redis-server that speaks TLS only (rediss://), signed by `tls_files.ca`."""
+    with RedisServer(tmp_path_factory.mktemp("redis-tls") / "redis.log", tls=tls_files) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real valkey-server (Debian bookworm-backports), reached as valkey://."""
+    binary = require_valkey()
+    with RedisServer(tmp_path_factory.mktemp("valkey") / "valkey.log", binary=binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """Three redis-server masters on loopback joined into one cluster (redis+cluster://)."""
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster

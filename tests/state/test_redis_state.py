@@ -233,6 +233,32 @@ async def test_a_slow_store_costs_a_call_at_most_the_timeout(own_redis: RedisSer
         await fleet.aclose()
 
 
+async def test_an_approval_whose_answer_a_stalled_store_lost_is_honoured_once_when_it_answers(
+    own_redis: RedisServer,
+) -> None:
+    # the approval's script was sent to a store that then slept: it runs when the store wakes up
+    # (the approval is spent there) although the caller was refused when the bound ran out
+    fleet = Fleet(own_redis.url)
+    try:
+        a, b = await fleet.replica(), await fleet.replica()
+        operation = op()
+        entry = await exhaust(a, operation)
+        await a.sync_budget()  # a warm connection: the approval's script is written to the socket
+        sleeper = own_redis.stall(2.0)
+        assert not await a.approve(operation, entry.budget_id, a.clock())
+        sleeper.settimeout(10)
+        assert sleeper.recv(16).startswith(b"+OK")
+        sleeper.close()
+        await until(lambda: a.up, timeout_s=10)
+        spent = own_redis.client().hget(f"{fleet.prefix}ledger:{{{operation}}}", "a")
+        # the coordinator approves again through the same replica: honoured, once
+        assert await a.approve(operation, entry.budget_id, a.clock()), f"spent in the store: {spent!r}"
+        assert not await a.approve(operation, entry.budget_id, a.clock())
+        assert not await b.approve(operation, entry.budget_id, b.clock())
+    finally:
+        await fleet.aclose()
+
+
 def test_the_store_is_described_without_its_credentials() -> None:
     assert describe("redis://user:s3cret-pass@10.0.0.5:6380/2") == "redis://10.0.0.5:6380/2"
     assert describe("valkeys://:pw@[::1]:6379") == "valkeys://[::1]:6379"

@@ -1,7 +1,12 @@
-"""Two real proxy processes sharing one real redis-server (`--state redis://…`), in front of one
-scripted upstream over Streamable HTTP (the replicas of one service in front of its backend; one
-upstream process also keeps the set-up light on a loaded machine). What happened upstream is read
-from its journal, never from the proxies' bookkeeping.
+"""Two real proxy processes sharing one real store, in front of one scripted upstream over
+Streamable HTTP (the replicas of one service in front of its backend; one upstream process also
+keeps the set-up light on a loaded machine). What happened upstream is read from its journal,
+never from the proxies' bookkeeping.
+
+The cross-replica properties run on every kind of store (`STORES`): a redis-server over
+`redis://`, the same over TLS (`rediss://` with `--state-ca`), a three-master Redis Cluster
+(`redis+cluster://`) and a real valkey-server (`valkey://`). The fault tests (kill, restart
+empty, stall) run on a plain redis-server of their own.
 
 The promise under test (RECOVERY.md §4): one budget per operation across replicas, whichever
 replica and session the caller comes back through.
@@ -26,7 +31,7 @@ from mcp import Client
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
-from tests.state.redis_server import RedisServer
+from tests.state.redis_server import RedisCluster, RedisServer
 
 # Bounded, and generous: each proxy starts a Python upstream, which takes seconds on a loaded machine.
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -53,7 +58,7 @@ anti_storm: {retry_budget_ratio: 0.0, retry_budget_min_per_s: 0.2}
 
 
 class Pair:
-    def __init__(self, tmp: Path, store: RedisServer, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, store: RedisServer | RedisCluster, extra: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.store = store
         self.journal = Journal(tmp / "journal.jsonl")
@@ -96,10 +101,26 @@ class Pair:
         return self.proxies[1]
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Pair]:
+STORES = ["redis", "rediss", "cluster", "valkey"]
+
+
+@pytest.fixture(scope="module", params=STORES)
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """Two proxies for the tests that leave the store alone (each uses operations of its own)."""
-    with Pair(tmp_path_factory.mktemp("pair"), redis_server) as p:
+    extra: tuple[str, ...] = ()
+    if request.param == "redis":
+        store = request.getfixturevalue("redis_server")
+    elif request.param == "rediss":
+        store = request.getfixturevalue("tls_redis")
+        extra = ("--state-ca", str(request.getfixturevalue("tls_files").ca))
+    elif request.param == "cluster":
+        store = request.getfixturevalue("redis_cluster")
+    else:
+        store = request.getfixturevalue("valkey_server")
+    assert store.url.startswith({"rediss": "rediss://", "cluster": "redis+cluster://"}.get(request.param, "x")) or (
+        request.param in ("redis", "valkey") and store.url.startswith(request.param + "://")
+    )
+    with Pair(tmp_path_factory.mktemp(f"pair-{request.param}"), store, extra) as p:
         yield p
 
 

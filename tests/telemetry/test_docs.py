@@ -6,6 +6,7 @@ import re
 
 from prometheus_client import CollectorRegistry
 
+from proxy.auth.jwt import JwtAuthenticator, KeysCollector
 from proxy.state.metrics import StateCollector
 from proxy.state.shared import RedisState
 from proxy.telemetry.metrics import MetricsObserver
@@ -17,6 +18,8 @@ def test_the_metric_table_matches_the_registry() -> None:
     MetricsObserver(registry)
     # with a shared store (never connected here: the collector reads its counters only)
     registry.register(StateCollector(RedisState("redis://127.0.0.1:1/0")))
+    # with --auth jwt (never started here: the collector reads the verifier's state only)
+    registry.register(KeysCollector(JwtAuthenticator("https://issuer.example", "https://mcp.example/mcp")))
     exported = {}
     for metric in registry.collect():
         name = metric.name + ("_total" if metric.type == "counter" else "")

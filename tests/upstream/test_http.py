@@ -634,3 +634,67 @@ async def test_a_json_answer_over_the_message_bound_fails_the_call_on_both_paths
 )
 def test_a_400_forgot_the_session_only_when_its_body_says_so(body: bytes, forgotten: bool) -> None:
     assert forgot_session(body) is forgotten
+
+
+async def test_legacy_session_recovers_when_its_reestablishment_failed_once() -> None:
+    """The upstream restarted (it forgot the session) and was still down when the proxy replayed
+    `initialize`: that call fails, not dispatched, and the next one re-establishes the session.
+    Before, the link had dropped its session id first, so every later request went without one and
+    got the server's 400 "Missing session ID", taken as a validation failure, forever (found by
+    bench/load_faults.py: all 50 legacy sessions over an HTTP upstream stuck after kills)."""
+    state = {"forgot": False, "down": False, "inits": 0}
+
+    async def endpoint(request: Request) -> Response:
+        if request.method != "POST":  # the listen stream's GET, the session's DELETE
+            return Response(status_code=405)
+        body = orjson.loads(await request.body())
+        sid = request.headers.get("mcp-session-id")
+        if body.get("method") == "initialize":
+            if state["down"]:
+                return Response(status_code=503)
+            state["inits"] += 1
+            result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}
+            return JSONResponse(
+                {"jsonrpc": "2.0", "id": body["id"], "result": result},
+                headers={"mcp-session-id": f"s{state['inits']}"},
+            )
+        if sid is None:  # what the SDK's server answers a request without a session
+            return JSONResponse(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "server-error",
+                    "error": {"code": -32600, "message": "Bad Request: Missing session ID"},
+                },
+                status_code=400,
+            )
+        if sid == "s1" and state["forgot"]:
+            return Response(status_code=404)
+        if "id" not in body:
+            return Response(status_code=202)
+        text = body["params"]["arguments"]["text"]
+        return JSONResponse(
+            {"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": text}]}}
+        )
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST", "DELETE", "GET"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.LEGACY)
+            init = {
+                "jsonrpc": "2.0",
+                "id": link.new_id(),
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25"},
+            }
+            await answer(await link.send_request(init))
+            assert text_of(await answer(await link.send_request(call(link, "echo", {"text": "before"})))) == "before"
+            state["forgot"] = state["down"] = True  # it restarted, and is not up yet
+            failure = await failure_of(await link.send_request(call(link, "echo", {"text": "during"})))
+            assert failure.dispatched is Dispatch.NO
+            state["down"] = False  # it is up again
+            resp = await answer(await link.send_request(call(link, "echo", {"text": "after"})))
+            assert text_of(resp) == "after"
+            assert link.session_id == "s2"
+        finally:
+            await up.aclose()

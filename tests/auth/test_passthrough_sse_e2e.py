@@ -1,0 +1,181 @@
+"""`--auth passthrough` in front of a legacy HTTP+SSE upstream that authenticates its callers (the
+SDK's own resource-server support on its SSE transport: tests/fixtures/protected_sse_server.py,
+which journals the credential of every GET and POST it receives).
+
+What is checked, through the real proxy process with the SDK's client and raw HTTP: each caller's
+session opens its own upstream stream with that caller's credential, and every POST of the
+session carries it (two callers with different tokens at once, each answered as itself: the
+server names the credential that opened the stream); a caller without a credential gets the
+upstream's 401 with the challenge pointing at the proxy's metadata, which the proxy serves with
+its own `resource`; a caller naming another caller's session is refused without the stream being
+moved to its credential; no token reaches the proxy's log. Before this, the proxy refused to start
+with `--auth passthrough` in front of an SSE upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
+from tests.proxy_process import ProxyProcess
+
+pytestmark = pytest.mark.anyio
+BOUND_S = 30.0
+ALICE = "alice-sse-token-3e9c1a7f52"
+BOB = "bob-sse-token-8b2d6f0e41"
+ACCEPT = {"accept": "application/json, text/event-stream"}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
+}
+
+
+class Rig:
+    def __init__(self, proxy: ProxyProcess, upstream: str, journal: Path) -> None:
+        self.proxy = proxy
+        self.upstream = upstream
+        self.journal = journal
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.port}/.well-known/oauth-protected-resource/mcp"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    tmp = tmp_path_factory.mktemp("auth-passthrough-sse")
+    tokens = tmp / "tokens"
+    tokens.write_text(f"{ALICE} alice\n{BOB} bob\n")
+    journal = tmp / "journal.jsonl"
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            PYTHON,
+            str(REPO_ROOT / "tests" / "fixtures" / "protected_sse_server.py"),
+            str(port),
+            str(tokens),
+            str(journal),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "server.log", "ab"),
+    )
+    try:
+        wait_port(port, timeout_s=BOUND_S)
+        proxy = ProxyProcess(upstream_url=f"sse+http://127.0.0.1:{port}/sse", log_path=tmp / "proxy.log")
+        proxy.port = free_port()
+        public = f"http://127.0.0.1:{proxy.port}/mcp"
+        proxy.extra = ["--auth", "passthrough", "--public-url", public, "--call-log", "all"]
+        proxy.start(timeout_s=BOUND_S * 2)
+        try:
+            yield Rig(proxy, f"http://127.0.0.1:{port}", journal)
+        finally:
+            proxy.stop()
+    finally:
+        terminate(server)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer of a POST (JSON, or the last `data:` of an event stream)."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+async def test_without_a_token_the_sse_upstreams_401_reaches_the_caller_pointing_at_the_proxys_metadata(
+    rig: Rig,
+) -> None:
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        refused = await http.post(rig.proxy.url, json=INIT, headers=ACCEPT)
+        assert refused.status_code == 401, refused.text
+        assert f'resource_metadata="{rig.metadata_url}"' in refused.headers["www-authenticate"]
+        direct = (await http.get(f"{rig.upstream}/.well-known/oauth-protected-resource/sse")).json()
+        for path in ("/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"):
+            served = await http.get(f"http://127.0.0.1:{rig.proxy.port}{path}")
+            assert served.status_code == 200, path
+            assert served.json() == {**direct, "resource": rig.proxy.url}
+    assert not [r for r in rig.requests() if r["method"] == "POST" and r["client"] is None]
+
+
+async def test_two_callers_each_get_a_stream_of_their_own_credential_and_their_own_answers(rig: Rig) -> None:
+    async def session(token: str, tags: list[str]) -> list[str]:
+        http = httpx2.AsyncClient(headers=bearer(token), timeout=BOUND_S)
+        async with http, Client(streamable_http_client(rig.proxy.url, http_client=http), mode="legacy") as client:
+            await client.list_tools()
+            out = []
+            for tag in tags:
+                result = await client.call_tool("whoami", {"tag": tag})
+                assert not result.is_error, result
+                out.append(result.content[0].text)  # type: ignore[union-attr]
+            return out
+
+    before = len(rig.requests())
+    answers: dict[str, list[str]] = {}
+
+    async def run(name: str, token: str) -> None:
+        answers[name] = await session(token, [f"{name}-{i}" for i in range(5)])
+
+    with anyio.fail_after(BOUND_S * 2):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "alice", ALICE)
+            tg.start_soon(run, "bob", BOB)
+    assert answers == {name: [f"{name}:{name}-{i}" for i in range(5)] for name in ("alice", "bob")}
+    seen = rig.requests()[before:]
+    streams = sorted(r["client"] for r in seen if r["method"] == "GET" and r["path"] == "/sse")
+    assert streams == ["alice", "bob"], seen  # one stream per session, each with its caller's credential
+    posts = [r["client"] for r in seen if r["method"] == "POST"]
+    # initialize, initialized, tools/list, 5 calls each (the SDK client may list tools again)
+    assert posts.count("alice") >= 8 and posts.count("bob") >= 8, seen
+    assert set(posts) == {"alice", "bob"}, seen  # never a POST without a credential, nor a wrong one
+    log = rig.proxy.log_tail(1_000_000)
+    assert ALICE not in log and BOB not in log
+
+
+async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream_stays_the_owners(
+    rig: Rig,
+) -> None:
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        opened = await http.post(rig.proxy.url, json=INIT, headers={**ACCEPT, **bearer(ALICE)})
+        assert opened.status_code == 200, opened.text
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        done = await http.post(rig.proxy.url, json=note, headers={**ACCEPT, **session, **bearer(ALICE)})
+        assert done.status_code == 202
+        before = len(rig.requests())
+
+        def call(tag: str, id_: int) -> dict[str, Any]:
+            params = {"name": "whoami", "arguments": {"tag": tag}}
+            return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+        stolen = await http.post(rig.proxy.url, json=call("b", 2), headers={**ACCEPT, **session, **bearer(BOB)})
+        text = json.dumps(answer_of(stolen)) if stolen.status_code == 200 else stolen.text
+        assert "alice:" not in text and "bob:" not in text, text  # not answered from either identity
+        mine = await http.post(rig.proxy.url, json=call("a", 3), headers={**ACCEPT, **session, **bearer(ALICE)})
+        assert mine.status_code == 200, mine.text
+        assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
+        await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
+    seen = rig.requests()[before:]
+    assert not [r for r in seen if r["method"] == "GET" and r["client"] == "bob"], seen  # the stream never moved

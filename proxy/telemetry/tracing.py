@@ -19,6 +19,10 @@ Contract:
   credentials (proxy/secret_values.py) before the span can be exported.
 - `build_tracing()` reads the standard `OTEL_*` variables and returns None (tracing off) when no
   exporter is configured; tests pass an `exporter` (or a `processor`) instead.
+- A collector that does not answer is reported once, not per batch: the OTLP exporter is wrapped
+  (`QuietWhileDown`) so that its first failed export logs (the exporter's own lines and one warning
+  of ours), later failures only count dropped spans, and the first success after them logs that
+  export resumed with how many spans were dropped meanwhile.
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ import logging
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -334,7 +338,7 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
         if name == "otlp":
             exporter = _otlp_exporter(env)
             if exporter is not None:
-                out.append(exporter)
+                out.append(QuietWhileDown(exporter))
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -342,6 +346,60 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
         else:
             log.warning("OTEL_TRACES_EXPORTER=%s is not supported here (otlp, console, none); ignored", name)
     return out
+
+
+# Where the OTLP exporters (HTTP and gRPC) log their failed exports.
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
+
+
+class QuietWhileDown(SpanExporter):
+    """An exporter that reports an unreachable collector once rather than at every batch.
+
+    Why: a proxy started with an endpoint whose collector is not running (the compose file's
+    default without its `observability` profile, or a collector being redeployed) would otherwise
+    log an error every few seconds under traffic. While down, the wrapped exporter's own log
+    records are filtered out and the spans of each failed batch are counted; the first success
+    says how many were dropped.
+    """
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.down = False
+        self.dropped = 0
+        self._filtered = [logging.getLogger(name) for name in _EXPORTER_LOGGERS]
+        for logger in self._filtered:
+            logger.addFilter(self._filter)
+
+    def _filter(self, record: logging.LogRecord) -> bool:
+        return not self.down
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            if self.down:
+                self.down = False
+                log.info("span export resumed; %d spans were dropped while the collector did not answer", self.dropped)
+                self.dropped = 0
+            return result
+        self.dropped += len(spans)
+        if not self.down:
+            self.down = True
+            log.warning(
+                "spans cannot be exported: the OTLP collector does not answer; its batches are "
+                "dropped, and not logged again until an export succeeds"
+            )
+        return result
+
+    def shutdown(self) -> None:
+        for logger in self._filtered:
+            logger.removeFilter(self._filter)
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:

@@ -94,26 +94,36 @@ def test_docker_compose_config_validates_every_profile(args: tuple[str, ...], se
     assert started == services
 
 
-def test_without_the_variable_the_proxy_exports_no_spans_and_with_it_reaches_the_collector() -> None:
-    plain = _compose_config("-f", str(COMPOSE))
-    assert plain["services"]["proxy"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] in ("", None)
-    tool = _required("docker-compose", "MCP_COMPOSE_REQUIRED")
+def _compose_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "MCP_RECOVERY_"))}
-    env["MCP_RECOVERY_OTLP_ENDPOINT"] = "http://otel-collector:4318"
+    env.update(extra)
+    return env
+
+
+def _proxy_endpoint(*args: str, **extra: str) -> str | None:
+    tool = _required("docker-compose", "MCP_COMPOSE_REQUIRED")
     done = subprocess.run(
-        [tool, "-f", str(COMPOSE), "--profile", "observability", "config"],
-        capture_output=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-        env=env,
+        [tool, *args, "config"], capture_output=True, timeout=60, check=False, cwd=REPO, env=_compose_env(**extra)
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
-    proxy = yaml.safe_load(done.stdout)["services"]["proxy"]
-    endpoint = urlsplit(proxy["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    return yaml.safe_load(done.stdout)["services"]["proxy"]["environment"].get("OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def test_the_observability_profile_receives_the_proxys_spans_without_a_variable() -> None:
+    endpoint = urlsplit(_proxy_endpoint("-f", str(COMPOSE), "--profile", "observability") or "")
     collector = yaml.safe_load((REPO / "deploy" / "observability" / "otel-collector.yml").read_text())
     http = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert endpoint.scheme == "http"
     assert endpoint.hostname == "otel-collector" and str(endpoint.port) == http.rpartition(":")[2]
+    assert "otel-collector" in _file()["services"], "the endpoint names the profile's collector service"
+
+
+def test_the_otlp_variable_still_moves_or_turns_off_the_export() -> None:
+    compose = ("-f", str(COMPOSE))
+    assert _proxy_endpoint(*compose, MCP_RECOVERY_OTLP_ENDPOINT="http://tempo:4318") == "http://tempo:4318"
+    assert _proxy_endpoint(*compose, MCP_RECOVERY_OTLP_ENDPOINT="") in ("", None), "set but empty: no spans"
+    # On the host network no collector runs and `otel-collector` resolves nowhere: off by default.
+    assert _proxy_endpoint(*compose, "-f", str(HOST_NETWORK)) in ("", None)
 
 
 def test_every_mounted_file_exists() -> None:

@@ -125,6 +125,7 @@ class RedisServer:
     binary: str | None = None  # None: Debian's redis-server
     tls: TlsFiles | None = None  # TLS only (no plain port); clients need not present a certificate
     tls_auth_clients: str = "optional"  # redis' tls-auth-clients: yes | optional | no
+    tls_protocols: str | None = None  # redis' tls-protocols, e.g. "TLSv1.2" (None: its default)
     cluster: bool = False
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
@@ -159,6 +160,8 @@ class RedisServer:
             argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.server_cert)]
             argv += ["--tls-key-file", str(self.tls.server_key), "--tls-ca-cert-file", str(self.tls.ca)]
             argv += ["--tls-auth-clients", self.tls_auth_clients]
+            if self.tls_protocols is not None:
+                argv += ["--tls-protocols", self.tls_protocols]
         if self.cluster:
             folder = self.log_path.parent
             argv += ["--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{self.port}.conf")]

@@ -153,7 +153,11 @@ def build_admin_app(
     admin_token: str | None = None,
     status: StatusObserver | None = None,
     auth: Any = None,
+    listening: Callable[[], bool] | None = None,
 ) -> ASGIApp:
+    """`listening` says whether the MCP listener accepts connections: the admin server starts
+    beside it and answered /readyz 200 while the main one was still between its start-up and its
+    bind, so a client (or a Kubernetes probe) told "ready" got a refused connection."""
     # --auth jwt: the issuer's keys, reported by /readyz (proxy/auth/jwt.py, keys_status)
     keys_status: Callable[[], dict[str, Any]] | None = getattr(auth, "keys_status", None)
 
@@ -165,6 +169,8 @@ def build_admin_app(
         ok, why = await service.readiness()
         if not ok:
             reasons.append(why or "upstream not ready")
+        if listening is not None and not listening():
+            reasons.append("MCP listener not accepting connections yet")
         if policies is not None:
             snapshot = policies()
             if not snapshot.get("version"):

@@ -272,6 +272,7 @@ async def _serve(
     status: StatusObserver | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
+    listeners: list[uvicorn.Server] = []  # the MCP listener once built; stdio has none to wait for
     if settings.admin:
         from proxy.admin import build_admin_app
 
@@ -284,6 +285,7 @@ async def _serve(
             admin_token=admin_token,
             status=status,
             auth=auth,
+            listening=lambda: all(server.started for server in listeners),
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),
@@ -320,6 +322,7 @@ async def _serve(
         on_shutdown=app.close_streams,
         on_signal=on_signal,
     )
+    listeners.append(main_server)
     servers = [main_server] + ([admin_server] if admin_server else [])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     stopping = asyncio.create_task(stop.wait())

@@ -234,6 +234,17 @@ def test_a_rotated_key_is_accepted_after_one_jwks_refresh(auth: AuthServer, prox
     assert auth.jwks_hits == hits + 1
 
 
+def test_a_jwks_fetch_leaves_no_httpx_request_line_in_the_log(auth: AuthServer, proxy: ProxyProcess) -> None:
+    """httpx logs each request at INFO; the proxy's log level is INFO, and its log keeps its own lines."""
+    hits = auth.jwks_hits
+    auth.rotate(keep_old=False)
+    assert post(proxy, auth.issue(aud=proxy.url, sub="fresh-key")).status_code == 200
+    assert auth.jwks_hits > hits >= 1, "the keys were fetched at start and again for the new key"
+    log = proxy.log_tail(1_000_000)
+    assert "jwt:" in log, "the call log line is there (the log is read at INFO)"
+    assert " httpx: " not in log and "HTTP Request:" not in log, log[-2000:]
+
+
 def test_a_jwks_that_is_down_is_a_bounded_503_and_held_keys_still_work(auth: AuthServer, proxy: ProxyProcess) -> None:
     known = auth.issue(aud=proxy.url)
     assert post(proxy, known).status_code == 200

@@ -7,8 +7,9 @@ session opens its own upstream stream with that caller's credential, and every P
 session carries it (two callers with different tokens at once, each answered as itself: the
 server names the credential that opened the stream); a caller without a credential gets the
 upstream's 401 with the challenge pointing at the proxy's metadata, which the proxy serves with
-its own `resource`; a caller naming another caller's session is refused without the stream being
-moved to its credential; no token reaches the proxy's log. Before this, the proxy refused to start
+its own `resource`; a caller naming another caller's session gets the upstream's 404 after one
+POST (a permission refusal, not a session to re-establish or a call to retry), without the stream
+being moved to its credential; no token reaches the proxy's log. Before this, the proxy refused to start
 with `--auth passthrough` in front of an SSE upstream.
 """
 
@@ -173,6 +174,12 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
         stolen = await http.post(rig.proxy.url, json=call("b", 2), headers={**ACCEPT, **session, **bearer(BOB)})
         text = json.dumps(answer_of(stolen)) if stolen.status_code == 200 else stolen.text
         assert "alice:" not in text and "bob:" not in text, text  # not answered from either identity
+        # The upstream's refusal reaches bob as it answered it (404, "no such session" for him,
+        # as the proxy's own refusal in jwt/tokens), once: a refusal is not retried.
+        assert stolen.status_code == 404, text
+        assert stolen.json()["error"]["message"] == "Session not found" and stolen.json()["id"] == 2
+        bobs = [r for r in rig.requests()[before:] if r["client"] == "bob"]
+        assert [(r["method"], r["path"]) for r in bobs] == [("POST", "/messages/")], bobs
         mine = await http.post(rig.proxy.url, json=call("a", 3), headers={**ACCEPT, **session, **bearer(ALICE)})
         assert mine.status_code == 200, mine.text
         assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"

@@ -49,11 +49,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -68,6 +69,7 @@ from tests.fixtures.helpers import PYTHON, free_port, scripted_args  # noqa: E40
 from tests.fixtures.journal import Journal  # noqa: E402
 from tests.proxy_process import scripted_stdio_command  # noqa: E402
 
+T = TypeVar("T")
 MODES = ("legacy", "2026-07-28")
 UNRESOLVED = "io.mcp-recovery-proxy/unresolved"
 # errors the SDK client synthesizes (-32000, CONNECTION_CLOSED) when a response stream ends or
@@ -1047,6 +1049,31 @@ def start_leg(
     return proxy, http_upstream, journal, folder
 
 
+def run_niced(nice: int, work: Callable[[], T]) -> T:
+    """`work()` in a thread of its own at `nice` (Linux: a thread's own priority), returning its
+    result. `--callers-nice`: the hundred clients of the load generator, the machine's biggest CPU
+    user, yield the CPU to the proxy as a proxy's own CPU allocation would give it in production;
+    what they measure is then the proxy, not their share of two cores. Whatever that thread starts
+    (the HTTP upstream's restarts after a kill) runs at that priority too."""
+    if nice <= 0:
+        return work()
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=body, name="callers", daemon=True)  # --max-seconds ends the run
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 class DeadlineProbe:
     """bench/deadline_probe.py in a process of its own beside a load leg (see judge_calls, 5),
     stopped by its pid."""
@@ -1091,7 +1118,9 @@ def load_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str, c
     probe = DeadlineProbe(proxy.url, probe_out, args.probe_rate, args.max_seconds)
     cleanup.append(probe)
     try:
-        outcomes, wall, progress = anyio.run(lambda: run_clients(proxy.url, plan, args.clients, bound, injector))
+        outcomes, wall, progress = run_niced(
+            args.callers_nice, lambda: anyio.run(lambda: run_clients(proxy.url, plan, args.clients, bound, injector))
+        )
     finally:
         probe.stop()
     probed = [json.loads(line) for line in probe_out.read_text().splitlines()] if probe_out.exists() else []
@@ -1381,6 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sigterm-grace", type=float, default=None, help="its --shutdown-grace-s (default 3)")
     p.add_argument("--sigterm-clients", type=int, default=None)
     p.add_argument("--sigterm-upstreams", default=None, help="default: stdio with --quick, else --upstreams")
+    p.add_argument(
+        "--callers-nice", type=int, default=0, help="run the load generator's clients at this nice (0: as the proxy)"
+    )
     p.add_argument("--probe-rate", type=float, default=2.0, help="bench/deadline_probe.py calls/s beside a load leg")
     p.add_argument("--slack", type=float, default=30.0, help="a call's client-side bound beyond 30 s")
     p.add_argument("--drain", type=float, default=30.0, help="longest wait for late journal lines, seconds")

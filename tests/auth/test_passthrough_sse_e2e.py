@@ -138,6 +138,10 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
         assert stolen.json()["error"]["message"] == "Session not found" and stolen.json()["id"] == 2
         bobs = [r for r in rig.requests()[before:] if r["client"] == "bob"]
         assert [(r["method"], r["path"]) for r in bobs] == [("POST", "/messages/")], bobs
+        # Any other request of his is refused the same way (the relay's path, not the engine's).
+        listing = {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}
+        listed = await http.post(rig.proxy.url, json=listing, headers={**ACCEPT, **session, **bearer(BOB)})
+        assert listed.status_code == 404 and listed.json()["id"] == 4, listed.text
         mine = await http.post(
             rig.proxy.url, json=tool_call("whoami", {"tag": "a"}, 3), headers={**ACCEPT, **session, **bearer(ALICE)}
         )

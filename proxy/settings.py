@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    stdio_start_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="a stdio child must answer its first request (the handshake) within this after it was started",
+    )
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )

@@ -37,7 +37,7 @@ import anyio  # noqa: E402
 import httpx  # noqa: E402
 from mcp import Client  # noqa: E402
 
-from bench.load_faults import LoadProxy, descendants, is_scripted  # noqa: E402
+from bench.load_faults import LoadProxy, descendants, is_guard, is_scripted  # noqa: E402
 from tests.fixtures.journal import Journal  # noqa: E402
 from tests.proxy_process import pid_alive, scripted_stdio_command  # noqa: E402
 
@@ -123,7 +123,7 @@ def one_run(label: str, repo: Path, args: argparse.Namespace, work: Path) -> dic
                         what="the hanging calls running",
                     )
                     kids = descendants(proxy.pid)
-                    result["children"] = sum(1 for p in kids if is_scripted(p))
+                    result["children"] = sum(1 for p in kids if is_scripted(p) and not is_guard(p))
                     result["processes"] = len(kids)
                     t0 = time.monotonic()
                     os.kill(proxy.pid, signal.SIGTERM)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(r)
                 print(
                     f"  {label:<18} exit {r['exit_s']:5.1f}s after SIGTERM (grace + {r['exit_s'] - args.grace:4.1f}s), "
-                    f"code {r['code']}, upstream servers {r['children']} ({r['processes']} processes with guards), "
+                    f"code {r['code']}, upstream servers {r['children']} ({r['processes']} with guards), "
                     f"alive after the exit {r['left']}; load {r['load'][0]:.1f} -> {r['load'][1]:.1f}",
                     flush=True,
                 )

@@ -118,6 +118,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="a stdio child must answer its handshake within, from its start (10; more on a slow or busy host)",
     )
     p.add_argument(
+        "--stdio-max-starting",
+        type=int,
+        default=s,
+        help="stdio children starting at once; the others wait their turn (0: the CPU count, at least 2)",
+    )
+    p.add_argument(
         "--shutdown-grace-s",
         type=float,
         default=s,

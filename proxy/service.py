@@ -86,6 +86,7 @@ def build_upstream(settings: Settings) -> Upstream:
             shared_sessions=settings.stdio_sessions == "shared",
             shared_children=settings.stdio_shared_children,
             handshake_timeout_s=settings.stdio_start_timeout_s,
+            max_starting=settings.stdio_max_starting,
         )
     url = settings.upstream
     if not url:

@@ -106,6 +106,9 @@ class Settings(BaseSettings):
         le=600,
         description="a stdio child must answer its first request (the handshake) within this after it was started",
     )
+    stdio_max_starting: int = Field(
+        0, ge=0, le=256, description="stdio children starting at once, the others wait (0: the CPU count, at least 2)"
+    )
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )

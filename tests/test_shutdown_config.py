@@ -1,7 +1,7 @@
 """The deploy files agree with the proxy's shutdown (docs/reliability.md): the image stops it with
 SIGTERM, and Kubernetes and compose wait longer than its grace period plus what follows it
 (ending the rest: 5 s and 1 s for its cancellations, the HTTP server: 5 s, every stdio child at
-once: 2.5 s) before they kill it; the upstream container of the Kubernetes pod stays up through
+once: 3 s) before they kill it; the upstream container of the Kubernetes pod stays up through
 the grace period."""
 
 from __future__ import annotations

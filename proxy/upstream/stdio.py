@@ -31,7 +31,8 @@
   to its group, then SIGKILL, 2 s apart. The proxy's shutdown (`aclose`) stops every child it
   started at once (`stop_children`): all stdins closed, one shared wait (`STOP_STDIN_S`), SIGTERM
   to every group still running, one shared wait (`STOP_TERM_S`), SIGKILL to the rest and a last
-  wait for the exits (`STOP_KILL_S`): at most `STOP_BOUND_S` however many children there are.
+  wait for the exits (`STOP_KILL_S`), and for their reports (`STOP_REPORT_S`): at most
+  `STOP_BOUND_S` (3 s) however many children there are.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
   request was written); the next request spawns a fresh child and, for a legacy link, replays the
   client's `initialize` and `notifications/initialized` first. Replaying is not an attempt.
@@ -102,7 +103,8 @@ _TERMINATE_GRACE_S = 2.0  # one child stopped in the background (a session's end
 STOP_STDIN_S = 1.0
 STOP_TERM_S = 0.5
 STOP_KILL_S = 1.0
-STOP_BOUND_S = STOP_STDIN_S + STOP_TERM_S + STOP_KILL_S
+STOP_REPORT_S = 0.5  # for the exits to be reported (`stop_children`)
+STOP_BOUND_S = STOP_STDIN_S + STOP_TERM_S + STOP_KILL_S + STOP_REPORT_S
 
 
 class _LineBudget:
@@ -372,9 +374,18 @@ async def stop_children(
         counts[stage] = len(running) - len(still)
         running = still
     counts["left"] = len(running)
+    # Each child's output watcher (`_end_with_output`) reports its exit (`exited`, `on_exit`): those
+    # of the children that exited get a moment to, then what is left is cancelled. (Cancelled at
+    # once, a watcher still between the pipe's end and the exit's report never set `exited`, and
+    # an exited child read as alive.)
+    watching = [task for child in children for task in child.tasks if not task.done()]
+    if watching:
+        await asyncio.wait(watching, timeout=STOP_REPORT_S)
     for child in children:
         for task in child.tasks:
             task.cancel()
+        if child.returncode is not None:
+            child.exited.set()
     return counts
 
 

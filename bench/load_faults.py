@@ -975,8 +975,9 @@ def judge_shutdown(
             fds_left = upstream_connections(http_upstream.port)
         data["upstream_fds"] = {"at_start": http_upstream.start_fds.get(pid, -1), "after_shutdown": fd_count(pid)}
     data["upstream_fds_left"] = fds_left
+    over = f" + {exit_s - grace_s:.1f}s" if exit_s > grace_s else ""
     rep.say(
-        f"  shutdown: exit code {code} after {exit_s:.1f}s (grace {grace_s:.0f}s + {exit_s - grace_s:.1f}s), processes "
+        f"  shutdown: exit code {code} after {exit_s:.1f}s (grace {grace_s:.0f}s{over}), processes "
         f"left (upstream servers and their guards) {len(left)} of {len(child_pids)} seen ({at_exit} still there "
         "the moment the proxy exited)"
         + (

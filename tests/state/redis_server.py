@@ -195,6 +195,8 @@ class RedisServer:
             # a replica may always be promoted, however long it was cut off (the fault tests cut
             # one off on purpose); the default refuses one whose link broke long before
             argv += ["--cluster-replica-validity-factor", "0"]
+            # a replica's first sync at once (the default waits 5 s for more replicas to share it)
+            argv += ["--repl-diskless-sync-delay", "0"]
             if self.tls is not None:
                 argv += ["--tls-cluster", "yes", "--tls-replication", "yes"]
         argv += ["--enable-debug-command", "local"]  # DEBUG SLEEP: a slow store, for the fault tests

@@ -87,6 +87,7 @@ FALLBACKS = ("record", "approve", "clear", "budget")
 MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are first in the table)
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
+LISTEN_POLL_S = 0.25  # how long the listener waits for a message before it checks for a resubscribe
 SCAN_BATCH = 500
 MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
 MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
@@ -615,7 +616,8 @@ class RedisState:
                 await self._reconcile()
                 delay_s = 0.05
                 while not self._resubscribe.is_set() and not self._closed:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    # (a short wait: a store that came back is reconciled within it)
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_POLL_S)
                     if message is not None and message.get("type") == "message":
                         self._on_message(message["data"])
             except asyncio.CancelledError:
@@ -629,7 +631,8 @@ class RedisState:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pubsub.aclose(), self.timeout_s)
             if not self._resubscribe.is_set():
-                await asyncio.sleep(delay_s)
+                with contextlib.suppress(TimeoutError):  # the store seen back ends the backoff
+                    await asyncio.wait_for(self._resubscribe.wait(), delay_s)
                 delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
 
     async def _reconcile(self) -> None:

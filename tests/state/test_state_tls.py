@@ -5,9 +5,9 @@ renewed while the proxy runs. Real servers (tests/state/redis_server.py), certif
 throwaway CA made by openssl in the fixture.
 
 The system-roots test points `SSL_CERT_FILE` (which OpenSSL reads for the default roots) at the
-CA that signed the cluster's nodes: a context that loads the system roots then trusts them, one
-built from `--state-ca` alone does not. That is what tells the two apart on a machine whose real
-roots sign nothing here.
+CA that signed the cluster's nodes, and `--state-ca` at another: a context that loads the system
+roots then trusts the nodes, one built from `--state-ca` alone does not. That is what tells the
+two apart on a machine whose real roots sign nothing here.
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ async def test_a_tls_cluster_is_reached_through_the_one_context_built_from_state
 
 
 def test_a_tls_cluster_signed_by_another_ca_stops_the_start_even_where_the_system_roots_trust_it(
-    tmp_path: Path, tls_files: TlsFiles
+    tls_cluster: RedisCluster, tls_files: TlsFiles
 ) -> None:
-    with RedisCluster(tmp_path / "other-ca-cluster", tls=tls_files.of_other_ca()) as other:
-        trusting = {"SSL_CERT_FILE": str(tls_files.other_ca)}  # "the system roots" sign the nodes
-        code, err = serve(trusting, "--state", other.url, "--state-ca", str(tls_files.ca))
+    # the nodes' CA is among "the system roots" (SSL_CERT_FILE), and --state-ca names another
+    trusting = {"SSL_CERT_FILE": str(tls_files.ca)}
+    code, err = serve(trusting, "--state", tls_cluster.url, "--state-ca", str(tls_files.other_ca))
     assert code == 2, err
     assert "--state rediss+cluster://127.0.0.1" in err and "certificate does not verify" in err, err
     assert "--state-ca" in err

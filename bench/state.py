@@ -6,16 +6,21 @@
 Not a test and not in CI. The method is bench/relay.py's (docs/benchmarks.md), whose helpers it
 uses: `wrk` posts the same stateless 2026-07-28 `tools/call` (`echo`) through a proxy in front of
 the lean stdio upstream (HTTP→stdio), and CPU per call is the proxy process's utime+stime over the
-leg divided by the completed calls. Three proxies run side by side, each with its own upstream:
+leg divided by the completed calls. Four proxies run side by side, each with its own upstream:
 
 - `memory`      `--state memory` (the default): the baseline, measured in the same run;
 - `redis`       `--state redis://…` against a real redis-server started here (healthy);
 - `redis-down`  `--state redis://…` against a redis-server started here and then SIGKILLed before
                 the legs: the proxy runs on local state and its sync task keeps trying.
 
-The legs are interleaved (memory, redis, redis-down, memory, …) so that the load of the other work
-on this machine falls on all three alike; the medians over the rounds are printed, with the load
-average before and after.
+- `memory-b`    a second `--state memory` proxy: the A/A control. What it differs from `memory` by
+                is the noise floor of one comparison (two proxy processes of the same code differ
+                by several percent in CPU per call, whichever machine: placement on the cores,
+                memory layout); a difference of `redis` from `memory` smaller than that is not one.
+
+Each round starts fresh proxies (and upstreams) and runs the legs in a rotated order, so that
+neither a process's luck nor the position in the round falls on one leg every time; the medians
+over the rounds are printed, with the load average before and after.
 
 Then the fault run (`--fault-rounds`, 0 to skip): the same wrk leg through the `memory` proxy
 (the baseline) and through a proxy whose redis-server is SIGKILLed halfway through the leg
@@ -38,12 +43,13 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import relay as R
 
-LEGS = ("memory", "redis", "redis-down")
+LEGS = ("memory", "redis", "redis-down", "memory-b")
 CPU_TARGET = 0.10
 P50_TARGET_MS = 0.2
 
@@ -146,14 +152,20 @@ def main(argv: list[str] | None = None) -> int:
                 "memory": ["--state", "memory"],
                 "redis": ["--state", f"redis://127.0.0.1:{healthy_port}/0"],
                 "redis-down": ["--state", f"redis://127.0.0.1:{doomed_port}/0"],
+                "memory-b": ["--state", "memory"],
             }
-            proxies = {leg: R.start_proxy(procs, stdio, workdir, [*states[leg], *args.proxy_arg]) for leg in LEGS}
             procs.stop(doomed)  # type: ignore[arg-type]  # SIGTERM, then SIGKILL: the store is gone
             print(f"legs: {args.duration} s after {args.warmup} s warm-up, wrk -t1, c={args.concurrency}, "
-                  f"{args.rounds} interleaved rounds, HTTP→stdio (lean upstream)\n", flush=True)  # fmt: skip
+                  f"{args.rounds} rounds (fresh proxies, rotated order), HTTP→stdio (lean upstream)\n",
+                  flush=True)  # fmt: skip
+            proxies: dict[str, tuple[Any, int]] = {}
             for rnd in range(1, args.rounds + 1):
+                for proc, _ in proxies.values():
+                    procs.stop(proc)
+                proxies = {leg: R.start_proxy(procs, stdio, workdir, [*states[leg], *args.proxy_arg]) for leg in LEGS}
+                order = LEGS[(rnd - 1) % len(LEGS) :] + LEGS[: (rnd - 1) % len(LEGS)]
                 for conc in args.concurrency:
-                    for leg in LEGS:
+                    for leg in order:
                         proc, port = proxies[leg]
                         url = f"http://127.0.0.1:{port}/mcp"
                         r0 = R.cpu_s(healthy.pid) if leg == "redis" else 0.0  # type: ignore[attr-defined]
@@ -189,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                         if leg == "redis":
                             ok = cpu_change <= CPU_TARGET and p50_added <= P50_TARGET_MS
                             cmp_ += f"  targets (CPU≤+10%, p50≤+0.2 ms): {'PASS' if ok else 'FAIL'}"
+                        elif leg == "memory-b":
+                            cmp_ += "  (A/A: the noise floor)"
                     print(f"{conc:>3} {leg:<10} {med[0]:>13.3f} {med[1]:>7.2f} {med[2]:>7.2f} {med[3]:>13.3f}  {cmp_}")
             if args.fault_rounds > 0:
                 fault_run(procs, workdir, wrk, lua, args, proxies["memory"][1])

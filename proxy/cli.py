@@ -112,6 +112,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
     )
     p.add_argument(
+        "--stdio-max-starting",
+        type=int,
+        default=s,
+        help="stdio children starting at once; the others wait their turn (0: the CPU count, at least 2)",
+    )
+    p.add_argument(
         "--shutdown-grace-s",
         type=float,
         default=s,

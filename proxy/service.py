@@ -85,6 +85,7 @@ def build_upstream(settings: Settings) -> Upstream:
             stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
             shared_children=settings.stdio_shared_children,
+            max_starting=settings.stdio_max_starting,
         )
     url = settings.upstream
     if not url:

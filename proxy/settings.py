@@ -100,6 +100,9 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    stdio_max_starting: int = Field(
+        0, ge=0, le=256, description="stdio children starting at once, the others wait (0: the CPU count, at least 2)"
+    )
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )

@@ -145,6 +145,7 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
         self._err = bytearray()
         self._paused: asyncio.Future[None] | None = None
         self.overflow = False
+        self.on_first_output: Callable[[], None] | None = None  # the child has started (StdioUpstream._spawn)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio subclass
@@ -156,6 +157,9 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
             self._stderr(data)
 
     def _stdout(self, data: bytes | bytearray) -> None:
+        if self.on_first_output is not None:
+            started, self.on_first_output = self.on_first_output, None
+            started()
         buf = self._out
         if self.overflow:
             return
@@ -494,6 +498,8 @@ class StdioLink(LinkBase):
                         if self.era is Era.LEGACY:
                             self._upstream._replenish()  # this command works: warm the next session's child
                         child.answered = True
+                        if self._upstream.start_s is None:
+                            self._upstream.start_s = time.monotonic() - child.started_at
                     self._quick_deaths = 0
                     if not self._health.up:  # the one check an answer pays for the gauge
                         self._health.answered()
@@ -543,6 +549,7 @@ class StdioUpstream:
         stderr_lines_per_s: float = _LineBudget.RATE,
         shared_sessions: bool = False,
         shared_children: int = 2,
+        max_starting: int = 0,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -571,6 +578,10 @@ class StdioUpstream:
         self._starting: set[asyncio.Task[_Child | None]] = set()
         self._closed = False
         self._spawned = 0
+        # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
+        self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
+        self._start_slots: asyncio.Semaphore | None = None
+        self.start_s: float | None = None  # how long the first child took from spawn to its first answer
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
@@ -726,6 +737,25 @@ class StdioUpstream:
             child = _Child(protocol, self.description, on_line, on_exit)
             child.tasks.append(asyncio.create_task(_end_with_output(child)))
             return child
+        # At most `max_starting` children start at once; the others wait here for a slot. Fifty
+        # 2025 sessions opened together started fifty interpreters at once on two cores: each took
+        # 45 s instead of one, and the proxy's own event loop, one process among fifty, stalled
+        # for seconds (every deadline in flight overshot by as much; bench/load_faults.py, its
+        # deadline probe). A slot is given back at the child's first output (it has started and
+        # answers), at its exit, or, for a child nobody has asked anything yet (a warm spare),
+        # after about as long as this command's first child took to answer.
+        slots = self._start_slots
+        if slots is None:
+            slots = self._start_slots = asyncio.Semaphore(self.max_starting)
+        await slots.acquire()
+        given_back = False
+
+        def give_back(*_: object) -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                slots.release()
+
         try:
             _, protocol = await loop.subprocess_exec(
                 lambda: _ChildProtocol(self.max_message_bytes, self.log_budget),
@@ -738,7 +768,15 @@ class StdioUpstream:
                 start_new_session=True,
             )
         except OSError as exc:
+            give_back()
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
+        except BaseException:
+            give_back()
+            raise
+        protocol.on_first_output = give_back
+        protocol.exited.add_done_callback(give_back)
+        hold_s = self.handshake_timeout_s if self.start_s is None else min(self.handshake_timeout_s, 2 * self.start_s)
+        loop.call_later(hold_s, give_back)
         self._spawned += 1
         child = _Child(protocol, self.description, on_line, on_exit)
         child.tasks.append(asyncio.create_task(_end_with_output(child)))

@@ -77,3 +77,11 @@ def tls_valkey(tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles) ->
     binary = require_valkey()
     with RedisServer(tmp_path_factory.mktemp("valkey-tls") / "valkey.log", binary=binary, tls=tls_files) as server:
         yield server
+
+
+@pytest.fixture
+def partial_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """Three primaries, no replica, `cluster-require-full-coverage no`: the live primaries keep
+    serving their slots while one is dead (the test's own: it kills one)."""
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster-p"), node_timeout_ms=1000, full_coverage=False) as c:
+        yield c

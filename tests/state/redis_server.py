@@ -153,6 +153,7 @@ class RedisServer:
     tls_protocols: str | None = None  # redis' tls-protocols, e.g. "TLSv1.2" (None: its default)
     cluster: bool = False
     cluster_node_timeout_ms: int = 5000
+    cluster_full_coverage: bool = True  # Redis' default: one unserved slot stops the whole cluster
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -197,6 +198,7 @@ class RedisServer:
             argv += ["--cluster-replica-validity-factor", "0"]
             # a replica's first sync at once (the default waits 5 s for more replicas to share it)
             argv += ["--repl-diskless-sync-delay", "0"]
+            argv += ["--cluster-require-full-coverage", "yes" if self.cluster_full_coverage else "no"]
             if self.tls is not None:
                 argv += ["--tls-cluster", "yes", "--tls-replication", "yes"]
         argv += ["--enable-debug-command", "local"]  # DEBUG SLEEP: a slow store, for the fault tests
@@ -305,6 +307,7 @@ class RedisCluster:
     replicas: int = 0
     node_timeout_ms: int = 5000
     tls: TlsFiles | None = None
+    full_coverage: bool = True
     nodes: list[RedisServer] = field(default_factory=list)
 
     @property
@@ -327,6 +330,7 @@ class RedisCluster:
                     self.folder / f"node{i}.log",
                     cluster=True,
                     cluster_node_timeout_ms=self.node_timeout_ms,
+                    cluster_full_coverage=self.full_coverage,
                     tls=self.tls,
                 )
                 self.nodes.append(node.start())
@@ -352,7 +356,7 @@ class RedisCluster:
         return [n for n in self.nodes if n.alive]
 
     def wait_ok(self, timeout_s: float = 60.0) -> None:
-        """Until every live node reports `cluster_state:ok`, agrees that each slot range has one
+        """Until every live node reports `cluster_state:ok` (with full coverage), agrees that each slot range has one
         live primary, and (with replicas) every live replica's link to its primary is up."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -172,6 +172,29 @@ async def test_a_primary_killed_under_load_fails_over_and_two_proxies_keep_one_b
         assert pair.journal.executions("always_fail", x) == 6
 
 
+async def test_a_dead_primary_keeps_the_store_down_though_the_other_slots_answer(partial_cluster: RedisCluster) -> None:
+    # With `cluster-require-full-coverage no` the live primaries keep serving their slots: an
+    # operation there succeeds, and must not mark the store up while the dead primary's slots have
+    # no owner (the proxy would leave local state, then fail again: up and down at every sync)
+    cluster = partial_cluster
+    state = await started(cluster.url, f"p{uuid.uuid4().hex[:6]}:")
+    try:
+        served = cluster.primary_holding(state._tools_key())  # what a budget sync reads
+        victim = next(n for n in cluster.nodes if n is not served)
+        victim.kill()
+        await until(state, lambda: not state.up)
+        syncs = state.budget_syncs
+        await state.sync_budget()  # answered by a live primary
+        assert state.budget_syncs == syncs + 1
+        assert not state.up, "a slot still has no primary: the store is not back"
+        reconciles = state.reconciles
+        await anyio.to_thread.run_sync(victim.start)  # back on its port, with its nodes.conf
+        await anyio.to_thread.run_sync(cluster.wait_ok)
+        await until(state, lambda: state.up and state.reconciles > reconciles)
+    finally:
+        await state.aclose()
+
+
 async def test_a_spend_the_promoted_replica_never_received_is_not_approved_twice(
     replicated_cluster: RedisCluster,
 ) -> None:

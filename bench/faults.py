@@ -226,10 +226,13 @@ class BenchProxy(ProxyProcess):
     """The real proxy in a session of its own (Ctrl-C reaches only this script, which stops it by
     pid); `variant` plain / engine-quiet runs bench/_plain_relay.py instead of `-m proxy`."""
 
-    def __init__(self, *args: Any, variant: str = "engine", callgrind: Path | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, variant: str = "engine", callgrind: Path | None = None, repo: Path = REPO, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.variant = variant  # engine (`-m proxy`) | plain | engine-quiet (bench/_plain_relay.py)
         self.callgrind = callgrind  # a folder: run under callgrind and meter instructions, not CPU time
+        self.repo = repo  # the checkout whose proxy runs (an A/B against another commit)
 
     def argv(self) -> list[str]:
         argv = super().argv()
@@ -269,7 +272,7 @@ class BenchProxy(ProxyProcess):
             env = {**os.environ, "BENCH_RELAY": self.variant}
             self.proc = subprocess.Popen(
                 self.argv(),
-                cwd=REPO,
+                cwd=self.repo,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -293,13 +296,13 @@ class BenchProxy(ProxyProcess):
         make sure of the descendants seen just before, by pid, if they are still ours."""
         if self.proc is None:
             return None
-        descendants = _descendants(self.proc.pid)
+        below = descendants(self.proc.pid)
         code = super().stop()
         end = time.monotonic() + 5.0
-        for pid in descendants:
-            while _alive(pid) and time.monotonic() < end:
+        for pid in below:
+            while alive(pid) and time.monotonic() < end:
                 time.sleep(0.05)
-            if _alive(pid) and _is_ours(pid):
+            if alive(pid) and is_ours(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return code
@@ -322,7 +325,8 @@ def _ppid_map() -> dict[int, int]:
     return out
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (the proxy's stdio children run under a guard process)."""
     parents = _ppid_map()
     found, frontier = [], [root]
     while frontier:
@@ -333,7 +337,8 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (a zombie is not)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
@@ -341,11 +346,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _is_ours(pid: int) -> bool:
+def cmdline_has(pid: int, needle: bytes) -> bool:
     with contextlib.suppress(OSError):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"scripted_server.py" in cmd or b"_guard" in cmd
+        return needle in Path(f"/proc/{pid}/cmdline").read_bytes()
     return False
+
+
+def is_ours(pid: int) -> bool:
+    """A process this bench may kill by pid: the scripted upstream or the proxy's guard of it."""
+    return cmdline_has(pid, b"scripted_server.py") or cmdline_has(pid, b"_guard.py")
 
 
 # --------------------------------------------------------------------------- calling

@@ -64,7 +64,17 @@ import httpx  # noqa: E402
 from mcp import Client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 
-from bench.faults import NON_TRANSIENT, BenchProxy, Report, fmt, pct  # noqa: E402
+from bench.faults import (  # noqa: E402
+    NON_TRANSIENT,
+    BenchProxy,
+    Report,
+    alive,
+    cmdline_has,
+    descendants,
+    fmt,
+    is_ours,
+    pct,
+)
 from tests.fixtures.helpers import PYTHON, free_port, scripted_args  # noqa: E402
 from tests.fixtures.journal import Journal  # noqa: E402
 from tests.proxy_process import scripted_stdio_command  # noqa: E402
@@ -213,32 +223,9 @@ def make_plan(
 class LoadProxy(BenchProxy):
     """The real proxy (`-m proxy` from `repo`), in a session of its own, stopped by its pid."""
 
-    def __init__(self, *args: Any, repo: Path = REPO, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.repo = repo
-
     def start(self, timeout_s: float = 120.0) -> LoadProxy:
-        assert self.log_path is not None
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                cwd=self.repo,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy exited with {self.proc.returncode}; log: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.admin + "/readyz", timeout=2.0).status_code == 200:
-                    return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"proxy not ready after {timeout_s}s; log: {self.log_tail()}")
-            time.sleep(0.1)
+        super().start(timeout_s)
+        return self
 
     @property
     def pid(self) -> int:
@@ -389,43 +376,6 @@ def rss_kib(pid: int) -> tuple[int, int]:
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
     return rss, hwm
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (the proxy's stdio children run under a guard process)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
-def is_scripted(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return b"scripted_server.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    return False
-
-
-def is_guard(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return b"_guard.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    return False
 
 
 def upstream_connections(port: int) -> int:
@@ -712,7 +662,7 @@ def pick_victim(
     if http_upstream is not None:
         ok = (http_upstream.killable() or force) and http_upstream.proc and http_upstream.proc.poll() is None
         return http_upstream.proc.pid if ok and http_upstream.proc else None
-    kids = [p for p in descendants(proxy.pid) if is_scripted(p)]
+    kids = [p for p in descendants(proxy.pid) if cmdline_has(p, b"scripted_server.py")]
     recent = [p for p in busy if p in kids]
     if recent:
         return int(rng.choice(recent))
@@ -953,7 +903,7 @@ def judge_shutdown(
     """After the proxy exited: its children gone, the HTTP upstream's fds back to their count at start.
     `at_exit`: how many were still there the moment it exited (else counted now)."""
     end = time.monotonic() + 5.0
-    left = [p for p in child_pids if alive(p) and (is_scripted(p) or is_guard(p))]
+    left = [p for p in child_pids if alive(p) and is_ours(p)]
     if at_exit is None:
         at_exit = len(left)  # still there once the proxy had exited: it did not stop them
     while left and time.monotonic() < end:
@@ -1326,7 +1276,7 @@ def sigterm_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str
             while proxy.proc is not None and proxy.proc.poll() is None:  # noqa: ASYNC110 - a process, no event
                 await anyio.sleep(0.02)
         timing["exit_s"] = time.monotonic() - timing["sent_at"]
-        timing["at_exit"] = sum(1 for p in children if alive(p) and (is_scripted(p) or is_guard(p)))
+        timing["at_exit"] = sum(1 for p in children if alive(p) and is_ours(p))
         await anyio.sleep(3600)  # cancelled when the clients are done
 
     outcomes, wall, progress = anyio.run(

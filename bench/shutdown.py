@@ -37,7 +37,8 @@ import anyio  # noqa: E402
 import httpx  # noqa: E402
 from mcp import Client  # noqa: E402
 
-from bench.load_faults import LoadProxy, descendants, is_guard, is_scripted  # noqa: E402
+from bench.faults import cmdline_has, descendants  # noqa: E402
+from bench.load_faults import LoadProxy  # noqa: E402
 from tests.fixtures.journal import Journal  # noqa: E402
 from tests.proxy_process import pid_alive, scripted_stdio_command  # noqa: E402
 
@@ -123,7 +124,9 @@ def one_run(label: str, repo: Path, args: argparse.Namespace, work: Path) -> dic
                         what="the hanging calls running",
                     )
                     kids = descendants(proxy.pid)
-                    result["children"] = sum(1 for p in kids if is_scripted(p) and not is_guard(p))
+                    result["children"] = sum(
+                        1 for p in kids if cmdline_has(p, b"scripted_server.py") and not cmdline_has(p, b"_guard.py")
+                    )
                     result["processes"] = len(kids)
                     t0 = time.monotonic()
                     os.kill(proxy.pid, signal.SIGTERM)

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.auth.base import Principal
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,
     META_CLIENT_CAPABILITIES,
@@ -616,12 +616,13 @@ class _Call:
                     telemetry.emit(self._attempt_finished(number, duration, outcome, classified))
                 if (
                     outcome.__class__ is TransportError
-                    and outcome.http_status in (401, 403)  # type: ignore[union-attr]
                     and self.relay.pass_auth_refusals
+                    and refuses_the_caller(outcome.kind, outcome.http_status)  # type: ignore[union-attr]
                 ):
-                    # --auth passthrough: the upstream refused the caller's own credential. The
-                    # caller answers that (its OAuth flow, a step-up), not a retry or a tool
-                    # result: the relay turns this into the same HTTP status and challenge.
+                    # --auth passthrough: the upstream refused the caller's own credential (or
+                    # the session it named). The caller answers that (its OAuth flow, a step-up,
+                    # a session of its own), not a retry or a tool result: the relay turns this
+                    # into the same HTTP status.
                     self._finished("unresolved", StopReason.NOT_RETRYABLE, classified.category, False)
                     raise outcome.as_failure()  # type: ignore[union-attr]
                 match decision:

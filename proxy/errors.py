@@ -29,6 +29,9 @@ class FailureKind(StrEnum):
     HTTP_STATUS = "http_status"  # a non-2xx HTTP answer
     PROTOCOL = "protocol"  # the upstream answered something that is not MCP
     SESSION_EXPIRED = "session_expired"  # 404 on a request that carried a session id
+    # 404 to a credential other than the one that opened the session (passthrough, legacy SSE
+    # upstream): the server's refusal of that caller on this session, not a forgotten session
+    SESSION_REFUSED = "session_refused"
     OVERLOADED = "overloaded"  # the proxy's own limits refused the request
 
 
@@ -66,6 +69,14 @@ class UpstreamFailure(ProxyError):
         # The WWW-Authenticate of an upstream 401/403 (bounded, one line): `--auth passthrough`
         # relays it to the caller, whose credential it is about.
         self.challenge = SECRETS.scrub(challenge) if challenge is not None else None
+
+
+def refuses_the_caller(kind: FailureKind, http_status: int | None) -> bool:
+    """The upstream refused the caller's own credential: a 401 or 403, or the session it named
+    (`SESSION_REFUSED`). With `--auth passthrough` that is the caller's to answer (its OAuth flow,
+    another session), so it reaches the caller as the upstream's HTTP status: never a retry, nor a
+    tool result."""
+    return http_status in (401, 403) or kind is FailureKind.SESSION_REFUSED
 
 
 class PolicyError(ProxyError):

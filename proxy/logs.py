@@ -61,3 +61,6 @@ def configure(*, level: str = "info", json_lines: bool = False) -> None:
         uvicorn_logger.propagate = True
     # The upstream's stderr is its own log: keep it, but one level quieter than ours by default.
     logging.getLogger("proxy.upstream.stderr").setLevel(max(root.level, logging.INFO))
+    # httpx (the JWKS and issuer metadata fetches of --auth jwt) logs every request at INFO: a line
+    # per key refresh that says nothing the proxy's own lines do not. Its warnings still come.
+    logging.getLogger("httpx").setLevel(max(root.level, logging.WARNING))

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from proxy.auth.base import Principal
 from proxy.auth.challenge import upstream_refusal
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
@@ -444,8 +444,9 @@ class Relay:
         # upstream again what it speaks); see `protocol_mismatch`.
         self.on_protocol_mismatch: Callable[[], None] | None = None
         self.last_activity = time.monotonic()
-        # --auth passthrough: an upstream 401/403 is the caller's to answer; `handle_request` raises
-        # it as `AuthRefused` (the HTTP frontend answers the same status and challenge).
+        # --auth passthrough: an upstream 401/403 (or 404 refusing the caller on the session) is
+        # the caller's to answer; `handle_request` raises it as `AuthRefused` (the HTTP frontend
+        # answers the same status, with the challenge).
         self.pass_auth_refusals = False
         # The principal that opened this 2025 session (jwt, tokens): only it may use the session.
         self.owner: str | None = None
@@ -480,8 +481,9 @@ class Relay:
         closing the stream, and their ids need not be unique across clients. `caller`: on the
         shared relay, whose share of the in-flight cap the request's upstream requests take.
         `principal`: who calls (authentication on), handed to the tool-call seam (budget owner).
-        With `pass_auth_refusals`, an upstream HTTP 401/403 raises `AuthRefused` instead of
-        answering the request, so the frontend can answer it as that HTTP status.
+        With `pass_auth_refusals`, an upstream HTTP 401/403 (or its 404 refusing the caller on
+        this session) raises `AuthRefused` instead of answering the request, so the frontend can
+        answer it as that HTTP status.
         """
         down_id = request["id"]
         method = request.get("method")
@@ -516,7 +518,7 @@ class Relay:
                     response = timeout_response(down_id, method, timeout_s)
             outbox.send(response)
         except UpstreamFailure as failure:
-            if self.pass_auth_refusals and failure.http_status in (401, 403):
+            if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
                 raise upstream_refusal(failure) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))

@@ -27,6 +27,9 @@ Contract (stable: `proxy/auth/jwt.py` and every other mode plug in here):
   header); `scope` the scopes a 403 `insufficient_scope` asks for. The HTTP frontend renders it
   as the status with `WWW-Authenticate: Bearer error=…, error_description=…, scope=…,
   resource_metadata="<public URL's protected-resource metadata>"`.
+  `status` 404 (reason `session_owner`, no challenge) refuses the 2025 session a request named to
+  a principal it does not belong to, rendered as the frontend's "Session not found" (the proxy's
+  own check in jwt and tokens; the upstream's, relayed, in passthrough).
   `status` 503 (with `retry_after_s`, rendered as `Retry-After` and without a challenge) is for a
   verdict the proxy cannot reach for a fault of its own side, not the caller's (jwt: the issuer's
   keys cannot be fetched): a 401 there would send an OAuth client through a new authorization for
@@ -97,11 +100,11 @@ def safe_description(text: str) -> str:
 
 
 class AuthRefused(Exception):
-    """A request refused for its credential (401) or its scopes (403)."""
+    """A request refused for its credential (401), its scopes (403) or the session it named (404)."""
 
     def __init__(
         self,
-        status: Literal[401, 403, 503],
+        status: Literal[401, 403, 404, 503],
         reason: str,
         description: str,
         *,

@@ -18,7 +18,9 @@ Contract (pure functions; the HTTP frontend and the admin port use them):
 - `challenge_params(value)`: the `error`, `error_description` and `scope` an upstream's challenge
   carries (passthrough: the refusal's JSON body repeats them, as the upstream's did).
 - `upstream_refusal(failure)`: an upstream's 401/403 (passthrough) as an `AuthRefused` keeping its
-  challenge, error and description.
+  challenge, error and description; its 404 refusing the caller on a session it did not open
+  (`session_refused`) as a 404 `session_owner` refusal, without a challenge (no credential would
+  open that session for this caller).
 - `rewrite_metadata(document, upstream_url, public_url)`: the upstream's metadata document with
   its `resource` moved from the upstream's URL to the proxy's public URL (clients discard a
   document whose `resource` is not the URL they dialled): the upstream's URL itself becomes the
@@ -34,7 +36,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy.auth.base import AuthRefused
-from proxy.errors import UpstreamFailure
+from proxy.errors import FailureKind, UpstreamFailure
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 # `resource_metadata=` followed by a quoted string (with RFC 9110 escapes) or a token
@@ -90,6 +92,8 @@ def challenge_params(value: str | None) -> dict[str, str]:
 
 def upstream_refusal(failure: UpstreamFailure) -> AuthRefused:
     """passthrough: an upstream's HTTP 401/403 as the caller's refusal, its challenge kept."""
+    if failure.kind is FailureKind.SESSION_REFUSED:
+        return AuthRefused(404, "session_owner", "the upstream refused this credential for the session", error=None)
     status: Literal[401, 403] = 401 if failure.http_status == 401 else 403
     told = challenge_params(failure.challenge)
     return AuthRefused(

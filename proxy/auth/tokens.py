@@ -13,7 +13,7 @@ Contract:
   to the name, and the presented token's digest is looked up in it. The key is secret, so an
   attacker cannot choose which digests to probe and the dict's timing tells nothing about any
   token (the same guarantee as `hmac.compare_digest` over every entry, at O(1)).
-- Hot reload, like the policy folder (proxy/policy/store.py): the file's folder is watched (a
+- Hot reload, like the policy folder (proxy/filewatch.py): the file's folder is watched (a
   Kubernetes Secret swaps its `..data` symlink); the file is read off the event loop, validated
   whole, then swapped in one assignment. A bad file at start refuses the start
   (`AuthConfigError`); a bad reload keeps the last good table, logs each problem and is recorded
@@ -23,7 +23,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -33,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from proxy.auth.base import AuthConfigError, AuthMode, AuthRefused, Principal, bearer_token
+from proxy.filewatch import FolderWatcher, log_refused
 
 log = logging.getLogger("proxy.auth")
 
@@ -90,10 +90,9 @@ class TokensAuthenticator:
         self.reloads_ok = 0
         self.reloads_error = 0
         self.last_error: str | None = None
-        self._debounce_ms = debounce_ms
-        self._force_polling = force_polling
-        self._stop = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher = FolderWatcher(
+            [path.parent], self.reload, what="tokens file", debounce_ms=debounce_ms, force_polling=force_polling
+        )
         self._lock = asyncio.Lock()
         problems = self._apply(self._read())
         if problems:
@@ -133,9 +132,7 @@ class TokensAuthenticator:
             problems = self._apply(parsed)
         if problems:
             self.reloads_error += 1
-            self.last_error = "; ".join(problems)
-            for problem in problems:
-                log.error("tokens file reload (%s) refused, keeping %d tokens: %s", reason, len(self.names), problem)
+            self.last_error = log_refused(log, "tokens file", reason, f"{len(self.names)} tokens", problems)
             return False
         self.reloads_ok += 1
         self.last_error = None
@@ -151,37 +148,10 @@ class TokensAuthenticator:
         return principal
 
     async def start(self) -> None:
-        if self._watcher is None:
-            self._stop.clear()
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="tokens-watcher")
-
-    async def _watch(self) -> None:
-        import watchfiles
-
-        folder = self.path.parent
-        while not self._stop.is_set():
-            try:
-                async for _changes in watchfiles.awatch(
-                    folder,
-                    watch_filter=None,  # a Secret volume's `..data` swap is the change to see
-                    debounce=self._debounce_ms,
-                    recursive=False,
-                    stop_event=self._stop,
-                    force_polling=self._force_polling,
-                ):
-                    await self.reload("watch")
-            except Exception:
-                log.exception("tokens file watcher on %s failed; restarting in 1s", folder)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+        self._watcher.start()
 
     async def aclose(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        await self._watcher.aclose()
 
 
 def read_secret_file(path: Path, what: str) -> str:

@@ -548,11 +548,14 @@ class McpHttpApp:
                 await _respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
 
     # -- identity (proxy/auth/) ----------------------------------------------------------------
-    async def _refuse(self, send: Send, refused: AuthRefused, method: str) -> None:
-        """A 401/403 with its `WWW-Authenticate` challenge; counted and logged, never with the
-        credential (the refusal's text never holds one)."""
+    async def _refuse(self, send: Send, refused: AuthRefused, method: str, request_id: Any = None) -> None:
+        """A 401/403 with its `WWW-Authenticate` challenge (a 404 as for an unknown session);
+        counted and logged, never with the credential (the refusal's text never holds one)."""
         SHED.count("auth_failures", refused.reason)
         log.info("refused %s: HTTP %d %s (%s)", method, refused.status, refused.reason, refused.description)
+        if refused.status == 404:  # passthrough: the upstream refused this caller on the session named
+            await _respond_error(send, 404, request_id, jsonrpc.INVALID_REQUEST, "Session not found")
+            return
         if refused.status == 503:  # jwt: the issuer's keys cannot be had; the caller's token is not at fault
             body = {"error": "temporarily_unavailable", "error_description": refused.description}
             retry = str(max(1, round(refused.retry_after_s or 1))).encode()
@@ -1055,7 +1058,7 @@ class McpHttpApp:
             if writer is not None:
                 return await writer
             if refused is not None:
-                await self._refuse(send, refused, "POST")
+                await self._refuse(send, refused, "POST", down_id)
                 return False
             item = stream.pop()
             if item is None:

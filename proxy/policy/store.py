@@ -12,7 +12,7 @@ Contract:
 - Results: `ok` (a new version is live), `unchanged` (same content hash), `error`. Counters are
   plain ints (`reloads_ok`, `reloads_unchanged`, `reloads_error`); `on_reload(result, version,
   error)` is called after each reload (telemetry subscribes there; a failing hook is logged).
-- `start()` watches the folder itself with `watchfiles.awatch` (not the files: a ConfigMap swaps
+- `start()` watches the folder itself (proxy/filewatch.py: not the files, since a ConfigMap swaps
   its `..data` symlink, which leaves every top-level link untouched) and reloads after a debounce;
   `install_sighup(loop)` reloads on SIGHUP; `aclose()` stops both.
 - `folder=None` serves the defaults embedded in the package and never reloads.
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from proxy.errors import PolicyError
+from proxy.filewatch import FolderWatcher, log_refused
 from proxy.policy.compile import load_builtin_policies, load_policy_dir
 from proxy.policy.compiled import PolicySet
 from proxy.policy.render import policy_as_dict
@@ -71,8 +72,7 @@ class PolicyStore:
         self._debounce_ms = debounce_ms
         self._force_polling = force_polling
         self._lock = asyncio.Lock()
-        self._stop = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: FolderWatcher | None = None
         self._pending: set[asyncio.Task[Any]] = set()
         self._sighup_loop: asyncio.AbstractEventLoop | None = None
 
@@ -104,11 +104,10 @@ class PolicyStore:
         self.last_reload_at = time.time()
         result: ReloadResult
         if isinstance(candidate, PolicyError):
-            result, error = "error", "; ".join(candidate.problems)
+            result = "error"
             self.reloads_error += 1
+            error = log_refused(log, "policy", reason, f"version {self.current.version}", candidate.problems)
             self.last_error, self.last_problems = error, tuple(candidate.problems)
-            for problem in candidate.problems:
-                log.error("policy reload (%s) refused, keeping version %s: %s", reason, self.current.version, problem)
         else:
             error = None
             self.last_error, self.last_problems = None, ()
@@ -138,30 +137,10 @@ class PolicyStore:
         """Start watching the folder (no-op without a folder or when already started)."""
         if self.folder is None or self._watcher is not None:
             return
-        self._stop.clear()
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="policy-watcher")
-
-    async def _watch(self) -> None:
-        # Imported here: without a policy folder (the usual `--listen stdio` sidecar) nothing is
-        # watched, and its imports (~15 ms, anyio among them) delayed a stdio client's first answer.
-        import watchfiles
-
-        assert self.folder is not None
-        while not self._stop.is_set():
-            try:
-                async for _changes in watchfiles.awatch(
-                    self.folder,
-                    watch_filter=None,  # `..data` and friends are exactly what we must see
-                    debounce=self._debounce_ms,
-                    recursive=False,  # examples/ and ConfigMap timestamp dirs are not ours to load
-                    stop_event=self._stop,
-                    force_polling=self._force_polling,
-                ):
-                    await self.reload("watch")
-            except Exception:
-                log.exception("policy watcher on %s failed; restarting in 1s", self.folder)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+        self._watcher = FolderWatcher(
+            [self.folder], self.reload, what="policy", debounce_ms=self._debounce_ms, force_polling=self._force_polling
+        )
+        self._watcher.start()
 
     def install_sighup(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Reload on SIGHUP; False where the platform has no SIGHUP or signals are not available."""
@@ -180,18 +159,19 @@ class PolicyStore:
         task.add_done_callback(self._pending.discard)
 
     async def aclose(self) -> None:
-        self._stop.set()
+        if self._watcher is not None:
+            await self._watcher.aclose()
+            self._watcher = None
         if self._sighup_loop is not None:
             with contextlib.suppress(Exception):
                 self._sighup_loop.remove_signal_handler(signal.SIGHUP)
             self._sighup_loop = None
-        tasks = [t for t in (self._watcher, *self._pending) if t is not None]
+        tasks = list(self._pending)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._watcher = None
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-able state for the admin `/policies` endpoint."""

@@ -7,6 +7,9 @@ Contract: `classify(outcome, policy)` is a pure function; the first source that 
    stream/process closed, a non-MCP answer (`protocol`) → `transient`, dispatch unknown. Policy
    rules never apply here: errors raised locally are never mistaken for codes from the wire. The
    dispatch is the more cautious of this table and the adapter's own claim (no < unknown < yes).
+   The one exception is `session_refused`: the upstream's 404 to a credential other than the one
+   that opened its session (passthrough, legacy SSE) refuses that caller, it did not forget the
+   session → `permission`, not dispatched, evidence `http` 404.
 2. HTTP status: first the policy rules that list the status (in policy order), then the built-in
    table (429/503 transient not dispatched; 500/502/504/408 transient unknown; 401/403 permission;
    400/405/413/415/422 validation), then the JSON-RPC error the HTTP body carried (step 3).
@@ -287,6 +290,8 @@ def _transport(outcome: TransportError, policy: ToolPolicy) -> Classified:
         if outcome.http_status is None:
             return _defaulted(policy, Dispatch.UNKNOWN, outcome.kind.value)
         return _http(outcome, outcome.http_status, policy)
+    if outcome.kind is FailureKind.SESSION_REFUSED:
+        return Classified(Category.PERMISSION, Dispatch.NO, Evidence(EvidenceSource.HTTP, code=404))
     dispatched = _cautious(TRANSPORT_TABLE.get(outcome.kind, Dispatch.UNKNOWN), outcome.dispatched)
     return Classified(
         Category.TRANSIENT,

@@ -21,8 +21,9 @@ raised as the upstream's own refusal, challenge included, for the caller to answ
 its SSE session to the principal of the credential that opened the stream (the MCP SDK answers a
 POST from another principal 404, "as if the session did not exist"), so a 404 to a POST whose
 credential is not the one the stream was opened with is that refusal, not a forgotten session:
-it is `SESSION_EXPIRED` at once, and the stream is not reopened with the POST's credential (which
-would move the session, and what the server pushes on it, to another principal).
+it is `SESSION_REFUSED` at once (a `permission` refusal, relayed to the caller as the server's
+404: never retried), and the stream is not reopened with the POST's credential (which would move
+the session, and what the server pushes on it, to another principal).
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class SseLegacyLink(LinkBase):
     @staticmethod
     def _refused_by_session_owner() -> UpstreamFailure:
         return UpstreamFailure(
-            FailureKind.SESSION_EXPIRED,
+            FailureKind.SESSION_REFUSED,
             Dispatch.NO,
             "the upstream refused this credential for the SSE session (404): another credential opened it",
             http_status=404,

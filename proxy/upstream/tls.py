@@ -24,8 +24,8 @@ Contract:
   the file, and never repeats the file's content nor the passphrase.
 
 - Renewal without a restart (`TlsWatcher`): the folders of the CA, client certificate, key and
-  passphrase files are watched, like the policy folder (a Kubernetes Secret or cert-manager
-  swaps its `..data` link; watchfiles, debounced). When what the files hold changes, a new
+  passphrase files are watched, like the policy folder (proxy/filewatch.py: a Kubernetes Secret
+  or cert-manager swaps its `..data` link). When what the files hold changes, a new
   context is built from them off the event loop, whole, with the same checks as at start; a good
   one replaces the old for every connection opened from then on (connections already open keep
   their handshake), a bad one (a half-written renewal, a key that does not fit) is refused: the
@@ -38,13 +38,14 @@ The context itself is the standard library's: what `asyncio` takes for `create_c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from proxy.filewatch import FolderWatcher, log_refused
 
 __all__ = ["TlsConfigError", "TlsFiles", "TlsWatcher", "client_context", "read_key_password"]
 
@@ -199,17 +200,20 @@ class TlsWatcher:
         self.files = files
         self.name = name
         self._apply = apply
-        self._debounce_ms = debounce_ms
-        self._force_polling = force_polling
         self._loaded = files.fingerprint()  # what the context built at start was made of
         self.reloads_ok = 0
         self.reloads_error = 0
         self.last_error: str | None = None
         # Called after a reload applied or refused a change (None: nobody asks; tests wait on it).
         self.on_done: Callable[[], None] | None = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._watcher = FolderWatcher(
+            (path.parent for path in files.paths),
+            self.reload,
+            what=f"{name} TLS files",
+            debounce_ms=debounce_ms,
+            force_polling=force_polling,
+        )
 
     async def reload(self, reason: str = "manual") -> bool | None:
         """Build a context from the files if they changed; True: applied, False: refused, None: unchanged."""
@@ -223,13 +227,7 @@ class TlsWatcher:
                 # Remembered, so the same bad content is reported once, not at every event.
                 self._loaded = fingerprint
                 self.reloads_error += 1
-                self.last_error = str(exc)
-                log.error(
-                    "%s TLS files changed (%s) but cannot be used, keeping the last good ones: %s",
-                    self.name,
-                    reason,
-                    exc,
-                )
+                self.last_error = log_refused(log, f"{self.name} TLS files", reason, "the last good ones", [str(exc)])
                 self._done()
                 return False
             self._loaded = fingerprint
@@ -245,34 +243,7 @@ class TlsWatcher:
             self.on_done()
 
     async def start(self) -> None:
-        if self._task is None:
-            self._stop.clear()
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name=f"{self.name}-tls-watcher")
-
-    async def _watch(self) -> None:
-        import watchfiles
-
-        folders = sorted({str(path.parent) for path in self.files.paths})
-        while not self._stop.is_set():
-            try:
-                async for _changes in watchfiles.awatch(
-                    *folders,
-                    watch_filter=None,  # a Secret volume's `..data` swap is the change to see
-                    debounce=self._debounce_ms,
-                    recursive=False,
-                    stop_event=self._stop,
-                    force_polling=self._force_polling,
-                ):
-                    await self.reload("watch")
-            except Exception:
-                log.exception("%s TLS file watcher on %s failed; restarting in 1s", self.name, ", ".join(folders))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+        self._watcher.start()
 
     async def aclose(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._watcher.aclose()

@@ -14,7 +14,6 @@ only the proxy's own credential.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import TextContent
 from starlette.types import Receive, Scope, Send
 
+from tests.auth.rig import modern_call
 from tests.fixtures.authserver import AuthServer, sdk_oauth_provider, serve_in_thread, stop_thread_server
 from tests.fixtures.helpers import free_port
 from tests.proxy_process import ProxyProcess
@@ -38,7 +38,6 @@ pytestmark = pytest.mark.anyio
 ERAS = ["legacy", "2026-07-28"]
 BOUND_S = 40.0
 CREDENTIAL = "proxy-own-credential-" + "c" * 24
-MODERN = "2026-07-28"
 
 
 class CredentialGate:
@@ -129,34 +128,8 @@ def metadata_url(proxy: ProxyProcess) -> str:
     return f"http://127.0.0.1:{proxy.port}/.well-known/oauth-protected-resource/mcp"
 
 
-def modern_call(name: str, arguments: dict[str, Any]) -> tuple[dict[str, str], bytes]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": name,
-            "arguments": arguments,
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": MODERN,
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    }
-    headers = {
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": "tools/call",
-        "mcp-name": name,
-    }
-    return headers, json.dumps(body).encode()
-
-
 def post(proxy: ProxyProcess, token: str | None, name: str = "whoami", timeout_s: float = 20.0) -> httpx.Response:
-    headers, body = modern_call(name, {"text": "x"} if name == "write_note" else {})
-    if token is not None:
-        headers["authorization"] = f"Bearer {token}"
+    headers, body = modern_call(name, {"text": "x"} if name == "write_note" else {}, token)
     return httpx.post(proxy.url, content=body, headers=headers, timeout=timeout_s)
 
 
@@ -232,6 +205,17 @@ def test_a_rotated_key_is_accepted_after_one_jwks_refresh(auth: AuthServer, prox
     answer = post(proxy, auth.issue(aud=proxy.url, sub="rotated"))
     assert answer.status_code == 200 and "upstream says hello" in answer.text
     assert auth.jwks_hits == hits + 1
+
+
+def test_a_jwks_fetch_leaves_no_httpx_request_line_in_the_log(auth: AuthServer, proxy: ProxyProcess) -> None:
+    """httpx logs each request at INFO; the proxy's log level is INFO, and its log keeps its own lines."""
+    hits = auth.jwks_hits
+    auth.rotate(keep_old=False)
+    assert post(proxy, auth.issue(aud=proxy.url, sub="fresh-key")).status_code == 200
+    assert auth.jwks_hits > hits >= 1, "the keys were fetched at start and again for the new key"
+    log = proxy.log_tail(1_000_000)
+    assert "jwt:" in log, "the call log line is there (the log is read at INFO)"
+    assert " httpx: " not in log and "HTTP Request:" not in log, log[-2000:]
 
 
 def test_a_jwks_that_is_down_is_a_bounded_503_and_held_keys_still_work(auth: AuthServer, proxy: ProxyProcess) -> None:

@@ -18,7 +18,6 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -27,7 +26,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
+from tests.auth.rig import ACCEPT, INIT, bearer, open_session, protected_server, tool_call
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.anyio
@@ -37,13 +37,6 @@ FRESH = "fresh-token-8d3b6e0a15"
 WEAK = "weak-token-2c7e9f4b81"
 REVOKED = "revoked-token-6a0d3f8c27"
 POLICIES = {"defaults.yaml": "attempts: 3\ndeadline: 5s\nattempt_timeout: 2s\nbackoff: {initial: 10ms, max: 20ms}\n"}
-ACCEPT = {"accept": "application/json, text/event-stream"}
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
-}
 
 
 class Rig:
@@ -71,15 +64,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tokens = tmp / "tokens"
     tokens.write_text(f"{GOOD} mcp:read\n{FRESH} mcp:read\n{WEAK} -\n{REVOKED} mcp:read\n")
     journal = tmp / "journal.jsonl"
-    port = free_port()
-    server = subprocess.Popen(
-        [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "protected_server.py"), str(port), str(tokens), str(journal)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "server.log", "ab"),
-    )
-    try:
-        wait_port(port, timeout_s=BOUND_S)
+    with protected_server("protected_server.py", tokens, journal, bound_s=BOUND_S) as port:
         policies = tmp / "policies"
         policies.mkdir()
         for name, text in POLICIES.items():
@@ -102,34 +87,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             yield Rig(proxy, f"http://127.0.0.1:{port}", journal, tokens)
         finally:
             proxy.stop()
-    finally:
-        terminate(server)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
-
-
-async def open_session(http: httpx.AsyncClient, rig: Rig, token: str) -> dict[str, str]:
-    opened = await http.post(rig.proxy.url, json=INIT, headers={**ACCEPT, **bearer(token)})
-    assert opened.status_code == 200, opened.text
-    session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
-    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    answer = await http.post(rig.proxy.url, json=note, headers={**ACCEPT, **session, **bearer(token)})
-    assert answer.status_code == 202
-    return session
-
-
-def tool_call(name: str, arguments: dict[str, Any], id_: int = 2) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
-
-
-def answer_of(response: httpx.Response) -> dict[str, Any]:
-    """The JSON-RPC answer of a POST (JSON, or the last `data:` of an event stream)."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-        return json.loads(data[-1])
-    return response.json()
 
 
 async def test_without_a_token_the_upstreams_401_reaches_the_caller_pointing_at_the_proxys_metadata(
@@ -171,7 +128,7 @@ async def test_the_callers_token_reaches_the_upstream_on_every_attempt(rig: Rig,
 async def test_a_token_refreshed_mid_session_is_the_one_the_upstream_gets(rig: Rig) -> None:
     first, second = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
     async with httpx.AsyncClient(timeout=BOUND_S) as http:
-        session = await open_session(http, rig, GOOD)
+        session = await open_session(http, rig.proxy.url, GOOD)
         one = await http.post(
             rig.proxy.url,
             json=tool_call("echo", {"text": "a", "call_id": first}),
@@ -197,7 +154,7 @@ async def test_a_tool_call_the_upstream_refuses_is_that_http_status_never_a_tool
 ) -> None:
     cid = uuid.uuid4().hex[:12]
     async with httpx.AsyncClient(timeout=BOUND_S) as http:
-        session = await open_session(http, rig, REVOKED)
+        session = await open_session(http, rig.proxy.url, REVOKED)
         original = rig.tokens.read_text()
         rig.tokens.write_text(original.replace(f"{REVOKED} mcp:read\n", ""))  # revoked mid-session
         try:

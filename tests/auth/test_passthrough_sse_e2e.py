@@ -7,15 +7,15 @@ session opens its own upstream stream with that caller's credential, and every P
 session carries it (two callers with different tokens at once, each answered as itself: the
 server names the credential that opened the stream); a caller without a credential gets the
 upstream's 401 with the challenge pointing at the proxy's metadata, which the proxy serves with
-its own `resource`; a caller naming another caller's session is refused without the stream being
-moved to its credential; no token reaches the proxy's log. Before this, the proxy refused to start
+its own `resource`; a caller naming another caller's session gets the upstream's 404 after one
+POST (a permission refusal, not a session to re-establish or a call to retry), without the stream
+being moved to its credential; no token reaches the proxy's log. Before this, the proxy refused to start
 with `--auth passthrough` in front of an SSE upstream.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,20 +27,14 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
+from tests.auth.rig import ACCEPT, INIT, answer_of, bearer, open_session, protected_server, tool_call
+from tests.fixtures.helpers import free_port
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 30.0
 ALICE = "alice-sse-token-3e9c1a7f52"
 BOB = "bob-sse-token-8b2d6f0e41"
-ACCEPT = {"accept": "application/json, text/event-stream"}
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
-}
 
 
 class Rig:
@@ -65,21 +59,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tokens = tmp / "tokens"
     tokens.write_text(f"{ALICE} alice\n{BOB} bob\n")
     journal = tmp / "journal.jsonl"
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            PYTHON,
-            str(REPO_ROOT / "tests" / "fixtures" / "protected_sse_server.py"),
-            str(port),
-            str(tokens),
-            str(journal),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "server.log", "ab"),
-    )
-    try:
-        wait_port(port, timeout_s=BOUND_S)
+    with protected_server("protected_sse_server.py", tokens, journal, bound_s=BOUND_S) as port:
         proxy = ProxyProcess(upstream_url=f"sse+http://127.0.0.1:{port}/sse", log_path=tmp / "proxy.log")
         proxy.port = free_port()
         public = f"http://127.0.0.1:{proxy.port}/mcp"
@@ -89,20 +69,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             yield Rig(proxy, f"http://127.0.0.1:{port}", journal)
         finally:
             proxy.stop()
-    finally:
-        terminate(server)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
-
-
-def answer_of(response: httpx.Response) -> dict[str, Any]:
-    """The JSON-RPC answer of a POST (JSON, or the last `data:` of an event stream)."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-        return json.loads(data[-1])
-    return response.json()
 
 
 async def test_without_a_token_the_sse_upstreams_401_reaches_the_caller_pointing_at_the_proxys_metadata(
@@ -158,22 +124,27 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
     rig: Rig,
 ) -> None:
     async with httpx.AsyncClient(timeout=BOUND_S) as http:
-        opened = await http.post(rig.proxy.url, json=INIT, headers={**ACCEPT, **bearer(ALICE)})
-        assert opened.status_code == 200, opened.text
-        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        done = await http.post(rig.proxy.url, json=note, headers={**ACCEPT, **session, **bearer(ALICE)})
-        assert done.status_code == 202
+        session = await open_session(http, rig.proxy.url, ALICE)
         before = len(rig.requests())
 
-        def call(tag: str, id_: int) -> dict[str, Any]:
-            params = {"name": "whoami", "arguments": {"tag": tag}}
-            return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
-
-        stolen = await http.post(rig.proxy.url, json=call("b", 2), headers={**ACCEPT, **session, **bearer(BOB)})
+        stolen = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "b"}, 2), headers={**ACCEPT, **session, **bearer(BOB)}
+        )
         text = json.dumps(answer_of(stolen)) if stolen.status_code == 200 else stolen.text
         assert "alice:" not in text and "bob:" not in text, text  # not answered from either identity
-        mine = await http.post(rig.proxy.url, json=call("a", 3), headers={**ACCEPT, **session, **bearer(ALICE)})
+        # The upstream's refusal reaches bob as it answered it (404, "no such session" for him,
+        # as the proxy's own refusal in jwt/tokens), once: a refusal is not retried.
+        assert stolen.status_code == 404, text
+        assert stolen.json()["error"]["message"] == "Session not found" and stolen.json()["id"] == 2
+        bobs = [r for r in rig.requests()[before:] if r["client"] == "bob"]
+        assert [(r["method"], r["path"]) for r in bobs] == [("POST", "/messages/")], bobs
+        # Any other request of his is refused the same way (the relay's path, not the engine's).
+        listing = {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}
+        listed = await http.post(rig.proxy.url, json=listing, headers={**ACCEPT, **session, **bearer(BOB)})
+        assert listed.status_code == 404 and listed.json()["id"] == 4, listed.text
+        mine = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "a"}, 3), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
         assert mine.status_code == 200, mine.text
         assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})

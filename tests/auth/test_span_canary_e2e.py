@@ -16,8 +16,6 @@ canary through spans is in tests/e2e/test_upstream_tls.py.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,14 +24,14 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.auth.rig import modern_call, protected_server
 from tests.fixtures.authserver import AuthServer
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
+from tests.fixtures.helpers import free_port
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 from tests.telemetry.test_otlp import Receiver, attributes
 
 pytestmark = pytest.mark.timeout(180)
 BOUND_S = 30.0
-MODERN = "2026-07-28"
 
 
 @pytest.fixture
@@ -58,34 +56,8 @@ def assert_no_canary_in_spans(receiver: Receiver, canaries: list[str], principal
             assert canary not in text, f"{canary[:12]}… leaked into the span {span.name!r}: {text[:2000]}"
 
 
-def modern(name: str, arguments: dict[str, Any], token: str | None) -> tuple[dict[str, str], bytes]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": name,
-            "arguments": arguments,
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": MODERN,
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    }
-    headers = {
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": "tools/call",
-        "mcp-name": name,
-    }
-    if token is not None:
-        headers["authorization"] = token if " " in token else f"Bearer {token}"
-    return headers, json.dumps(body).encode()
-
-
 def call(proxy: ProxyProcess, name: str, arguments: dict[str, Any], token: str | None) -> httpx.Response:
-    headers, body = modern(name, arguments, token)
+    headers, body = modern_call(name, arguments, token)
     return httpx.post(proxy.url, content=body, headers=headers, timeout=BOUND_S)
 
 
@@ -173,15 +145,7 @@ def test_passthrough_credentials_and_the_hash_key_never_reach_a_span(tmp_path: P
     tokens.write_text(f"{good} mcp:read\n{weak} -\n")
     (tmp_path / "hash-key").write_text(hash_key + "\n")
     journal = tmp_path / "journal.jsonl"
-    port = free_port()
-    server = subprocess.Popen(
-        [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "protected_server.py"), str(port), str(tokens), str(journal)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "server.log", "ab"),
-    )
-    try:
-        wait_port(port, timeout_s=BOUND_S)
+    with protected_server("protected_server.py", tokens, journal, bound_s=BOUND_S) as port:
         proxy_port = free_port()
         proxy = ProxyProcess(
             upstream_url=f"http://127.0.0.1:{port}/mcp",
@@ -203,6 +167,4 @@ def test_passthrough_credentials_and_the_hash_key_never_reach_a_span(tmp_path: P
             assert call(proxy, "echo", {"text": "x"}, None).status_code == 401
         finally:
             stopped(proxy)
-    finally:
-        terminate(server)
     assert_no_canary_in_spans(receiver, [good, weak, revoked, hash_key], "passthrough:")

@@ -66,6 +66,16 @@ def test_transport_failures_are_transient_with_the_cautious_dispatch(kind, adapt
     assert (c.evidence.source, c.evidence.code) == (EvidenceSource.TRANSPORT, kind.value)
 
 
+def test_a_session_refused_to_another_credential_is_permission_and_not_dispatched():
+    """passthrough before a legacy SSE server: its 404 to a credential that did not open the
+    session refuses that caller (retrying cannot help); a forgotten session stays transient."""
+    refused = classify(transport(FailureKind.SESSION_REFUSED, http_status=404), policy())
+    assert (refused.category, refused.dispatched, refused.defaulted) == (P, NO, False)
+    assert (refused.evidence.source, refused.evidence.code) == (EvidenceSource.HTTP, 404)
+    expired = classify(transport(FailureKind.SESSION_EXPIRED, http_status=404), policy())
+    assert expired.category is T
+
+
 def test_policy_rules_never_reclassify_a_local_transport_failure():
     rule = Rule(name="all", category=B, text=re.compile("."), jsonrpc_codes=frozenset({-32603}))
     c = classify(transport(FailureKind.TIMEOUT, UNKNOWN), policy(rules=(rule,)))

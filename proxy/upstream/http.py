@@ -51,6 +51,7 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import functools
 import logging
 import re
 import ssl
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import (
     LATEST_MODERN,
     LEGACY_VERSIONS,
@@ -499,8 +500,15 @@ class _HttpLink(LinkBase):
         task = ex.response.get_loop().create_task(self._run_exchange(ex, message, extra, sent, first))
         ex.transport_state = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._exchange_ended, ex))
         return task
+
+    def _exchange_ended(self, ex: Exchange, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # A task that ended cancelled keeps its CancelledError, whose traceback holds the task's
+        # frames, which hold the exchange: without this the three form a cycle.
+        if ex.transport_state is task:
+            ex.transport_state = None
 
     async def _opened(self) -> None:
         """Requests wait (bounded) until the standalone GET stream is open: a server sends what is
@@ -542,17 +550,21 @@ class _HttpLink(LinkBase):
         try:
             await self._attempt_loop(ex, message, extra, sent, first)
         except UpstreamFailure as failure:
+            untraced(failure)
             if not ex.written and not sent.done():
                 sent.set_exception(failure)
                 sent.exception()
             else:
                 self._pending.fail(ex, failure)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             if not sent.done():
                 sent.set_exception(
                     UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the proxy closed the upstream link")
                 )
                 sent.exception()
+            # The error is also kept by the future it came out of (h1's, in a frame of the
+            # request) and by this task: its frames below would be a cycle with them.
+            untraced(cancelled)
             raise
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             log.exception("upstream exchange task failed")
@@ -562,7 +574,7 @@ class _HttpLink(LinkBase):
                 bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
             )
             if not sent.done():
-                sent.set_exception(failure)
+                sent.set_exception(untraced(failure))
                 sent.exception()
             self._pending.fail(ex, failure)
         finally:
@@ -762,6 +774,8 @@ class _Flight:
     def done(self, response: Response) -> None:
         self.conn = None
         ex = self.ex
+        if ex.transport_state is self:
+            ex.transport_state = None  # flight <-> exchange: a cycle, once the answer is in
         link = self.link
         try:
             messages = json_messages(response.take())
@@ -777,6 +791,8 @@ class _Flight:
 
     def failed(self, error: ClientError) -> None:
         self.conn = None
+        if self.ex.transport_state is self:
+            self.ex.transport_state = None
         if not self.ex.cancelled:
             self.link._pending.fail(self.ex, translate_exception(error, True))
 

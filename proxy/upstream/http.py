@@ -651,6 +651,7 @@ class _HttpLink(LinkBase):
         except (_Expired, UpstreamFailure):
             raise
         except (*CLIENT_ERRORS, SseError) as exc:
+            untraced(exc)  # stored by the response it came from, whose frames it holds
             if ex.cancelled:
                 return
             if state.last_event_id is not None and await self._resume(ex, state):
@@ -992,6 +993,7 @@ class HttpLegacyLink(_HttpLink):
             if status not in (200, 202, 204, 404, 405):
                 log.debug("upstream answered DELETE with HTTP %s", status)
         except (*CLIENT_ERRORS, TimeoutError) as exc:
+            untraced(exc)
             log.debug("DELETE of the upstream session failed: %s", type(exc).__name__)
 
     # -- resumption of a POST stream (2025-11-25 polling / event-store servers) -------------
@@ -1011,7 +1013,8 @@ class HttpLegacyLink(_HttpLink):
                     async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                         if self._route_stream_message(ex, response, msg):
                             return True
-            except (*CLIENT_ERRORS, SseError):
+            except (*CLIENT_ERRORS, SseError) as exc:
+                untraced(exc)
                 failures += 1
         return False
 
@@ -1052,6 +1055,7 @@ class HttpLegacyLink(_HttpLink):
                             async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                                 self._deliver_unsolicited(msg)
             except (*CLIENT_ERRORS, SseError) as exc:
+                untraced(exc)  # a response keeps its error, and the error's frames the response
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
                 failures += 1
                 if not opening.done():
@@ -1159,7 +1163,7 @@ class HttpClientOwner:
     def translate(self, exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
         """`translate_exception`, and a connection that could not be established marks the
         upstream down (a full pool does not: the upstream is busy, not gone)."""
-        failure = translate_exception(exc, written, what)
+        failure = translate_exception(untraced(exc), written, what)  # see `untraced`: kept as context
         if failure.kind is FailureKind.CONNECT_FAILED and not isinstance(exc, PoolTimeout):
             self.health.failed(failure.detail)
         return failure

@@ -48,8 +48,8 @@ def uvloop_only(anyio_backend: tuple[str, dict[str, bool]]) -> None:
         pytest.skip("the standard library's transport leaves a cycle per closed connection")
 
 
-async def cyclic_garbage(once: Callable[[int], Awaitable[None]]) -> collections.Counter[str]:
-    """Run `once` a few times to warm up (lazy imports, pools), then N times with the collector off;
+async def cyclic_garbage(once: Callable[[int], Awaitable[None]], n: int = N) -> collections.Counter[str]:
+    """Run `once` a few times to warm up (lazy imports, pools), then `n` times with the collector off;
     the objects `gc.collect()` then frees, by type."""
     for i in range(3):
         await once(i)
@@ -57,7 +57,7 @@ async def cyclic_garbage(once: Callable[[int], Awaitable[None]]) -> collections.
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        for i in range(N):
+        for i in range(n):
             await once(i)
         gc.collect()
         found = collections.Counter(
@@ -239,3 +239,62 @@ async def test_a_cancelled_exchange_leaves_no_cyclic_garbage(anyio_backend: tupl
         found = await cyclic_garbage(once)
         await up.aclose()
         assert sum(found.values()) < BOUND, str(sorted(found.items()))
+
+
+async def test_a_listen_stream_that_breaks_leaves_no_cyclic_garbage(anyio_backend: tuple[str, dict[str, bool]]) -> None:
+    """A 2025 session's standalone GET stream cut mid-way (its upstream restarted, a proxy in
+    between timed it out) is opened again, with backoff; each break must leave nothing behind."""
+    uvloop_only(anyio_backend)
+    gets: asyncio.Queue[None] = asyncio.Queue()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    gets.put_nowait(None)
+                    event = b'data: {"jsonrpc":"2.0","method":"notifications/message","params":{}}\n\n'
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                        + b"%x\r\n%s\r\n" % (len(event), event)
+                        + b"40\r\npart of an event"  # then the connection is cut, mid-chunk
+                    )
+                    await writer.drain()
+                    break
+                message = json.loads(body) if body else {}  # no body: the session's DELETE at close
+                if "id" not in message:
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                answer = json.dumps(
+                    {"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": "2025-06-18"}}
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(answer), answer)
+                )
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    up = HttpUpstream(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp", connect_timeout_s=5)
+    try:
+        link = await up.open(Era.LEGACY)
+        link.set_unsolicited_handler(lambda message: None)
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}}
+        await (await link.send_request(init)).response
+        await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+        async def once(_: int) -> None:
+            await asyncio.wait_for(gets.get(), 10)  # a GET came: the one before it broke and was handled
+
+        found = await cyclic_garbage(once, n=4)
+    finally:
+        await up.aclose()
+        server.close()
+    assert sum(found.values()) < BOUND, str(sorted(found.items()))

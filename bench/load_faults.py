@@ -77,7 +77,7 @@ UNRESOLVED = "io.mcp-recovery-proxy/unresolved"
 SDK_MADE_UP = ("SSE stream ended without a response", "SSE stream failed")
 OVERSHOOT_TARGET_MS = 50.0
 HANG_S = 8.0
-EXIT_BOUND_S = 16.0  # docs/reliability.md: the proxy never outlives grace + about 16 s
+EXIT_BOUND_S = 14.0  # docs/reliability.md: the proxy never outlives grace + about 14 s
 # how long a state-changing `charge` or a long hang sleeps in the SIGTERM leg: beyond any grace
 SIGTERM_HANG_S = 25.0
 
@@ -948,14 +948,23 @@ def judge_shutdown(
     child_pids: set[int],
     http_upstream: HttpUpstream | None,
     grace_s: float,
+    at_exit: int | None = None,
 ) -> dict[str, Any]:
-    """After the proxy exited: its children gone, the HTTP upstream's fds back to their count at start."""
+    """After the proxy exited: its children gone, the HTTP upstream's fds back to their count at start.
+    `at_exit`: how many were still there the moment it exited (else counted now)."""
     end = time.monotonic() + 5.0
     left = [p for p in child_pids if alive(p) and (is_scripted(p) or is_guard(p))]
+    if at_exit is None:
+        at_exit = len(left)  # still there once the proxy had exited: it did not stop them
     while left and time.monotonic() < end:
         time.sleep(0.05)
         left = [p for p in left if alive(p)]
-    data: dict[str, Any] = {"exit_code": code, "exit_s": exit_s, "children_left": len(left)}
+    data: dict[str, Any] = {
+        "exit_code": code,
+        "exit_s": exit_s,
+        "children_left": len(left),
+        "children_at_exit": at_exit,
+    }
     fds_left = 0
     if http_upstream is not None and http_upstream.proc is not None and http_upstream.proc.poll() is None:
         http_upstream.poll()
@@ -966,9 +975,11 @@ def judge_shutdown(
             fds_left = upstream_connections(http_upstream.port)
         data["upstream_fds"] = {"at_start": http_upstream.start_fds.get(pid, -1), "after_shutdown": fd_count(pid)}
     data["upstream_fds_left"] = fds_left
+    over = f" + {exit_s - grace_s:.1f}s" if exit_s > grace_s else ""
     rep.say(
-        f"  shutdown: exit code {code} after {exit_s:.1f}s (grace {grace_s:.0f}s), processes left (upstream "
-        f"servers and their guards) {len(left)} of {len(child_pids)} seen"
+        f"  shutdown: exit code {code} after {exit_s:.1f}s (grace {grace_s:.0f}s{over}), processes "
+        f"left (upstream servers and their guards) {len(left)} of {len(child_pids)} seen ({at_exit} still there "
+        "the moment the proxy exited)"
         + (
             f"; HTTP upstream: connections still open {fds_left}, its fds {data['upstream_fds']['at_start']} at "
             f"its start, {data['upstream_fds']['after_shutdown']} after the proxy's shutdown"
@@ -980,7 +991,7 @@ def judge_shutdown(
         f"{name}: processes and upstream fds left after shutdown",
         f"{len(left)} + {fds_left}",
         "0 + 0",
-        not left and not fds_left and code == 0,
+        not left and not at_exit and not fds_left and code == 0,
     )
     return data
 
@@ -1315,6 +1326,7 @@ def sigterm_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str
             while proxy.proc is not None and proxy.proc.poll() is None:  # noqa: ASYNC110 - a process, no event
                 await anyio.sleep(0.02)
         timing["exit_s"] = time.monotonic() - timing["sent_at"]
+        timing["at_exit"] = sum(1 for p in children if alive(p) and (is_scripted(p) or is_guard(p)))
         await anyio.sleep(3600)  # cancelled when the clients are done
 
     outcomes, wall, progress = anyio.run(
@@ -1362,7 +1374,9 @@ def sigterm_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str
         not fate_counts.get("open", 0) and fate_counts.get("cancelled", 0) > 0,
     )
     rep.check(f"{name}: duplicate executions of state-changing tools", str(len(dups)), "0", not dups)
-    data = judge_shutdown(rep, name, proxy, code, timing["exit_s"], children, http_upstream, args.sigterm_grace)
+    data = judge_shutdown(
+        rep, name, proxy, code, timing["exit_s"], children, http_upstream, args.sigterm_grace, timing.get("at_exit")
+    )
     within = timing["exit_s"] <= args.sigterm_grace + EXIT_BOUND_S
     rep.check(
         f"{name}: exit after SIGTERM",

@@ -112,6 +112,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
     )
     p.add_argument(
+        "--stdio-start-timeout-s",
+        type=float,
+        default=s,
+        help="a stdio child must answer its handshake within, from its start (10; more on a slow or busy host)",
+    )
+    p.add_argument(
         "--stdio-max-starting",
         type=int,
         default=s,

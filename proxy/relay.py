@@ -77,6 +77,13 @@ BACKLOG_BYTES = 4 * 1024 * 1024
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
 LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
+# Protocol reads that describe the server and change nothing: one that fails because the upstream
+# went away under it is sent once more (`Relay._read`).
+RESENT_READS = frozenset(
+    {"tools/list", "prompts/list", "resources/list", "resources/templates/list", "server/discover", "ping"}
+)
+# ... when it failed this way: the process or connection ended, or a replacement is starting.
+_GONE = frozenset({FailureKind.CLOSED, FailureKind.NOT_RUNNING, FailureKind.SPAWN_FAILED, FailureKind.CONNECT_FAILED})
 
 
 class Outbox(Protocol):
@@ -498,7 +505,10 @@ class Relay:
             else:
                 timeout_s = self.request_timeout_s if method not in LONG_LIVED else None
                 try:
-                    response = await self.forward(request, outbox, headers, timeout_s)
+                    if method in RESENT_READS:
+                        response = await self._read(request, outbox, headers, timeout_s)
+                    else:
+                        response = await self.forward(request, outbox, headers, timeout_s)
                 except AttemptTimedOut:
                     assert timeout_s is not None
                     log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
@@ -528,6 +538,34 @@ class Relay:
             if caller is not None:
                 self._caller_of.pop(outbox, None)
             self.last_activity = time.monotonic()
+
+    async def _read(
+        self, request: Message, outbox: Outbox, headers: Mapping[str, str] | None, timeout_s: float | None
+    ) -> Message:
+        """`forward` a protocol read (`RESENT_READS`), sent once more when the upstream went away
+        under it (a stdio child killed or crashed and being replaced, a connection lost, a restart
+        backing off: `retry_after_s` is waited), within what is left of `timeout_s`. A read repeats
+        nothing; and a client's `tools/call` must not fail on the listing its SDK makes around it:
+        the Python SDK lists tools inside `call_tool` to check a result against the tool's output
+        schema, and a 2026 call whose tool call the engine had answered came back -32603 ("upstream
+        unavailable") when that listing was on the stdio child as it was killed."""
+        loop = self._loop()
+        started = loop.time()
+        try:
+            return await self.forward(request, outbox, headers, timeout_s)
+        except UpstreamFailure as failure:
+            if failure.kind not in _GONE:
+                raise
+            wait_s = min(failure.retry_after_s or 0.0, 5.0)
+            left_s = None if timeout_s is None else timeout_s - (loop.time() - started) - wait_s
+            if left_s is not None and left_s <= 0:
+                raise
+            log.info(
+                "%s failed (%s): sent once more", bounded(str(request.get("method")), 40), bounded(failure.detail, 200)
+            )
+        if wait_s:
+            await asyncio.sleep(wait_s)
+        return await self.forward(request, outbox, headers, left_s)
 
     async def forward(
         self,
@@ -913,9 +951,14 @@ class Relay:
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout_s)
 
-    async def aclose(self) -> None:
+    async def end_requests(self) -> None:
+        """Cancel every request still running, and wait (bounded) for their upstream cancellations
+        to be written."""
         for task in list(self._inflight.values()):
             task.cancel()
         await self.settle()
+
+    async def aclose(self) -> None:
+        await self.end_requests()
         if self.era is Era.LEGACY:
             await self.link.aclose()

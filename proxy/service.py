@@ -85,6 +85,7 @@ def build_upstream(settings: Settings) -> Upstream:
             stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
             shared_children=settings.stdio_shared_children,
+            handshake_timeout_s=settings.stdio_start_timeout_s,
             max_starting=settings.stdio_max_starting,
         )
     url = settings.upstream
@@ -203,6 +204,10 @@ class Service:
         self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
+        # A stdio child's start is bounded by --stdio-start-timeout-s: a probe (which waits for
+        # one) gets that and a margin for its own exchanges, never less than the default.
+        start_s = getattr(upstream, "handshake_timeout_s", 0.0) if self._supervised else 0.0
+        self._probe_timeout_s = max(PROBE_TIMEOUT_S, start_s + 5.0)
         # Each client's share of a network upstream's connections, across its sessions and both
         # eras (a stdio upstream has no pool to share: each 2025 session has its own child).
         self.shares = None if self._supervised else ClientShares(settings.max_upstream_per_client)
@@ -240,6 +245,15 @@ class Service:
                 await task
         sessions, self.sessions = list(self.sessions.values()), {}
         closing = list(self._closing)
+        if self._supervised:
+            # stdio: every relay ends what it still runs and its cancellations are written (each
+            # bounded), then the upstream stops every child at once, one bound for all of them
+            # (proxy/upstream/stdio.py `stop_children`); closing a relay's link after that is
+            # quick. Closed one relay after another, the children were stopped one group after
+            # another, each with its own bound.
+            relays = [*sessions, *([self._modern] if self._modern is not None else [])]
+            await asyncio.gather(*(relay.end_requests() for relay in relays), return_exceptions=True)
+            await self.upstream.aclose()
         await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
         await self.upstream.aclose()
         if self.state is not None:
@@ -378,7 +392,7 @@ class Service:
         async with self._probe_lock:
             if self.capabilities is None:
                 try:
-                    self.capabilities = await asyncio.wait_for(self.upstream.probe(), PROBE_TIMEOUT_S)
+                    self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
                     log.info("upstream %s: %s", self.upstream.description, self.capabilities)
                     self.health.answered()
@@ -441,7 +455,7 @@ class Service:
             delay_s = min(delay_s * 2, RECHECK_MAX_S)
             if self.health.up is not False:
                 break
-            await self._check(PROBE_TIMEOUT_S)
+            await self._check(self._probe_timeout_s)
 
     # -- relays ---------------------------------------------------------------------------------
     async def modern_relay(self) -> Relay | None:

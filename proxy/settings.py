@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
+    stdio_start_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="a stdio child must answer its first request (the handshake) within this after it was started",
+    )
     stdio_max_starting: int = Field(
         0, ge=0, le=256, description="stdio children starting at once, the others wait (0: the CPU count, at least 2)"
     )

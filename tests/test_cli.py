@@ -119,6 +119,7 @@ BOUND_SETTINGS = {
     "replay_total_bytes": ("33554432", 64 * 1024 * 1024),
     "stderr_burst_lines": ("5", 100),
     "stderr_lines_per_s": ("0.5", 20.0),
+    "stdio_start_timeout_s": ("45", 10.0),  # issue 16: what broke first at a load of ~20
 }
 
 
@@ -145,6 +146,7 @@ def test_the_stream_replay_and_stderr_bounds_are_settings_with_their_defaults(
         ({"replay_stream_bytes": 8 << 20, "replay_total_bytes": 4 << 20}, "replay_total_bytes"),
         ({"stderr_burst_lines": -1}, "stderr_burst_lines"),
         ({"stderr_lines_per_s": -1}, "stderr_lines_per_s"),
+        ({"stdio_start_timeout_s": 0}, "stdio_start_timeout_s"),
     ],
 )
 def test_the_bounds_are_validated(values: dict[str, int], wrong: str) -> None:

@@ -10,7 +10,9 @@ The URL is checked when the settings are read (`check_url`): a known scheme, db 
 and no `ssl_*` query parameter (redis-py would take `ssl_cert_reqs=none` from the URL and turn
 verification off; TLS is configured with `--state-ca`, `--state-client-cert`, `--state-client-key`,
 which apply to a TLS scheme only and whose files are checked at start, a `ValueError` naming the
-flag). Verification of the store's certificate is always on.
+flag, and reloaded when they change, a bad renewal keeping the last good context). Verification of
+the store's certificate is always on, against `--state-ca` alone when it is given, for one server
+and for every node of a cluster.
 
 The contract the engine relies on (`SharedState`):
 - `ledger` is a local, synchronous view of the shared ledger (an `InMemoryLedger`): the engine's

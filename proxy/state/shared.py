@@ -23,15 +23,22 @@ the store holds are refused (single use cannot be checked), and the retry budget
 own. When the store answers again, the proxy reconciles: it writes the live entries it knows
 (without overwriting the store's), deletes what it cleared while down, and reads the store's
 entries back into its view. A store restarted empty thus gets back every entry a replica still
-holds; spent approvals included.
+holds; spent approvals included. A spend is never undone: an approval the view knows spent is
+refused without asking the store, and a store entry that lacks a spend the view knows of (the same
+budget: lost in a failover, replication being asynchronous) gets it written back.
 
-Clients: to one server, redis-py's asyncio `Redis` over a pool of at most `MAX_CONNECTIONS`; over
-TLS every connection uses the one verifying context built at start from `--state-ca` and the
-client certificate (proxy/upstream/tls.py). To a Redis Cluster (`…+cluster://`), redis-py's
-asyncio `RedisCluster`: each script's keys share one hash slot, the scripts are loaded on every
-primary at each reconcile, the reconcile SCANs every primary, and the channel is a classic one
-(a PUBLISH on any node reaches every node's subscribers). Any exception the client raises is a
-store that did not answer (the cluster client raises more than `RedisError`).
+Clients: to one server, redis-py's asyncio `Redis` over a pool of at most `MAX_CONNECTIONS`. To a
+Redis Cluster (`…+cluster://`), redis-py's asyncio `RedisCluster`: each script's keys share one
+hash slot, the scripts are loaded on every primary at each reconcile, the reconcile SCANs every
+primary, and the channel is a classic one (a PUBLISH on any node reaches every node's
+subscribers). A cluster is up when every primary answers: the sync task PINGs them all each
+interval, so a dead primary marks the store down for every replica (a success on another slot
+does not mark it up again) until its replica is promoted, and every replica then reconciles. Over
+TLS, every connection, to one server or to any node of a cluster, uses the one verifying context
+built from `--state-ca` and the client certificate (proxy/upstream/tls.py), replaced when those
+files are renewed (`TlsWatcher`: new connections use the new one, a bad renewal keeps the last
+good one). Any exception the client raises is a store that did not answer (the cluster client
+raises more than `RedisError`).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from urllib.parse import urlsplit
 
 import orjson
 import redis.asyncio as aioredis
+from redis import __version__ as REDIS_VERSION
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -68,7 +76,7 @@ from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryL
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
 from proxy.state import StateConfigError, check_url
-from proxy.upstream.tls import client_context
+from proxy.upstream.tls import TlsFiles, TlsWatcher
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")
@@ -79,6 +87,7 @@ FALLBACKS = ("record", "approve", "clear", "budget")
 MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are first in the table)
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
+LISTEN_POLL_S = 0.25  # how long the listener waits for a message before it checks for a resubscribe
 SCAN_BATCH = 500
 MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
 MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
@@ -145,18 +154,54 @@ def client_url(url: str) -> str:
     return {"valkey": "redis", "valkeys": "rediss"}.get(scheme, scheme) + "://" + rest
 
 
-def _tls_connection(context: ssl.SSLContext) -> type[aioredis.SSLConnection]:
-    """redis-py's TLS connection, given the one context built at start (proxy/upstream/tls.py):
-    its own would be built per connection, synchronously on the event loop, loading the system
-    roots (a first connect and PING took 320-355 ms with it, 47-60 ms with the shared context, at
-    load 10 here), and would trust the system roots besides --state-ca."""
+class TlsContext:
+    """The one verifying context every connection to the store uses (proxy/upstream/tls.py), read
+    at each connect: a renewal (`TlsWatcher`) replaces it for the connections opened after it."""
+
+    __slots__ = ("context",)
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.context = context
+
+    def replace(self, context: ssl.SSLContext) -> None:
+        self.context = context
+
+
+def _tls_connection(current: TlsContext) -> type[aioredis.SSLConnection]:
+    """redis-py's TLS connection, given our context instead of its own: its own would be built per
+    connection, synchronously on the event loop, loading the system roots (a first connect and
+    PING took 320-355 ms with it, 47-60 ms with the shared context, at load 10 here), and would
+    trust the system roots besides --state-ca."""
 
     class SharedContextConnection(aioredis.SSLConnection):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.ssl_context.context = context  # RedisSSLContext.get() returns it as built
+        def _connection_arguments(self) -> Mapping[str, Any]:
+            # At every connect, not once: a pooled connection object reconnects after a failure,
+            # and must then use the renewed context. RedisSSLContext.get() returns it as set.
+            self.ssl_context.context = current.context
+            return super()._connection_arguments()
 
     return SharedContextConnection
+
+
+def _cluster_connections(client: RedisCluster, connection_class: type[aioredis.Connection]) -> None:
+    """Make every connection of a cluster client an instance of `connection_class`. redis-py's
+    RedisCluster takes no connection class: it uses its own SSLConnection (a context per connection,
+    the system roots trusted besides the CA) when given `ssl=True`. Each node it discovers is made
+    from its `connection_kwargs` (shared with its nodes manager), and the startup node already was:
+    both are set here. If a redis-py release moves them, the start fails here, loudly, rather than
+    connecting with a context we did not build."""
+    try:
+        client.connection_kwargs["connection_class"] = connection_class
+        client.nodes_manager.connection_kwargs["connection_class"] = connection_class
+        nodes = list(client.nodes_manager.startup_nodes.values())
+        for node in nodes:
+            node.connection_class = connection_class
+    except (AttributeError, TypeError) as exc:
+        raise RuntimeError(
+            f"redis {REDIS_VERSION}: cannot give the cluster client our TLS context ({type(exc).__name__})"
+        ) from None
+    if not nodes:
+        raise RuntimeError(f"redis {REDIS_VERSION}: the cluster client has no startup node to give our TLS context")
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -235,31 +280,33 @@ class RedisState:
             "health_check_interval": 5,
             "client_name": "mcp-recovery-proxy",
         }
-        context = client_context(ca=ca, cert=client_cert, key=client_key, flag="--state") if tls else None
+        self.tls: TlsContext | None = None
+        self.tls_watcher: TlsWatcher | None = None
+        connection_class: type[aioredis.SSLConnection] | None = None
+        if tls:
+            files = TlsFiles(ca=ca, cert=client_cert, key=client_key, flag="--state")
+            self.tls = TlsContext(files.build())  # TlsConfigError (a ValueError) names the flag: exit 2
+            connection_class = _tls_connection(self.tls)
+            if files.paths:
+                self.tls_watcher = TlsWatcher(files, self.tls.replace, name="shared state")
+                self.tls_watcher.on_done = self._changed
+        # (a rediss:// URL would make redis-py choose its own TLS connection class)
+        target = client_url(url)
+        if tls:
+            target = "redis://" + target.removeprefix("rediss://")
         self.client: aioredis.Redis | RedisCluster
         if self.cluster:
-            if tls:
-                # redis-py's cluster client builds one context per connection from the files (the
-                # system roots trusted besides --state-ca): docs/state.md says so.
-                options |= {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
-                options |= {"ssl_min_version": ssl.TLSVersion.TLSv1_2}
-                if ca is not None:
-                    options["ssl_ca_certs"] = str(ca)
-                if client_cert is not None:
-                    options["ssl_certfile"] = str(client_cert)
-                    options["ssl_keyfile"] = str(client_key or client_cert)
             # No retry of a failed connection, as for one node (the bound is ours); a MOVED or ASK
             # answer is still followed by the client's own redirection loop, inside the bound.
-            self.client = RedisCluster.from_url(client_url(url), retry=Retry(NoBackoff(), 0), **options)
+            self.client = RedisCluster.from_url(target, retry=Retry(NoBackoff(), 0), **options)
+            if connection_class is not None:
+                _cluster_connections(self.client, connection_class)
         else:
             # A burst of calls (fifty approvals at once) waits for one of a few connections instead
             # of opening one each: a TLS handshake per call would cost more than the calls, and the
             # wait counts inside each operation's bound.
-            target = client_url(url)
-            if context is not None:
-                # (a rediss:// URL would make redis-py choose its own TLS connection class)
-                options["connection_class"] = _tls_connection(context)
-                target = "redis://" + target.removeprefix("rediss://")
+            if connection_class is not None:
+                options["connection_class"] = connection_class
             pool = aioredis.BlockingConnectionPool.from_url(
                 target,
                 max_connections=MAX_CONNECTIONS,
@@ -308,12 +355,18 @@ class RedisState:
     def attach(self, antistorm: AntiStorm) -> None:
         self._antistorm = antistorm
 
+    def _ping(self) -> Awaitable[Any]:
+        """A PING to one node, or to every primary of a cluster (each holds its own slots)."""
+        if isinstance(self.client, RedisCluster):
+            return self.client.ping(target_nodes=RedisCluster.PRIMARIES)
+        return self.client.ping()
+
     async def check(self) -> None:
         """Before the proxy serves (proxy/state/__init__.py): a store that answers and refuses the
         proxy's TLS or credentials raises `StateConfigError`; one that does not answer is left to
         `start` and the sync task (local state until it does)."""
         try:
-            await asyncio.wait_for(self.client.ping(), max(self.timeout_s, CHECK_TIMEOUT_S))
+            await asyncio.wait_for(self._ping(), max(self.timeout_s, CHECK_TIMEOUT_S))
         except STORE_ERRORS as exc:
             refused = refusal(exc)
             if refused is not None:
@@ -323,16 +376,20 @@ class RedisState:
     async def start(self) -> None:
         """Connect (bounded); a store that does not answer yet leaves the proxy on local state."""
         with contextlib.suppress(StoreUnavailable):
-            await self._call("ping", self.client.ping())
+            await self._call("ping", self._ping(), whole=True)
         if not self._up:
             log.warning("shared state %s unreachable at start: local state until it answers", self.description)
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._sync_loop())]
+        if self.tls_watcher is not None:
+            await self.tls_watcher.start()
 
     async def aclose(self) -> None:
         """Stop the listener, the sync task and background clears, bounded: on Python 3.11 a
         cancellation that lands as a `wait_for` completes can be lost, so the loops also stop on
         `_closed`, and the wait for them is bounded."""
         self._closed = True
+        if self.tls_watcher is not None:
+            await self.tls_watcher.aclose()
         tasks = [*self._tasks, *self._background]
         for task in tasks:
             task.cancel()
@@ -348,17 +405,25 @@ class RedisState:
             out["error"] = self.last_error
         out["pendingEntries"] = len(self._pending)
         out["entries"] = len(self.ledger)
+        watcher = self.tls_watcher
+        if watcher is not None and (watcher.reloads_ok or watcher.reloads_error):
+            out["tls"] = {"reloads": watcher.reloads_ok, "refused": watcher.reloads_error}
+            if watcher.last_error is not None:
+                out["tls"]["error"] = watcher.last_error[:300]
         return out
 
     # -- the bound on every operation -----------------------------------------------------------
-    async def _call(self, operation: str, awaitable: Awaitable[T]) -> T:
+    async def _call(self, operation: str, awaitable: Awaitable[T], *, whole: bool = False) -> T:
+        """`awaitable` bounded; a failure marks the store down. A success marks it up again, except
+        on a cluster, where it must be `whole` (every primary answered): one slot's answer says
+        nothing of the slots a dead primary held, and up/down would flap at every sync."""
         try:
             result = await asyncio.wait_for(awaitable, self.timeout_s)
         except Exception as exc:  # translated where it enters: any failure of the
             # client, a cluster client's internal errors included, is a store that did not answer
             self._failed(operation, exc)
             raise StoreUnavailable(operation) from None
-        if not self._up:
+        if not self._up and (whole or not self.cluster):
             self._came_back()
         return result
 
@@ -424,6 +489,19 @@ class RedisState:
             # Recorded while the store was unreachable: only this replica holds it, so its
             # single use is decided here.
             return self.ledger.approve(op, budget_id, now_s)
+        known = self.ledger.check(op, now_s)
+        if (
+            known is not None
+            and known.approved
+            and known.budget_id == budget_id
+            and (op, budget_id) not in self._unanswered
+        ):
+            # The view learnt this spend from the store (our answer, the channel, a read): a spend
+            # is never undone, so it is refused here even if the store no longer says so. A
+            # failover to a replica that had not received the spend (replication is asynchronous)
+            # would otherwise approve the budget a second time (docs/state.md). With a nonce of
+            # ours outstanding, the store decides: it may be our own lost spend, honoured once.
+            return False
         if not self._up:
             self.fallbacks["approve"] += 1
             return False  # single use cannot be checked: refused (fail closed, docs/state.md)
@@ -474,7 +552,10 @@ class RedisState:
             op, kind = msg["o"], msg["k"]
             now = self.clock()
             if kind == "r":
-                self._learn(op, msg["b"], msg["r"], msg["t"], msg["s"], msg["a"] == "1", msg["ttl"] / 1000, now)
+                if self._keeps_spend(op, msg["b"], msg["a"] == "1", now):
+                    self._respend_later(op, msg["b"])  # a replica that never saw the spend wrote it back
+                else:
+                    self._learn(op, msg["b"], msg["r"], msg["t"], msg["s"], msg["a"] == "1", msg["ttl"] / 1000, now)
             elif kind == "a":
                 self.ledger.approve(op, msg["b"], now)
             elif kind == "c":
@@ -482,6 +563,35 @@ class RedisState:
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignored a malformed message on %s", self.channel)
         self._changed()
+
+    def _keeps_spend(self, op: str, budget_id: str, approved: bool, now_s: float) -> bool:
+        """The store (or a replica writing back what it held) shows an unspent entry whose spend
+        the view knows of: the same budget, so the spend was lost (a failover to a replica that had
+        not received it, a store restarted empty and refilled by a replica that never learnt it).
+        A spend is never undone: the view keeps it, and it is written back."""
+        entry = self.ledger.check(op, now_s)
+        return entry is not None and entry.budget_id == budget_id and entry.approved and not approved
+
+    def _respend_later(self, op: str, budget_id: str) -> None:
+        if not self._up or len(self._background) >= MAX_PENDING_TASKS:
+            return  # the next reconcile finds it again (its pull compares the same way)
+        task = asyncio.get_running_loop().create_task(self._respend([(op, budget_id)]))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _respend(self, spends: list[tuple[str, str]]) -> None:
+        """Write spends the store lost back to it (the approve script, a fresh nonce each: it
+        publishes them, so every replica's view has them too). One at a time: they are rare, and
+        the script object loads itself where a promoted replica does not know it yet."""
+        with contextlib.suppress(StoreUnavailable):
+            for op, budget in spends:
+                args = [budget, self.channel, self._message("a", op, b=budget), os.urandom(8).hex()]
+                await self._call("reconcile", self._approve(keys=[self._key(op)], args=args))
+            log.warning(
+                "shared state %s had lost %d spent approval(s) (a failover?): written back",
+                self.description,
+                len(spends),
+            )
 
     def _learn(
         self, op: str, budget_id: str, reason: str, recorded_ms: int, summary: str | Mapping[str, Any],
@@ -506,7 +616,8 @@ class RedisState:
                 await self._reconcile()
                 delay_s = 0.05
                 while not self._resubscribe.is_set() and not self._closed:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    # (a short wait: a store that came back is reconciled within it)
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_POLL_S)
                     if message is not None and message.get("type") == "message":
                         self._on_message(message["data"])
             except asyncio.CancelledError:
@@ -520,7 +631,8 @@ class RedisState:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pubsub.aclose(), self.timeout_s)
             if not self._resubscribe.is_set():
-                await asyncio.sleep(delay_s)
+                with contextlib.suppress(TimeoutError):  # the store seen back ends the backoff
+                    await asyncio.wait_for(self._resubscribe.wait(), delay_s)
                 delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
 
     async def _reconcile(self) -> None:
@@ -560,8 +672,11 @@ class RedisState:
 
     async def _pull(self) -> None:
         """Every live entry of the store into the local view; local entries the store lacks (it
-        expired them, or a replica cleared them) are forgotten."""
+        expired them, or a replica cleared them) are forgotten. A spend the view knows of and the
+        store's entry lacks (the same budget: a write lost in a failover) is kept, and written
+        back to the store (a spend is never undone)."""
         found: set[str] = set()
+        respend: list[tuple[str, str]] = []
         prefix = f"{self.prefix}ledger:{{"
         async for keys in self._scan(f"{_glob_escape(prefix)}*"):
             if keys:
@@ -578,7 +693,9 @@ class RedisState:
                     found.add(op)
                     entry = self.ledger.check(op, now)
                     budget, approved = fields[b"b"].decode(), fields.get(b"a") == b"1"
-                    if entry is None or entry.budget_id != budget or entry.approved != approved:
+                    if self._keeps_spend(op, budget, approved, now):
+                        respend.append((op, budget))
+                    elif entry is None or entry.budget_id != budget or entry.approved != approved:
                         self._learn(
                             op, budget, fields[b"r"].decode(), int(fields[b"t"]), fields[b"s"].decode(),
                             approved, ttl_ms / 1000, now,
@@ -588,6 +705,8 @@ class RedisState:
         for op in self.ledger.ops():
             if op not in found:
                 self.ledger.clear(op)
+        if respend:
+            await self._respend(respend)
 
     async def _scan(self, match: str) -> AsyncIterator[list[bytes]]:
         """The keys matching `match`, a batch per SCAN call (each bounded); on a cluster, every
@@ -626,6 +745,10 @@ class RedisState:
         while not self._closed:
             await asyncio.sleep(self.sync_interval_s)
             try:
+                if self.cluster:
+                    # Every primary, every interval: a dead one is seen (and its replica's
+                    # promotion reconciled) even by a replica none of whose operations touch it.
+                    await self._call("ping", self._ping(), whole=True)
                 await self.sync_budget()
             except StoreUnavailable:
                 self.fallbacks["budget"] += 1

@@ -77,6 +77,8 @@ class Exchange:
     written: bool = False  # bytes may have reached the peer: a failure from now on has dispatch unknown
     cancelled: bool = False
     transport_state: object = None  # adapter-private (e.g. the HTTP response stream task)
+    heard: bool = False  # HTTP: the head of the answer came (the upstream has taken the request)
+    on_heard: asyncio.Future[None] | None = None  # HTTP: a cancellation waiting for that head
 
 
 @dataclass(frozen=True, slots=True)

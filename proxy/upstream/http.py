@@ -616,6 +616,7 @@ class _HttpLink(LinkBase):
                 response = first[0]
             async with response:
                 ex.written = True  # an answer came: the request reached the peer
+                _heard(ex)
                 if not sent.done():
                     sent.set_result(None)
                 status = response.status
@@ -763,6 +764,7 @@ class _Flight:
         self.conn: Connection | None = None  # while the answer is coming on it
 
     def head(self, response: Response) -> bool:
+        _heard(self.ex)
         status = response.status
         if 200 <= status < 300 and status != 202 and content_type(response) == "application/json":
             return True
@@ -794,6 +796,7 @@ class _Flight:
         self.conn = None
         if self.ex.transport_state is self:
             self.ex.transport_state = None
+        _wake(self.ex)
         if not self.ex.cancelled:
             self.link._pending.fail(self.ex, translate_exception(error, True))
 
@@ -801,6 +804,17 @@ class _Flight:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()  # the connection's loss reaches `failed`, which a cancelled exchange ignores
+
+
+def _heard(ex: Exchange) -> None:
+    ex.heard = True
+    _wake(ex)
+
+
+def _wake(ex: Exchange) -> None:
+    waiter = ex.on_heard
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 def _drop(message: Message) -> None:
@@ -971,10 +985,42 @@ class HttpLegacyLink(_HttpLink):
         if reason:
             params["reason"] = reason
         note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        heard = exchange.heard
+        await self._post_cancel(note)
+        if not heard:
+            # The upstream had not answered the head of the request's POST: it may not have taken
+            # the request into its session yet, and the cancellation (a POST on another
+            # connection) can overtake it there, be ignored as naming no request in flight, and
+            # the request then runs to its end (3 of ~924 cancelled hang attempts in the HTTP load
+            # run, on a busy upstream that had just restarted). So it is sent again once the head
+            # came (or the exchange ended, or a bound passed): an SDK server writes a request into
+            # its session before the head of an event-stream answer and reads its session in
+            # order, so the second one finds the request; a second cancellation of a request
+            # already cancelled or ended is ignored (the spec lets a receiver ignore those).
+            await self._until_heard(exchange)
+            await self._post_cancel(note)
+
+    async def _post_cancel(self, note: Message) -> None:
         try:
             await self._post_small(note, self._session_headers(), "cancel notification")
         except UpstreamFailure as f:
             log.debug("cancel notification not delivered: %s", f.detail)
+
+    async def _until_heard(self, exchange: Exchange) -> None:
+        """Wait (bounded by the connect timeout) until the upstream answered the head of the
+        request's POST, or its exchange ended."""
+        task = exchange.transport_state
+        if task is None:
+            return  # the exchange ended: its task or flight unlinks itself then (`_exchange_ended`)
+        loop = asyncio.get_running_loop()
+        waiter = exchange.on_heard = loop.create_future()
+        waits: set[asyncio.Future[Any]] = {waiter}
+        if isinstance(task, asyncio.Task):
+            waits.add(task)
+        try:
+            await asyncio.wait(waits, timeout=self._upstream.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exchange.on_heard = None
 
     async def _close_session(self) -> None:
         self._stop_get_stream()

@@ -22,6 +22,17 @@
   session); with none starting it starts its own child.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
+- A child must answer the proxy's own first request (the probe's `server/discover`, a health
+  check's `initialize`, the readiness check of a new 2026 child, a replayed handshake) within
+  `handshake_timeout_s` of its start (`--stdio-start-timeout-s`, default 10 s); one that does not
+  is stopped and the failure names the setting. (A 2025 client's own `initialize` is bounded by
+  the request timeout.)
+- Stopping: one child (a session's end) is stopped in the background, stdin closed, then SIGTERM
+  to its group, then SIGKILL, 2 s apart. The proxy's shutdown (`aclose`) stops every child it
+  started at once (`stop_children`): all stdins closed, one shared wait (`STOP_STDIN_S`), SIGTERM
+  to every group still running, one shared wait (`STOP_TERM_S`), SIGKILL to the rest and a last
+  wait for the exits (`STOP_KILL_S`), and for their reports (`STOP_REPORT_S`): at most
+  `STOP_BOUND_S` (3 s) however many children there are.
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
   request was written); the next request spawns a fresh child and, for a legacy link, replays the
   client's `initialize` and `notifications/initialized` first. Replaying is not an attempt.
@@ -84,7 +95,16 @@ stderr_log = logging.getLogger("proxy.upstream.stderr")
 
 _GUARD = str(Path(__file__).with_name("_guard.py"))
 _STDERR_LINE_LIMIT = 2000
-_TERMINATE_GRACE_S = 2.0
+_TERMINATE_GRACE_S = 2.0  # one child stopped in the background (a session's end): each stage
+# The proxy's own shutdown stops every child at once (`stop_children`), each stage one bound shared
+# by all of them, so that the proxy exits within its grace + a documented bound
+# (docs/reliability.md): after every stdin is closed (the spec's first step), after SIGTERM to every
+# process group still running, after SIGKILL (for the exits to be reaped).
+STOP_STDIN_S = 1.0
+STOP_TERM_S = 0.5
+STOP_KILL_S = 1.0
+STOP_REPORT_S = 0.5  # for the exits to be reported (`stop_children`)
+STOP_BOUND_S = STOP_STDIN_S + STOP_TERM_S + STOP_KILL_S + STOP_REPORT_S
 
 
 class _LineBudget:
@@ -306,23 +326,67 @@ class _Child:
 
     async def terminate(self) -> None:
         """Close stdin, wait, then SIGTERM the group, then SIGKILL it (the spec's shutdown order)."""
-        self.stopping = True
-        if self.returncode is None:
-            with contextlib.suppress(Exception):
-                stdin = self.transport.get_pipe_transport(0)
-                if stdin is not None:
-                    stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait(), _TERMINATE_GRACE_S)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self.returncode is not None:
-                break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait(), _TERMINATE_GRACE_S)
-        for task in self.tasks:
+        await stop_children([self], stdin_s=_TERMINATE_GRACE_S, term_s=_TERMINATE_GRACE_S, kill_s=_TERMINATE_GRACE_S)
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(Exception):
+            stdin = self.transport.get_pipe_transport(0)
+            if stdin is not None:
+                stdin.close()
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+async def stop_children(
+    children: Sequence[_Child],
+    *,
+    stdin_s: float = STOP_STDIN_S,
+    term_s: float = STOP_TERM_S,
+    kill_s: float = STOP_KILL_S,
+) -> dict[str, int]:
+    """Stop `children` together, in the spec's order: every stdin closed, then one wait of `stdin_s`
+    for all of them; SIGTERM to the process group of each still running, one wait of `term_s`;
+    SIGKILL to what is left, one wait of `kill_s` for the exits. So stopping many children takes as
+    long as stopping one (at most the three bounds), not one child's stop after another. Returns
+    how many ended at each stage (`stdin`, `sigterm`, `sigkill`; `left`: still not reaped)."""
+    counts = {"stdin": 0, "sigterm": 0, "sigkill": 0, "left": 0}
+    running = [child for child in children if child.returncode is None]
+    for child in children:
+        child.stopping = True
+    for child in running:
+        child.close_stdin()
+    stages = (("stdin", None, stdin_s), ("sigterm", signal.SIGTERM, term_s), ("sigkill", signal.SIGKILL, kill_s))
+    for stage, sig, wait_s in stages:
+        if not running:
+            break
+        if sig is not None:
+            for child in running:
+                child.signal_group(sig)
+        waits = [asyncio.ensure_future(child.wait()) for child in running]
+        try:
+            await asyncio.wait(waits, timeout=wait_s)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        still = [child for child in running if child.returncode is None]
+        counts[stage] = len(running) - len(still)
+        running = still
+    counts["left"] = len(running)
+    # Each child's output watcher (`_end_with_output`) reports its exit (`exited`, `on_exit`): those
+    # of the children that exited get a moment to, then what is left is cancelled. (Cancelled at
+    # once, a watcher still between the pipe's end and the exit's report never set `exited`, and
+    # an exited child read as alive.)
+    watching = [task for child in children for task in child.tasks if not task.done()]
+    if watching:
+        await asyncio.wait(watching, timeout=STOP_REPORT_S)
+    for child in children:
+        for task in child.tasks:
             task.cancel()
+        if child.returncode is not None:
+            child.exited.set()
+    return counts
 
 
 class StdioLink(LinkBase):
@@ -402,12 +466,18 @@ class StdioLink(LinkBase):
             child.pause_reading(paused)
 
     async def aclose(self) -> None:
-        self._closed = True
-        child, self._child = self._child, None
-        self._pending.fail_all(FailureKind.CLOSED, "proxy closed the upstream link")
+        child = self.close_now()
         if child is not None:
             await child.terminate()
         self._upstream._forget(self)
+
+    def close_now(self) -> _Child | None:
+        """Close the link (its requests in flight fail, no child is started for it again) and hand
+        over its child, for the caller to stop."""
+        self._closed = True
+        child, self._child = self._child, None
+        self._pending.fail_all(FailureKind.CLOSED, "proxy closed the upstream link")
+        return child
 
     # -- supervision --------------------------------------------------------------------------
     async def _ensure_child(self, message: Message) -> _Child:
@@ -436,6 +506,9 @@ class StdioLink(LinkBase):
             except UpstreamFailure as failure:
                 self._upstream._lost(None, failure.detail)
                 raise
+            if self._closed:  # closed (the proxy is stopping) while the child started
+                await child.terminate()
+                raise UpstreamFailure(FailureKind.NOT_RUNNING, Dispatch.NO, "upstream link is closed")
             self._child = child
             if self.era is Era.MODERN:
                 await self._await_ready(child)
@@ -459,7 +532,8 @@ class StdioLink(LinkBase):
         except (TimeoutError, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
             self._pending.discard(ex)
             await child.terminate()
-            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"{what} failed: {exc}") from None
+            why = self._upstream.no_answer_within() if isinstance(exc, TimeoutError) else exc
+            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"{what} failed: {why}") from None
 
     async def _replay_handshake(self, child: _Child) -> None:
         assert self._handshake.initialize is not None
@@ -578,6 +652,7 @@ class StdioUpstream:
         self._starting: set[asyncio.Task[_Child | None]] = set()
         self._closed = False
         self._spawned = 0
+        self._running: set[_Child] = set()  # every child started and not yet exited
         # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
         self._start_slots: asyncio.Semaphore | None = None
@@ -672,13 +747,20 @@ class StdioUpstream:
                 await asyncio.wait_for(ex.response, self.handshake_timeout_s)
             except TimeoutError:
                 raise UpstreamFailure(
-                    FailureKind.TIMEOUT, Dispatch.NO, "a fresh upstream process did not answer initialize"
+                    FailureKind.TIMEOUT,
+                    Dispatch.NO,
+                    f"a fresh upstream process did not answer initialize: {self.no_answer_within()}",
                 ) from None
         except UpstreamFailure as failure:
             self._lost(None, failure.detail)  # (a child that exited was counted as it went)
             raise
         finally:
             await link.aclose()
+
+    def no_answer_within(self) -> str:
+        """Why a child's start failed when it did not answer in time (the setting named, so an
+        operator whose server starts slowly knows what to raise)."""
+        return f"no answer within {self.handshake_timeout_s:g} s of its start (--stdio-start-timeout-s)"
 
     def _lost(self, child: _Child | None, why: str, *, crashed: bool = False) -> None:
         """A child exited unasked (`crashed`), or none could be started: down unless another live
@@ -709,14 +791,17 @@ class StdioUpstream:
         self._links.discard(link)
 
     async def aclose(self) -> None:
+        """Stop every child this upstream started and that still runs, all at once
+        (`stop_children`: one bound for all of them, not one child's stop after another): the warm
+        spares, every session's (also those of sessions still closing), the 2026 one, the shared
+        ones. Every link is closed first, so none starts a child again."""
         self._closed = True
         starting = list(self._starting)
         for task in starting:
             task.cancel()
         if starting:
             await asyncio.gather(*starting, return_exceptions=True)
-        pool, self._pool = list(self._pool), deque()
-        await asyncio.gather(*(spare.terminate() for spare in pool), return_exceptions=True)
+        self._pool.clear()
         links = list(self._links)
         if self._modern is not None:
             links.append(self._modern)
@@ -724,7 +809,21 @@ class StdioUpstream:
         if self._shared is not None:
             links += self._shared.links
             self._shared = None
-        await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
+        for link in links:
+            link.close_now()
+            self._forget(link)
+        running = [child for child in self._running if child.returncode is None]
+        if not running:
+            return
+        counts = await stop_children(running)
+        log.info(
+            "stopped %d upstream children: %d after stdin closed, %d by SIGTERM, %d by SIGKILL, %d not reaped",
+            len(running),
+            counts["stdin"],
+            counts["sigterm"],
+            counts["sigkill"],
+            counts["left"],
+        )
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
@@ -734,9 +833,7 @@ class StdioUpstream:
         if early is not None:
             protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
             self._spawned += 1
-            child = _Child(protocol, self.description, on_line, on_exit)
-            child.tasks.append(asyncio.create_task(_end_with_output(child)))
-            return child
+            return self._started(_Child(protocol, self.description, on_line, on_exit))
         # At most `max_starting` children start at once; the others wait here for a slot. Fifty
         # 2025 sessions opened together started fifty interpreters at once on two cores: each took
         # 45 s instead of one, and the proxy's own event loop, one process among fifty, stalled
@@ -748,6 +845,9 @@ class StdioUpstream:
         if slots is None:
             slots = self._start_slots = asyncio.Semaphore(self.max_starting)
         await slots.acquire()
+        if self._closed:  # the proxy began stopping while this start waited its turn
+            slots.release()
+            raise UpstreamFailure(FailureKind.NOT_RUNNING, Dispatch.NO, "the proxy is stopping its upstream")
         given_back = False
 
         def give_back(*_: object) -> None:
@@ -778,8 +878,17 @@ class StdioUpstream:
         hold_s = self.handshake_timeout_s if self.start_s is None else min(self.handshake_timeout_s, 2 * self.start_s)
         loop.call_later(hold_s, give_back)
         self._spawned += 1
-        child = _Child(protocol, self.description, on_line, on_exit)
+        child = self._started(_Child(protocol, self.description, on_line, on_exit))
+        if self._closed:  # the proxy began stopping while this one started: it joins the stop
+            asyncio.get_running_loop().create_task(child.terminate())
+        return child
+
+    def _started(self, child: _Child) -> _Child:
+        """Supervise a new child: its output's end stops its group; it is among the children
+        `aclose` stops until it exits."""
         child.tasks.append(asyncio.create_task(_end_with_output(child)))
+        self._running.add(child)
+        child.protocol.exited.add_done_callback(lambda _: self._running.discard(child))
         return child
 
     # -- warm pool ------------------------------------------------------------------------------
@@ -864,8 +973,7 @@ class StdioUpstream:
         if child is None:
             return
         if self._closed:
-            asyncio.get_running_loop().create_task(child.terminate())
-            return
+            return  # among the children `aclose` stops
         child.on_line, child.on_exit = _spare_line, self._spare_exited
         self._pool.append(child)
 

@@ -143,7 +143,9 @@ class SharedChild:
             await link.cancel(ex)
             await self._stop_child()  # its late answer must not meet a second initialize
             raise UpstreamFailure(
-                FailureKind.TIMEOUT, Dispatch.NO, "a shared upstream process did not answer initialize"
+                FailureKind.TIMEOUT,
+                Dispatch.NO,
+                f"a shared upstream process did not answer initialize: {self.owner.upstream.no_answer_within()}",
             ) from None
         result = response.get("result")
         if not isinstance(result, dict):

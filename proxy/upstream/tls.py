@@ -17,7 +17,8 @@ Contract:
   `--upstream-client-key-password-file FILE` (its first line is the passphrase); the proxy never
   prompts on a terminal.
 - The shared store's TLS (`--state-ca`, `--state-client-cert`, `--state-client-key`, proxy/state/)
-  uses the same checks with `flag="--state"`, so every message names the flag that was given.
+  uses the same checks with `flag="--state"`, so every message names the flag that was given, and
+  the same watcher (`TlsFiles(flag="--state")`, `TlsWatcher(name="shared state")`).
 - A file that is missing, unreadable or not what its setting expects raises `TlsConfigError`
   (a `ValueError`, so the command line prints it and exits 2) whose message names the setting and
   the file, and never repeats the file's content nor the passphrase.
@@ -147,12 +148,14 @@ def _reason(exc: ssl.SSLError) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
-    """The files an upstream's TLS context is built from (the `--upstream-ca`/`-client-*` settings)."""
+    """The files a TLS context is built from (the `--upstream-ca`/`-client-*` settings, or
+    `--state-…` with `flag="--state"`)."""
 
     ca: Path | None = None
     cert: Path | None = None
     key: Path | None = None
     password_file: Path | None = None
+    flag: str = "--upstream"  # the settings' prefix, in every message
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -161,7 +164,11 @@ class TlsFiles:
     def build(self) -> ssl.SSLContext:
         """The context these files give now; `TlsConfigError` when they cannot give one."""
         return client_context(
-            ca=self.ca, cert=self.cert, key=self.key, key_password=read_key_password(self.password_file)
+            ca=self.ca,
+            cert=self.cert,
+            key=self.key,
+            key_password=read_key_password(self.password_file, flag=self.flag),
+            flag=self.flag,
         )
 
     def fingerprint(self) -> bytes:
@@ -177,7 +184,8 @@ class TlsFiles:
 
 
 class TlsWatcher:
-    """Rebuilds the upstream's TLS context when its files change; see the module docstring."""
+    """Rebuilds a TLS context when its files change; see the module docstring. `name` says whose
+    files they are in the log ("upstream", "shared state")."""
 
     def __init__(
         self,
@@ -186,8 +194,10 @@ class TlsWatcher:
         *,
         debounce_ms: int = 200,
         force_polling: bool | None = None,
+        name: str = "upstream",
     ) -> None:
         self.files = files
+        self.name = name
         self._apply = apply
         self._debounce_ms = debounce_ms
         self._force_polling = force_polling
@@ -195,6 +205,8 @@ class TlsWatcher:
         self.reloads_ok = 0
         self.reloads_error = 0
         self.last_error: str | None = None
+        # Called after a reload applied or refused a change (None: nobody asks; tests wait on it).
+        self.on_done: Callable[[], None] | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -213,20 +225,29 @@ class TlsWatcher:
                 self.reloads_error += 1
                 self.last_error = str(exc)
                 log.error(
-                    "upstream TLS files changed (%s) but cannot be used, keeping the last good ones: %s", reason, exc
+                    "%s TLS files changed (%s) but cannot be used, keeping the last good ones: %s",
+                    self.name,
+                    reason,
+                    exc,
                 )
+                self._done()
                 return False
             self._loaded = fingerprint
             self._apply(context)
             self.reloads_ok += 1
             self.last_error = None
-            log.info("upstream TLS files reloaded (%s): new connections use them", reason)
+            log.info("%s TLS files reloaded (%s): new connections use them", self.name, reason)
+            self._done()
             return True
+
+    def _done(self) -> None:
+        if self.on_done is not None:
+            self.on_done()
 
     async def start(self) -> None:
         if self._task is None:
             self._stop.clear()
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="upstream-tls-watcher")
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name=f"{self.name}-tls-watcher")
 
     async def _watch(self) -> None:
         import watchfiles
@@ -244,7 +265,7 @@ class TlsWatcher:
                 ):
                     await self.reload("watch")
             except Exception:
-                log.exception("upstream TLS file watcher on %s failed; restarting in 1s", ", ".join(folders))
+                log.exception("%s TLS file watcher on %s failed; restarting in 1s", self.name, ", ".join(folders))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=1.0)
 

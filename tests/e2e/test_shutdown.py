@@ -208,3 +208,54 @@ async def test_a_second_sigterm_ends_the_grace_period_at_once(tmp_path: Path) ->
             assert await anyio.to_thread.run_sync(proxy.proc.wait) == 0
     finally:
         proxy.stop()
+
+
+SESSIONS = 4
+SPARES = 2
+
+
+async def test_sigterm_stops_every_stdio_child_at_once_even_ones_only_sigkill_stops(tmp_path: Path) -> None:
+    """Every stdio child (each 2025 session's, the warm spares, the 2026 one) is stopped together,
+    one bound for all of them. The children here ignore stdin's end and SIGTERM, so each is
+    stopped only by the last stage (SIGKILL). Stopped one group after another (the sessions', then
+    the spares, then the 2026 child, each group 2 s for stdin, 2 s for SIGTERM) the stop outlasted
+    the 10 s the proxy gives its servers to end and was cut (a CancelledError traceback from the
+    lifespan shutdown); the last children died only because the event loop's teardown cancelled
+    the tasks that watch them, which signal their groups on the way out. No duration is asserted:
+    what counts is the children still alive once the proxy has exited (none), its exit code (0),
+    a stop that ran to its end (no traceback) and the proxy's own count of children stopped."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json", extra=["--stubborn"]),
+        extra=["--shutdown-grace-s", "1", "--stdio-spares", str(SPARES)],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+    assert proxy.proc is not None
+    headers = {"accept": "application/json, text/event-stream"}
+    children = SESSIONS + SPARES + 1  # and the 2026 requests' one, which answered the start-up probe
+    try:
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=30.0) as http:
+                for n in range(SESSIONS):  # 2025 sessions left open: each holds its own child
+                    opened = await http.post(proxy.url, json={**INITIALIZE, "id": n + 1}, headers=headers)
+                    assert opened.status_code == 200, opened.text
+                    session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"]}
+                    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                    assert (await http.post(proxy.url, json=initialized, headers=session)).status_code == 202
+            async with Client(proxy.url, mode="2026-07-28") as client:
+                assert text_of(await client.call_tool("echo", {"text": "hi"})) == "hi"
+            await journal.await_for(
+                lambda j: len(j.pids()) >= children, timeout_s=30, what=f"{children} children started"
+            )
+        pids = journal.pids()
+        assert len(pids) == children, pids
+        os.kill(proxy.proc.pid, signal.SIGTERM)
+        code = await anyio.to_thread.run_sync(lambda: proxy.proc.wait(timeout=BOUND_S))  # type: ignore[union-attr]
+        left = [pid for pid in pids if pid_alive(pid)]
+        assert left == [], f"children alive after the proxy exited: {left}; {proxy.log_tail()}"
+        assert code == 0, proxy.log_tail()
+        log = proxy.log_tail(50000)
+        assert "Traceback" not in log, log
+        assert f"stopped {children} upstream children" in log, log
+    finally:
+        proxy.stop()

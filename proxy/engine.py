@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.auth.base import Principal
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller, untraced
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,
     META_CLIENT_CAPABILITIES,
@@ -257,10 +257,11 @@ class Engine:
                 response = await relay.attempt(
                     request, outbox, headers, timeout_s, policy.first_send_s, None, None, None, policy.idle_timeout_s
                 )
+            # untraced: the failure's frames hold the exchange that holds the failure (a cycle)
             except TimeoutError as timeout:
-                first: Outcome = _timed_out(1, timeout_s, timeout)
+                first: Outcome = _timed_out(1, timeout_s, untraced(timeout))
             except UpstreamFailure as failure:
-                first = TransportError.from_failure(failure)
+                first = TransportError.from_failure(untraced(failure))
             except asyncio.CancelledError:
                 if self.stopping:
                     _uncancel()
@@ -584,10 +585,10 @@ class _Call:
                     self.in_flight = number
                     try:
                         response = await waiting
-                    except TimeoutError as timeout:
-                        outcome = _timed_out(number, timeout_s, timeout)
+                    except TimeoutError as timeout:  # untraced: see `_direct`
+                        outcome = _timed_out(number, timeout_s, untraced(timeout))
                     except UpstreamFailure as failure:
-                        outcome = TransportError.from_failure(failure)
+                        outcome = TransportError.from_failure(untraced(failure))
                     else:
                         if number == 1 and _is_success(response):
                             # Nearly every call: a first answer that is a success leaves

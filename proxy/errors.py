@@ -7,9 +7,11 @@ they enter, inside the upstream adapters; nothing above `proxy/upstream/` sees t
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.secret_values import SECRETS
+
+E = TypeVar("E", bound=BaseException)
 
 
 class Dispatch(StrEnum):
@@ -85,3 +87,27 @@ class PolicyError(ProxyError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+
+
+def untraced(exc: E) -> E:
+    """`exc` with the tracebacks of it and of the exceptions it was raised from or while handling
+    cleared (the exceptions themselves stay, for their messages), returned for chaining.
+
+    A traceback holds every frame the exception passed through, and each frame its locals: a
+    failure stored in a future or an attribute, or caught by a frame that still holds the exchange
+    it belongs to, forms a reference cycle (exception -> traceback -> frame -> exchange ->
+    future -> exception) that only the cyclic garbage collector frees, in pauses that stop every
+    call in flight (issue 16). Called where a failure is stored (`Future.set_exception`, which on
+    3.11 keeps the traceback it has then) and where it is finally handled; the proxy never shows a
+    traceback of an upstream failure (its kind and detail say what happened)."""
+    todo: list[BaseException] = [exc]
+    seen = 0
+    while todo and seen < 16:  # bounded: a chain is short, but must not loop on a cycle of causes
+        e = todo.pop()
+        seen += 1
+        e.__traceback__ = None
+        if e.__cause__ is not None:
+            todo.append(e.__cause__)
+        if e.__context__ is not None and e.__context__ is not e.__cause__:
+            todo.append(e.__context__)
+    return exc

@@ -40,6 +40,7 @@ from proxy.telemetry.events import (
     PolicyReloaded,
     UpstreamStatus,
 )
+from proxy.telemetry.gc_pauses import GcPauseCollector
 from proxy.telemetry.shed import ShedCollector
 
 PREFIX = "mcp_recovery_"
@@ -328,6 +329,7 @@ class MetricsObserver:
         )
         registry.register(self._in_flight)
         registry.register(ShedCollector())
+        registry.register(GcPauseCollector())
 
     def watch_in_flight(self, source: InFlightSource) -> None:
         """Export the calls in flight per tool `source()` gives: the engine's `in_flight_by_tool`."""

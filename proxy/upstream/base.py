@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import (
     LATEST_LEGACY,
     LATEST_MODERN,
@@ -259,7 +259,7 @@ class PendingTable:
     def fail(self, ex: Exchange, failure: UpstreamFailure) -> None:
         self.discard(ex)
         if not ex.response.done():
-            ex.response.set_exception(failure)
+            ex.response.set_exception(untraced(failure))
             ex.response.exception()  # mark retrieved: a cancelled waiter must not log "never retrieved"
 
     def fail_all(self, kind: FailureKind, detail: str) -> None:

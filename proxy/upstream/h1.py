@@ -524,7 +524,10 @@ class _Connection(asyncio.Protocol):
         self.client = client
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        # Made at connection_made and dropped at connection_lost: the parser holds bound methods of
+        # this connection, a reference cycle that only the cyclic GC could free otherwise (a
+        # refused connect never makes one).
+        self._parser: httptools.HttpResponseParser | None = None
         self.closed = False
         self.counted = True  # holds one of the client's connection slots until dropped
         self.paused = False
@@ -618,14 +621,18 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._parser = httptools.HttpResponseParser(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail_protocol(exc)
             return
@@ -670,6 +677,7 @@ class _Connection(asyncio.Protocol):
                 response._error = error
                 response._wake()
                 _fail_sink(response, error)
+        self._parser = None
 
     def pause_writing(self) -> None:
         """Requests are written whole and small: there is nothing to stop producing."""
@@ -697,6 +705,7 @@ class _Connection(asyncio.Protocol):
         self._started = True
         self._head_bytes = 0
         parser = self._parser
+        assert parser is not None  # callbacks run only inside feed_data
         status = parser.get_status_code()
         if status < 200:  # an interim answer (103 Early Hints...): the real one follows
             self._interim = True
@@ -767,7 +776,7 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is None or response.complete:
             return
-        self.keep_alive = self.keep_alive and self._parser.should_keep_alive()
+        self.keep_alive = self.keep_alive and self._parser.should_keep_alive()  # type: ignore[union-attr]
         self._finish(response)
 
     # -- helpers ------------------------------------------------------------------------------

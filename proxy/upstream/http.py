@@ -51,6 +51,7 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import functools
 import logging
 import re
 import ssl
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import (
     LATEST_MODERN,
     LEGACY_VERSIONS,
@@ -499,8 +500,15 @@ class _HttpLink(LinkBase):
         task = ex.response.get_loop().create_task(self._run_exchange(ex, message, extra, sent, first))
         ex.transport_state = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._exchange_ended, ex))
         return task
+
+    def _exchange_ended(self, ex: Exchange, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # A task that ended cancelled keeps its CancelledError, whose traceback holds the task's
+        # frames, which hold the exchange: without this the three form a cycle.
+        if ex.transport_state is task:
+            ex.transport_state = None
 
     async def _opened(self) -> None:
         """Requests wait (bounded) until the standalone GET stream is open: a server sends what is
@@ -542,17 +550,21 @@ class _HttpLink(LinkBase):
         try:
             await self._attempt_loop(ex, message, extra, sent, first)
         except UpstreamFailure as failure:
+            untraced(failure)
             if not ex.written and not sent.done():
                 sent.set_exception(failure)
                 sent.exception()
             else:
                 self._pending.fail(ex, failure)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             if not sent.done():
                 sent.set_exception(
                     UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the proxy closed the upstream link")
                 )
                 sent.exception()
+            # The error is also kept by the future it came out of (h1's, in a frame of the
+            # request) and by this task: its frames below would be a cycle with them.
+            untraced(cancelled)
             raise
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             log.exception("upstream exchange task failed")
@@ -562,7 +574,7 @@ class _HttpLink(LinkBase):
                 bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
             )
             if not sent.done():
-                sent.set_exception(failure)
+                sent.set_exception(untraced(failure))
                 sent.exception()
             self._pending.fail(ex, failure)
         finally:
@@ -640,6 +652,7 @@ class _HttpLink(LinkBase):
         except (_Expired, UpstreamFailure):
             raise
         except (*CLIENT_ERRORS, SseError) as exc:
+            untraced(exc)  # stored by the response it came from, whose frames it holds
             if ex.cancelled:
                 return
             if state.last_event_id is not None and await self._resume(ex, state):
@@ -764,6 +777,8 @@ class _Flight:
     def done(self, response: Response) -> None:
         self.conn = None
         ex = self.ex
+        if ex.transport_state is self:
+            ex.transport_state = None  # flight <-> exchange: a cycle, once the answer is in
         link = self.link
         try:
             messages = json_messages(response.take())
@@ -779,6 +794,8 @@ class _Flight:
 
     def failed(self, error: ClientError) -> None:
         self.conn = None
+        if self.ex.transport_state is self:
+            self.ex.transport_state = None
         _wake(self.ex)
         if not self.ex.cancelled:
             self.link._pending.fail(self.ex, translate_exception(error, True))
@@ -992,10 +1009,12 @@ class HttpLegacyLink(_HttpLink):
     async def _until_heard(self, exchange: Exchange) -> None:
         """Wait (bounded by the connect timeout) until the upstream answered the head of the
         request's POST, or its exchange ended."""
+        task = exchange.transport_state
+        if task is None:
+            return  # the exchange ended: its task or flight unlinks itself then (`_exchange_ended`)
         loop = asyncio.get_running_loop()
         waiter = exchange.on_heard = loop.create_future()
         waits: set[asyncio.Future[Any]] = {waiter}
-        task = exchange.transport_state
         if isinstance(task, asyncio.Task):
             waits.add(task)
         try:
@@ -1020,6 +1039,7 @@ class HttpLegacyLink(_HttpLink):
             if status not in (200, 202, 204, 404, 405):
                 log.debug("upstream answered DELETE with HTTP %s", status)
         except (*CLIENT_ERRORS, TimeoutError) as exc:
+            untraced(exc)
             log.debug("DELETE of the upstream session failed: %s", type(exc).__name__)
 
     # -- resumption of a POST stream (2025-11-25 polling / event-store servers) -------------
@@ -1039,7 +1059,8 @@ class HttpLegacyLink(_HttpLink):
                     async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                         if self._route_stream_message(ex, response, msg):
                             return True
-            except (*CLIENT_ERRORS, SseError):
+            except (*CLIENT_ERRORS, SseError) as exc:
+                untraced(exc)
                 failures += 1
         return False
 
@@ -1080,6 +1101,7 @@ class HttpLegacyLink(_HttpLink):
                             async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
                                 self._deliver_unsolicited(msg)
             except (*CLIENT_ERRORS, SseError) as exc:
+                untraced(exc)  # a response keeps its error, and the error's frames the response
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
                 failures += 1
                 if not opening.done():
@@ -1187,7 +1209,7 @@ class HttpClientOwner:
     def translate(self, exc: BaseException, written: bool, what: str = "request") -> UpstreamFailure:
         """`translate_exception`, and a connection that could not be established marks the
         upstream down (a full pool does not: the upstream is busy, not gone)."""
-        failure = translate_exception(exc, written, what)
+        failure = translate_exception(untraced(exc), written, what)  # see `untraced`: kept as context
         if failure.kind is FailureKind.CONNECT_FAILED and not isinstance(exc, PoolTimeout):
             self.health.failed(failure.detail)
         return failure

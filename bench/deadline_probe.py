@@ -12,8 +12,9 @@ it measures is the proxy and the network between them.
 Each call is a raw 2026-07-28 stateless `tools/call` of `hang` (the scripted upstream sleeps
 longer than the policy's deadline), posted with httpx; `--mode legacy` opens one 2025 session
 (initialize, notifications/initialized) and posts the calls on it. Timed from just before the
-request is written until the whole answer was read. One JSON line per call: `caller_ms`, the
-proxy's `elapsedMs` and `deadlineMs` and `stopReason` from the unresolved result, or `error`.
+request is written until the whole answer was read. One JSON line per call: `t` (wall clock at its
+start), `caller_ms`, the proxy's `elapsedMs` and `deadlineMs` and `stopReason` from the unresolved
+result, or `error`.
 Runs until `--seconds` pass or SIGTERM; bounded: at most `--max-in-flight` calls at once, each
 bounded by `--call-bound-s`.
 """
@@ -85,7 +86,7 @@ class Probe:
                 "io.modelcontextprotocol/clientCapabilities": {},
             }
         body = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params}
-        line: dict[str, Any] = {"n": n, "mode": self.mode}
+        line: dict[str, Any] = {"n": n, "mode": self.mode, "t": time.time()}
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.call_bound_s):

@@ -854,7 +854,15 @@ def judge_calls(
     caller = [o.elapsed_s * 1000 - float(o.deadline_ms or 0) for o in hit]
     proxy_side = [float(o.elapsed_ms) - float(o.deadline_ms or 0) for o in hit if o.elapsed_ms is not None]
     probed = [p for p in probe if p.get("stopReason") == "deadline_exhausted" and p.get("deadlineMs")]
-    probe_over = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in probed]
+    # Judged over the load itself: from the callers' start signal until the last load call ended.
+    # The probe also runs while the hundred clients open their sessions and close them (fifty stdio
+    # children started, then stopped, within seconds), which the load calls never see; those
+    # calls are printed apart.
+    started = [o.t_start for o in outcomes if o.t_start]
+    window = (faults.go_at, max((o.t_start + o.elapsed_s for o in outcomes if o.t_start), default=math.inf))
+    inside = [p for p in probed if window[0] <= p.get("t", 0) and p.get("t", 0) + p["caller_ms"] / 1000 <= window[1]]
+    probe_all = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in probed]
+    probe_over = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in inside] if started else probe_all
     probe_errors = [p for p in probe if p.get("error")]
     data["overshoot_ms"] = {
         "calls": len(hit),
@@ -862,7 +870,9 @@ def judge_calls(
         "caller_p99": pct(caller, 99),
         "caller_max": max(caller, default=math.nan),
         "proxy_p99": pct(proxy_side, 99),
-        "probe_calls": len(probed),
+        "probe_calls": len(inside),
+        "probe_all_calls": len(probed),
+        "probe_all_p99": pct(probe_all, 99),
         "probe_p50": pct(probe_over, 50),
         "probe_p99": pct(probe_over, 99),
         "probe_max": max(probe_over, default=math.nan),
@@ -874,9 +884,10 @@ def judge_calls(
         f"proxy-reported (elapsedMs - deadlineMs) p99 {fmt(pct(proxy_side, 99))} ms"
     )
     rep.say(
-        f"  deadline probe ({len(probed)} of {len(probe)} calls stopped by their deadline, {len(probe_errors)} "
+        f"  deadline probe ({len(inside)} calls during the load stopped by their deadline, {len(probe_errors)} "
         f"errors): p50 {fmt(pct(probe_over, 50))} ms, p99 {fmt(pct(probe_over, 99))} ms, max "
-        f"{fmt(max(probe_over, default=math.nan))} ms"
+        f"{fmt(max(probe_over, default=math.nan))} ms; with the clients' opening and closing ({len(probed)} of "
+        f"{len(probe)} calls): p99 {fmt(pct(probe_all, 99))} ms, max {fmt(max(probe_all, default=math.nan))} ms"
     )
     for p in probe_errors[:3]:
         rep.say(f"    probe error: {p['error']}")

@@ -173,10 +173,20 @@ async def test_a_caller_that_stops_reading_costs_the_proxy_a_bounded_number_of_b
                         r = await http.post(proxy.url, json=echo, headers=modern_headers("echo"))
                         assert "still here" in r.text, r.text
                     # The upstream wrote its last message; the proxy may still be reading them.
+                    floods, again_at = 1, anyio.current_time() + 15
                     while True:
                         after = dropped((await http.get(proxy.admin + "/metrics")).text)
                         if sum(after.values()) - sum(before.values()) >= COUNT // 2:
                             break
+                        if stream == "listen" and floods < 3 and anyio.current_time() > again_at:
+                            # Nothing of the flood reached the proxy (one run in five, on the
+                            # code of a724336 too). Most likely, not confirmed: the SDK's server
+                            # drops a message tied to no request while its own GET stream to the
+                            # proxy is not yet registered, right after the session opened. The
+                            # same flood once more, at most twice.
+                            again = flood_call(None, False, f"{call_id}-{floods}")
+                            await http.post(proxy.url, json=again, headers={**HEADERS, **session})
+                            floods, again_at = floods + 1, anyio.current_time() + 15
                         await anyio.sleep(0.05)  # polled: /metrics offers no event
                     peak_mib = rss_mib(proxy.proc.pid)
             finally:

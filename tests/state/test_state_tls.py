@@ -25,7 +25,7 @@ from proxy.state import StateConfigError
 from proxy.state.shared import RedisState
 from tests.fixtures.helpers import free_port
 from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles
-from tests.state.test_tls_cluster_valkey import exhaust_locally, started, until
+from tests.state.test_tls_cluster_valkey import exhaust_locally, started, two_replicas_share_one_approval, until
 
 pytestmark = pytest.mark.anyio
 
@@ -93,20 +93,7 @@ async def test_valkeys_shares_the_ledger_over_tls_verified_against_state_ca(
     assert tls_valkey.url.startswith("valkeys://")
     info = tls_valkey.client().info("server")
     assert "valkey_version" in info or info.get("server_name") == "valkey", "a real Valkey, not redis-server"
-    prefix = f"v{uuid.uuid4().hex[:6]}:"
-    a = await started(tls_valkey.url, prefix, ca=tls_files.ca)
-    b = await started(tls_valkey.url, prefix, ca=tls_files.ca)
-    try:
-        (op,) = exhaust_locally(a, 1)
-        entry = a.ledger.check(op)
-        assert entry is not None
-        await a.recorded(entry)
-        await until(b, lambda: b.ledger.check(op) is not None)
-        assert await b.approve(op, entry.budget_id, b.clock())
-        assert not await a.approve(op, entry.budget_id, a.clock())
-    finally:
-        await a.aclose()
-        await b.aclose()
+    await two_replicas_share_one_approval(tls_valkey.url, ca=tls_files.ca)
     wrong = RedisState(tls_valkey.url, ca=tls_files.other_ca, timeout_s=1.0)
     try:
         with pytest.raises(StateConfigError, match="certificate does not verify"):

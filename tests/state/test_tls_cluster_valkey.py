@@ -46,6 +46,25 @@ async def started(url: str, prefix: str, **tls: Path) -> RedisState:
     return state
 
 
+async def two_replicas_share_one_approval(url: str, **tls: Path) -> None:
+    """Two stores on `url`: an operation exhausted through one is seen by the other, and its
+    approval is spent exactly once between them."""
+    prefix = f"v{uuid.uuid4().hex[:6]}:"
+    a = await started(url, prefix, **tls)
+    b = await started(url, prefix, **tls)
+    try:
+        (op,) = exhaust_locally(a, 1)
+        entry = a.ledger.check(op)
+        assert entry is not None
+        await a.recorded(entry)
+        await until(b, lambda: b.ledger.check(op) is not None)
+        assert await b.approve(op, entry.budget_id, b.clock())
+        assert not await a.approve(op, entry.budget_id, a.clock())
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 async def until(state: RedisState, condition: object) -> None:
     changed = asyncio.Event()
     state.on_change = changed.set
@@ -250,20 +269,7 @@ async def test_valkey_shares_the_ledger_like_redis(valkey_server: RedisServer) -
     assert valkey_server.url.startswith("valkey://")
     info = valkey_server.client().info("server")
     assert "valkey_version" in info or "server_name" in info, "a real Valkey, not redis-server"
-    prefix = f"v{uuid.uuid4().hex[:6]}:"
-    a = await started(valkey_server.url, prefix)
-    b = await started(valkey_server.url, prefix)
-    try:
-        (op,) = exhaust_locally(a, 1)
-        entry = a.ledger.check(op)
-        assert entry is not None
-        await a.recorded(entry)
-        await until(b, lambda: b.ledger.check(op) is not None)
-        assert await b.approve(op, entry.budget_id, b.clock())
-        assert not await a.approve(op, entry.budget_id, a.clock())
-    finally:
-        await a.aclose()
-        await b.aclose()
+    await two_replicas_share_one_approval(valkey_server.url)
 
 
 def test_the_tls_fixture_really_refuses_a_plain_connection(tls_redis: RedisServer) -> None:

@@ -33,6 +33,16 @@ N = 40
 BOUND = 10  # objects freed by the collector after N requests (a test's own odds and ends)
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request read off `reader`: its head and its body (Content-Length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
 @pytest.fixture(
     params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
 )
@@ -79,12 +89,7 @@ async def answering(status: int, ctype: str, body: bytes, close: bool = False) -
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                request = await reader.readexactly(length)
+                _, request = await read_request(reader)
                 answer = body
                 if b"ID" in body:
                     answer = body.replace(b"ID", json.dumps(json.loads(request)["id"]).encode())
@@ -193,12 +198,7 @@ async def hanging() -> AsyncIterator[tuple[int, asyncio.Queue[None]]]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
+                await read_request(reader)
                 seen.put_nowait(None)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -250,12 +250,7 @@ async def test_a_listen_stream_that_breaks_leaves_no_cyclic_garbage(anyio_backen
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                body = await reader.readexactly(length)
+                head, body = await read_request(reader)
                 if head.startswith(b"GET"):
                     gets.put_nowait(None)
                     event = b'data: {"jsonrpc":"2.0","method":"notifications/message","params":{}}\n\n'

@@ -858,11 +858,10 @@ def judge_calls(
     # The probe also runs while the hundred clients open their sessions and close them (fifty stdio
     # children started, then stopped, within seconds), which the load calls never see; those
     # calls are printed apart.
-    started = [o.t_start for o in outcomes if o.t_start]
     window = (faults.go_at, max((o.t_start + o.elapsed_s for o in outcomes if o.t_start), default=math.inf))
     inside = [p for p in probed if window[0] <= p.get("t", 0) and p.get("t", 0) + p["caller_ms"] / 1000 <= window[1]]
     probe_all = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in probed]
-    probe_over = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in inside] if started else probe_all
+    probe_over = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in inside]
     probe_errors = [p for p in probe if p.get("error")]
     data["overshoot_ms"] = {
         "calls": len(hit),

@@ -87,6 +87,9 @@ def build_upstream(settings: Settings) -> Upstream:
             shared_children=settings.stdio_shared_children,
             handshake_timeout_s=settings.stdio_start_timeout_s,
             max_starting=settings.stdio_max_starting,
+            # the children's work waits for the proxy's, not the reverse (docs/reliability.md); one
+            # client's one child (a desktop's) keeps the priority it would have without the proxy
+            nice=settings.stdio_nice if settings.stdio_nice is not None else (0 if single else 10),
         )
     url = settings.upstream
     if not url:

@@ -624,6 +624,7 @@ class StdioUpstream:
         shared_sessions: bool = False,
         shared_children: int = 2,
         max_starting: int = 0,
+        nice: int = 0,
     ) -> None:
         if not command:
             raise ValueError("a stdio upstream needs a command")
@@ -656,6 +657,7 @@ class StdioUpstream:
         # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
         self._start_slots: asyncio.Semaphore | None = None
+        self.nice = nice  # `--stdio-nice`: applied by the guard before it starts the command
         self.start_s: float | None = None  # how long the first child took from spawn to its first answer
         self.health = UpstreamHealth()
 
@@ -826,11 +828,13 @@ class StdioUpstream:
         )
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
-        argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
+        argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), str(self.nice), "--", *self.command]
         loop = asyncio.get_running_loop()
         # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
         early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
         if early is not None:
+            if self.nice > 0:
+                early.lower_priority(self.nice)
             protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
             self._spawned += 1
             return self._started(_Child(protocol, self.description, on_line, on_exit))

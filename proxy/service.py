@@ -411,7 +411,12 @@ class Service:
         return self.capabilities
 
     def _probe_failed(self, exc: BaseException) -> None:
-        self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+        # A timeout's own text is empty: the bound is what an operator reading /readyz needs.
+        if isinstance(exc, TimeoutError) and not str(exc):
+            why = f"no answer within {self._probe_timeout_s:g} s"
+        else:
+            why = str(exc) or type(exc).__name__
+        self.probe_error = f"upstream probe failed: {why}"
         log.warning("%s", self.probe_error)
         self.health.failed(self.probe_error)
 

@@ -10,7 +10,7 @@ eras (`mode="legacy"`, `mode="2026-07-28"`) and the TS SDK v1 client (tests/inte
 What each leg shows, counted in the server's own journal (one line per execution, written before
 the tool answers):
 - tools/list, a plain call, a tool with an outputSchema (structuredContent intact), a resource and
-  a prompt relay unchanged;
+  a prompt relay unchanged: equal to what the same client gets from the server directly;
 - `flaky` (idempotent) recovered within one call: exactly the policy's 3 executions, no more; with
   more failures than attempts, an unresolved result of the contract's shape after exactly 3;
 - `charge` (unannotated: state-changing) failing transiently after it charged: executed once, never

@@ -66,6 +66,7 @@ POLICIES = {
     "hang.yaml": "tools: [hang]\nattempts: 2\ndeadline: 20s\nattempt_timeout: 1s\nmin_attempt_time: 100ms\n"
     "backoff: {initial: 20ms, max: 100ms, multiplier: 2, jitter: full}\n",
     "charge.yaml": "tools: [charge]\nattempts: 3\ndeadline: 40s\nattempt_timeout: 30s\n",
+    "slow.yaml": "tools: [slow]\nattempts: 3\ndeadline: 50s\nattempt_timeout: 45s\n",
 }
 REPORT_KEYS = {
     "errorCategory",
@@ -313,7 +314,7 @@ def test_tools_resources_prompts_relay(prereq: Prerequisites, path: tuple[Leg, s
             {"op": "getPrompt", "name": "greet", "arguments": {"name": "Ada"}},
         ],
     )
-    assert tools.result == {"tools": ["charge", "echo", "flaky", "forecast", "hang", "progress"]}
+    assert tools.result == {"tools": ["charge", "echo", "flaky", "forecast", "hang", "progress", "slow"]}
     assert echo.ok and echo.text == "hello v2", echo
     assert forecast.ok and forecast.structured == {"city": "Paris", "temperature": 18}, forecast
     # an isError result of a tool with an outputSchema: the TS client checks structuredContent
@@ -448,3 +449,37 @@ def test_proxied_answers_equal_direct_ones(prereq: Prerequisites, path: tuple[Le
             # proxy it speaks HTTP and gets them. A client quirk, not what this test compares.
             got.progress = want.progress = None
         assert _comparable(got) == _comparable(want)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("upstream", UPSTREAMS)
+def test_a_callers_cancellation_reaches_the_v2_server(
+    prereq: Prerequisites, legs: dict[str, Leg], upstream: str, mode: str
+) -> None:
+    """The Python client gives up on a `slow` call (its cancel scope: `notifications/cancelled` in
+    the 2025 era, the response stream closed in 2026): the attempt in flight is cancelled upstream
+    (its attempt timeout, 45 s, is far off: only the caller's cancel stops it) and no new one
+    starts."""
+    leg_, k = legs[upstream], key()
+
+    async def run() -> None:
+        from mcp import Client
+
+        with anyio.fail_after(BOUND_S):
+            async with Client(leg_.proxy.url, mode=mode) as client:  # type: ignore[arg-type]
+                async with anyio.create_task_group() as tg:
+                    scope = anyio.CancelScope()
+
+                    async def hang() -> None:
+                        with scope:
+                            await client.call_tool("slow", {"key": k})
+
+                    tg.start_soon(hang)
+                    await anyio.to_thread.run_sync(leg_.journal.wait_for, k, "started", 1)
+                    scope.cancel()
+
+    anyio.run(run)
+    (started,) = leg_.journal.wait_for(k, "started", 1)
+    (cancelled,) = leg_.journal.wait_for(k, "cancelled", 1, timeout_s=30.0)  # before the 45 s timeout
+    assert str(cancelled["id"]) == str(started["id"])
+    assert leg_.journal.count(k, "started") == 1 and leg_.journal.count(k, "executed") == 0

@@ -23,6 +23,8 @@
 //                                    after charging (the outcome a caller cannot know)
 //     hang {key, seconds}            read-only; waits `seconds` (default 600) or until the request is
 //                                    cancelled, journalling "cancelled" with the request id
+//     slow {key, seconds}            the same, under another name (the tests give it a long
+//                                    attempt timeout, so only a caller's cancel can stop it)
 //     forecast {city}                read-only; outputSchema {city, temperature}, structuredContent;
 //                                    an unknown city is an isError result without structuredContent
 //     progress {steps}               read-only; sends `steps` progress notifications and an info log
@@ -130,22 +132,24 @@ function newServer() {
       return { content: [{ type: "text", text: `charged ${key}` }] };
     },
   );
-  server.registerTool(
-    "hang",
-    {
-      description: "Waits until cancelled (or `seconds`)",
-      inputSchema: z.object({ key: z.string(), seconds: z.number().optional() }),
-      annotations: readOnly,
-    },
-    async ({ key, seconds }, ctx) => {
-      const signal = ctx.mcpReq.signal;
-      record("started", "hang", { key, id: ctx.mcpReq.id });
-      signal.addEventListener("abort", () => record("cancelled", "hang", { key, id: ctx.mcpReq.id }));
-      await sleep((seconds ?? 600) * 1000, signal);
-      if (!signal.aborted) record("executed", "hang", { key });
-      return { content: [{ type: "text", text: `hang ${key} done` }] };
-    },
-  );
+  for (const name of ["hang", "slow"]) {
+    server.registerTool(
+      name,
+      {
+        description: "Waits until cancelled (or `seconds`)",
+        inputSchema: z.object({ key: z.string(), seconds: z.number().optional() }),
+        annotations: readOnly,
+      },
+      async ({ key, seconds }, ctx) => {
+        const signal = ctx.mcpReq.signal;
+        record("started", name, { key, id: ctx.mcpReq.id });
+        signal.addEventListener("abort", () => record("cancelled", name, { key, id: ctx.mcpReq.id }));
+        await sleep((seconds ?? 600) * 1000, signal);
+        if (!signal.aborted) record("executed", name, { key });
+        return { content: [{ type: "text", text: `${name} ${key} done` }] };
+      },
+    );
+  }
   server.registerTool(
     "forecast",
     {

@@ -166,6 +166,13 @@ STARTUP_CENSUS = textwrap.dedent(
             os.replace(os.environ["GC_CENSUS"] + ".tmp", os.environ["GC_CENSUS"])
 
         signal.signal(signal.SIGUSR1, _census)
+        _freeze = gc.freeze
+
+        def _frozen():  # start-up is over: say so (the probe may make readiness wait long)
+            _freeze()
+            open(os.environ["GC_CENSUS"] + ".frozen", "w").close()
+
+        gc.freeze = _frozen
     """
 )
 
@@ -184,15 +191,20 @@ def test_the_command_lines_parser_is_neither_collected_after_start_up_nor_frozen
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
         "GC_CENSUS": str(out),
     }
-    journal = tmp_path / "journal.jsonl"
-    command = scripted_stdio_command(journal)
-    with ProxyProcess(upstream=command, env=env, log_path=tmp_path / "proxy.log") as proxy:
-        assert proxy.proc is not None
-        os.kill(proxy.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + BOUND_S
-        while not out.exists():
-            assert time.monotonic() < deadline, f"no census; log: {proxy.log_tail()}"
-            time.sleep(0.05)  # polling another process's file (bounded above)
+    command = scripted_stdio_command(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(upstream=command, env=env, log_path=tmp_path / "proxy.log")
+    process = proxy.spawn()  # not awaiting readiness: a probe under load can hold it, not the freeze
+    try:
+        for done in (Path(f"{out}.frozen"), out):
+            deadline = time.monotonic() + BOUND_S * 4
+            while not done.exists():
+                assert process.poll() is None, f"the proxy exited; log: {proxy.log_tail()}"
+                assert time.monotonic() < deadline, f"no {done.name}; log: {proxy.log_tail()}"
+                time.sleep(0.05)  # polling another process's file (bounded above)
+            if done != out:
+                os.kill(process.pid, signal.SIGUSR1)
         census = json.loads(out.read_text())
+    finally:
+        proxy.stop()
     print(f"start-up garbage census: {census}")
     assert census["kinds"].get("argparse", 0) == 0, census

@@ -772,12 +772,16 @@ class Relay:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def lookup_tool(self, name: str, request: Message, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    async def lookup_tool(
+        self, name: str, request: Message, timeout_s: float = 5.0, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any] | None:
         """The upstream's definition of `name`, listing tools once (bounded) if the catalog lacks it.
 
         Used for a tool's annotations (its side-effect class) and its `x-mcp-header` schema when a
         client calls a tool without having listed tools first. A modern request's envelope is
-        reused so the listing is a valid 2026 request.
+        reused so the listing is a valid 2026 request. The listing is made for the caller of
+        `request`: with `--auth passthrough` it carries that caller's `Authorization` (of
+        `headers`, the request's forwarded ones), as the request itself does.
         """
         tool = self.catalog.tools.get(name)
         if tool is not None or self.catalog.listed.is_set():
@@ -787,6 +791,8 @@ class Relay:
         envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
         cursor: Any = None
         sink = _NullOutbox()
+        credential = headers.get("authorization") if headers is not None else None
+        credentials = {"authorization": credential} if credential is not None else None
         try:
             async with asyncio.timeout(timeout_s):
                 for _ in range(20):
@@ -794,7 +800,7 @@ class Relay:
                     if cursor is not None:
                         list_params["cursor"] = cursor
                     listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
-                    response = await self.forward(listing, sink)
+                    response = await self.forward(listing, sink, credentials)
                     result = response.get("result")
                     cursor = result.get("nextCursor") if isinstance(result, dict) else None
                     if name in self.catalog.tools or not isinstance(cursor, str):

@@ -894,7 +894,7 @@ class McpHttpApp:
             return None
         if not arguments and not claimed:
             return None
-        tool = await relay.lookup_tool(name, message)
+        tool = await relay.lookup_tool(name, message, headers=_forwarded(headers, self._forward_credentials))
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
         if not claimed and not relay.catalog.declares_param_headers(name):

@@ -47,6 +47,7 @@ from proxy.upstream.http import (
     _Written,
     bounded_detail,
     read_bounded,
+    session_refused,
     status_failure,
 )
 from proxy.upstream.sse_parse import SseError, SseParser
@@ -202,11 +203,8 @@ class SseLegacyLink(LinkBase):
 
     @staticmethod
     def _refused_by_session_owner() -> UpstreamFailure:
-        return UpstreamFailure(
-            FailureKind.SESSION_REFUSED,
-            Dispatch.NO,
-            "the upstream refused this credential for the SSE session (404): another credential opened it",
-            http_status=404,
+        return session_refused(
+            "the upstream refused this credential for the SSE session (404): another credential opened it"
         )
 
     # -- connection -----------------------------------------------------------------------

@@ -150,3 +150,22 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
     seen = rig.requests()[before:]
     assert not [r for r in seen if r["method"] == "GET" and r["client"] == "bob"], seen  # the stream never moved
+
+
+async def test_a_request_without_a_credential_on_a_session_is_not_lent_the_owners(rig: Rig) -> None:
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, rig.proxy.url, ALICE)
+        before = len(rig.requests())
+        anonymous = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "x"}, 2), headers={**ACCEPT, **session}
+        )
+        assert anonymous.status_code == 401, anonymous.text  # the upstream's own 401, relayed
+        assert f'resource_metadata="{rig.metadata_url}"' in anonymous.headers["www-authenticate"]
+        mine = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "a"}, 3), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
+        assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
+    posts = [r["client"] for r in rig.requests()[before:] if r["method"] == "POST"]
+    # it went without one, as it came (and the listing the engine made for it too), then alice's
+    mine_from = posts.index("alice")
+    assert set(posts[:mine_from]) == {None} and set(posts[mine_from:]) == {"alice"}, posts

@@ -16,7 +16,10 @@ requests (over the shared modern link). It
   subscription id, or the request stream a server request arrived on) goes to none of them; it
   is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
   request dropped so is answered upstream with an error, so the server does not wait for it;
-- cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
+- cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
+- `--auth passthrough` (`vouch`): lets a caller act on a legacy session in ways the upstream never
+  sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
+  request) only with a credential the upstream accepts on that session.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
 Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
@@ -97,6 +100,10 @@ class Outbox(Protocol):
 
 # (relay, request, outbox, forwarded headers, principal or None) -> the response
 ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None, Principal | None], Awaitable[Message]]
+
+
+# How long `vouch` waits for the upstream's answer when the relay has no request timeout.
+VOUCH_TIMEOUT_S = 10.0
 
 
 class _NullOutbox:
@@ -771,6 +778,32 @@ class Relay:
         task = asyncio.create_task(self.link.cancel(exchange, reason))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def vouch(self, headers: Mapping[str, str] | None) -> None:
+        """--auth passthrough: whether the caller whose forwarded `headers` these are may act on
+        this legacy session where the upstream cannot judge it (the frontend serves the session's
+        listen stream, a resumed answer, its DELETE, a cancellation, an answer to the server's
+        request itself, or sends them with the session's credential). The proxy does not judge
+        credentials in this mode: the upstream does, and binds its session to a principal. A
+        credential the upstream accepted on the session (the link's `caller_authorization`) may;
+        any other (another user's, none, a token refreshed but not yet used) is put to the
+        upstream in a `ping` on the session, which it answers as it would that caller's request:
+        2xx, and the link holds that credential from now on; 404 (another principal's session),
+        401 or 403 raise `AuthRefused` with that status, as a relayed request's refusal does.
+        Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked."""
+        credential = headers.get("authorization") if headers is not None else None
+        if credential is not None and credential == getattr(self.link, "caller_authorization", None):
+            return
+        ping = {"jsonrpc": "2.0", "id": "vouch", "method": "ping"}
+        timeout_s = self.request_timeout_s if self.request_timeout_s is not None else VOUCH_TIMEOUT_S
+        try:
+            await self.forward(
+                ping, _NullOutbox(), {"authorization": credential} if credential is not None else None, timeout_s
+            )
+        except UpstreamFailure as failure:
+            if refuses_the_caller(failure.kind, failure.http_status):
+                raise upstream_refusal(failure) from None
+            raise
 
     async def lookup_tool(
         self, name: str, request: Message, timeout_s: float = 5.0, headers: Mapping[str, str] | None = None

@@ -21,7 +21,7 @@ import asyncio
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -44,7 +44,10 @@ ALICE = "alice-00-token-3c8e5a91"
 BOB = "bob-0000-token-7d1f9b24"
 WEAK = "weak-token-2c7e9f4b81"
 REVOKED = "revoked-token-6a0d3f8c27"
-POLICIES = {"defaults.yaml": "attempts: 3\ndeadline: 5s\nattempt_timeout: 2s\nbackoff: {initial: 10ms, max: 20ms}\n"}
+POLICIES = {
+    "defaults.yaml": "attempts: 3\ndeadline: 5s\nattempt_timeout: 2s\nbackoff: {initial: 10ms, max: 20ms}\n",
+    "hold.yaml": "tools: [hold]\nattempts: 1\ndeadline: 40s\nattempt_timeout: 35s\nidle_timeout: 35s\n",
+}
 
 
 class Rig:
@@ -311,3 +314,60 @@ def test_passthrough_is_refused_at_start_in_front_of_a_stdio_upstream(tmp_path: 
     done = subprocess.run([*argv, "--", PYTHON, "-c", "pass"], cwd=REPO_ROOT, capture_output=True, timeout=BOUND_S)
     assert done.returncode == 2
     assert b"--auth passthrough needs a network upstream" in done.stderr
+
+
+async def until(condition: Callable[[], object], what: str) -> None:
+    """Wait (bounded) for another process to do something a test can only see in a file."""
+    with anyio.move_on_after(BOUND_S):
+        while not condition():  # noqa: ASYNC110 - the other process writes a file, no event to await
+            await anyio.sleep(0.05)
+        return
+    raise AssertionError(f"not within {BOUND_S} s: {what}")
+
+
+async def test_another_credential_cannot_listen_on_answer_for_cancel_on_or_delete_a_session(rig: Rig) -> None:
+    """What the proxy itself does for a session without a request the upstream judges (the
+    listen stream, an answer to the server's request, a cancellation, DELETE) needs a credential
+    the upstream accepts on that session: bob's gets the upstream's 404, none its 401. Before, any
+    caller knowing the session id could read its listen stream (and resume its answers), answer
+    the server's requests in its name, cancel its calls and end it."""
+    tag = uuid.uuid4().hex[:8]
+    url = rig.proxy.url
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, url, ALICE)
+        before = len(rig.requests())
+        listen = {**session, "accept": "text/event-stream"}
+        answer_ = {"jsonrpc": "2.0", "id": "proxy-1", "result": {}}
+        for token, status in ((BOB, 404), (None, 401)):
+            credential = bearer(token) if token is not None else {}
+            async with http.stream("GET", url, headers={**listen, **credential}) as got:
+                assert got.status_code == status, token
+            answered = await http.post(url, json=answer_, headers={**ACCEPT, **session, **credential})
+            assert answered.status_code == status, answered.text
+            deleted = await http.delete(url, headers={**session, **credential})
+            assert deleted.status_code == status, deleted.text
+
+        # bob's cancellation of alice's call in flight is refused; her call goes on
+        held = asyncio.create_task(
+            http.post(
+                url, json=tool_call("hold", {"tag": f"{tag}-h"}, 7), headers={**ACCEPT, **session, **bearer(ALICE)}
+            )
+        )
+        try:
+            await until(lambda: rig.clients(f"{tag}-h") == [ALICE[:8]], "alice's call runs at the upstream")
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            refused = await http.post(url, json=cancel, headers={**ACCEPT, **session, **bearer(BOB)})
+            assert refused.status_code == 404, refused.text
+        finally:
+            (rig.journal.parent / f"release-{tag}-h").touch()
+        assert whoami_text(await held) == f"held:{tag}-h"
+
+        # alice's own credential, and her refreshed one once the upstream takes it, do all that
+        async with http.stream("GET", url, headers={**listen, **bearer(ALICE)}) as mine:
+            assert mine.status_code == 200
+        assert (await http.post(url, json=answer_, headers={**ACCEPT, **session, **bearer(ALICE)})).status_code == 202
+        closed = await http.delete(url, headers={**session, **bearer(ALICE)})
+        assert closed.status_code == 200, closed.text
+    seen = rig.requests()[before:]
+    assert {r["rpc"] for r in seen if r["client"] in (BOB[:8], None)} == {"ping"}, seen  # asked, refused
+    assert rig.clients(f"{tag}-h") == [ALICE[:8]]

@@ -169,3 +169,21 @@ async def test_a_request_without_a_credential_on_a_session_is_not_lent_the_owner
     # it went without one, as it came (and the listing the engine made for it too), then alice's
     mine_from = posts.index("alice")
     assert set(posts[:mine_from]) == {None} and set(posts[mine_from:]) == {"alice"}, posts
+
+
+async def test_another_credential_cannot_listen_on_or_delete_a_session(rig: Rig) -> None:
+    """The proxy's own acts on a session (its listen stream, DELETE) need a credential the
+    upstream accepts on it: bob's is put to the upstream (a ping on the session) and refused."""
+    url = rig.proxy.url
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, url, ALICE)
+        listen = {**session, "accept": "text/event-stream"}
+        async with http.stream("GET", url, headers={**listen, **bearer(BOB)}) as got:
+            assert got.status_code == 404
+        deleted = await http.delete(url, headers={**session, **bearer(BOB)})
+        assert deleted.status_code == 404, deleted.text
+        mine = await http.post(
+            url, json=tool_call("whoami", {"tag": "a"}, 2), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
+        assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
+        assert (await http.delete(url, headers={**session, **bearer(ALICE)})).status_code == 200

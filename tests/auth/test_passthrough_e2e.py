@@ -198,13 +198,9 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_sessio
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     async with httpx.AsyncClient(timeout=BOUND_S) as http:
-        start = len(rig.requests())
         session = await open_session(http, rig.proxy.url, ALICE)
         assert whoami_text(await whoami(http, rig, session, ALICE, f"{tag}-a1", 2)) == f"alice-00:{tag}-a1"
         before = len(rig.requests())
-        # The engine listed tools first (the session had not: the tool's annotations), as alice.
-        listings = [r["client"] for r in rig.requests()[start:before] if r["rpc"] == "tools/list"]
-        assert listings == [ALICE[:8]], rig.requests()[start:before]
         stolen = await whoami(http, rig, session, BOB, f"{tag}-b", 3)
         # The upstream's refusal reaches bob as it answered it (404, "no such session" for him),
         # once: not a session to re-establish under his credential, nor a call to retry.
@@ -268,7 +264,9 @@ async def test_two_principals_at_once_on_one_session_each_request_carries_its_ow
         + [(f"{tag}-bob-{i}", BOB[:8]) for i in range(rounds)]
         + [(f"{tag}-alice-last", ALICE[:8])]
     ), went
-    assert not [r for r in seen if r["client"] == BOB[:8] and r["rpc"] != "tools/call"], seen
+    # bob's reached it only as refused calls (and the engine's tool listing for them while the
+    # catalog lacked the tool), never as an initialize re-establishing the session for him
+    assert {r["rpc"] for r in seen if r["client"] == BOB[:8]} <= {"tools/call", "tools/list"}, seen
     assert not [r for r in seen if r["client"] not in (ALICE[:8], BOB[:8])], seen
     for i in range(rounds):
         assert rig.clients(f"{tag}-alice-{i}") == [ALICE[:8]] and rig.clients(f"{tag}-bob-{i}") == []

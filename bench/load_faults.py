@@ -1045,6 +1045,26 @@ def run_niced(nice: int, work: Callable[[], T]) -> T:
     return box["result"]
 
 
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def in_own_session(argv: list[str] | None) -> int:
+    """Run this bench again as the leader of a session of its own and return its exit code.
+    `--callers-nice` on a host with autogroup scheduling (each session one group, weighed as one
+    task whatever its threads' nice): the thread's nice alone leaves the callers' group as heavy
+    as the proxy's, so the run lowers its own session's group too (`main`). The proxy, its
+    children, the HTTP upstream and the deadline probe are sessions of their own, out of it."""
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)],
+        start_new_session=True,
+    )
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        return child.wait()
+
+
 class DeadlineProbe:
     """bench/deadline_probe.py in a process of its own beside a load leg (see judge_calls, 5),
     stopped by its pid."""
@@ -1052,7 +1072,10 @@ class DeadlineProbe:
     def __init__(self, url: str, out: Path, rate: float, seconds: float) -> None:
         argv = [PYTHON, str(REPO / "bench" / "deadline_probe.py"), url, str(out), "--rate", str(rate)]
         with open(out.with_suffix(".log"), "ab") as log:
-            self.proc = subprocess.Popen([*argv, "--seconds", str(seconds)], stdout=log, stderr=log)
+            # a session of its own: a caller elsewhere, out of the callers' lowered group (main)
+            self.proc = subprocess.Popen(
+                [*argv, "--seconds", str(seconds)], stdout=log, stderr=log, start_new_session=True
+            )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -1416,6 +1439,11 @@ def main(argv: list[str] | None = None) -> int:
         else (["stdio"] if q else args.upstreams)
     )
 
+    if args.callers_nice > 0 and AUTOGROUP.exists() and os.getsid(0) != os.getpid():
+        return in_own_session(argv)
+    if args.callers_nice > 0 and AUTOGROUP.exists():
+        with contextlib.suppress(OSError):
+            AUTOGROUP.write_text(str(args.callers_nice))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     signal.signal(

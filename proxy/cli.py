@@ -124,6 +124,13 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="stdio children starting at once; the others wait their turn (0: the CPU count, at least 2)",
     )
     p.add_argument(
+        "--stdio-nice",
+        type=int,
+        default=s,
+        help="stdio children run this much below the proxy's CPU priority, so that a busy server does not delay"
+        " the proxy's timers (0-19; default 10 listening over HTTP, 0 with --listen stdio)",
+    )
+    p.add_argument(
         "--shutdown-grace-s",
         type=float,
         default=s,

@@ -194,6 +194,8 @@ async def run(settings: Settings) -> int:
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
     restore = _on_sigterm(on_signal)
+    loop_lag = bundle.metrics.loop_lag  # the loop's lateness and its wait for a CPU
+    loop_lag.start()
     try:
         return await _serve(
             settings,
@@ -208,6 +210,7 @@ async def run(settings: Settings) -> int:
         )
     finally:
         restore()
+        loop_lag.stop()
         if tls_watcher is not None:
             await tls_watcher.aclose()
         if auth is not None:

@@ -87,6 +87,9 @@ def build_upstream(settings: Settings) -> Upstream:
             shared_children=settings.stdio_shared_children,
             handshake_timeout_s=settings.stdio_start_timeout_s,
             max_starting=settings.stdio_max_starting,
+            # the children's work waits for the proxy's, not the reverse (docs/reliability.md); one
+            # client's one child (a desktop's) keeps the priority it would have without the proxy
+            nice=settings.stdio_nice if settings.stdio_nice is not None else (0 if single else 10),
         )
     url = settings.upstream
     if not url:
@@ -401,14 +404,16 @@ class Service:
                         self._probed_behind_auth(exc)
                     else:
                         self._probe_failed(exc)
-                except (TimeoutError, OSError) as exc:
+                except TimeoutError:
+                    self._probe_failed(f"no answer within {self._probe_timeout_s:g} s")
+                except OSError as exc:
                     self._probe_failed(exc)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
 
-    def _probe_failed(self, exc: BaseException) -> None:
-        self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+    def _probe_failed(self, why: BaseException | str) -> None:
+        self.probe_error = f"upstream probe failed: {str(why) or type(why).__name__}"
         log.warning("%s", self.probe_error)
         self.health.failed(self.probe_error)
 

@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     stdio_max_starting: int = Field(
         0, ge=0, le=256, description="stdio children starting at once, the others wait (0: the CPU count, at least 2)"
     )
+    stdio_nice: int | None = Field(
+        None,
+        ge=0,
+        le=19,
+        description="stdio children run this much below the proxy's CPU priority (nice), so that their load does not"
+        " delay the proxy's timers (default: 10 listening over HTTP, 0 with --listen stdio)",
+    )
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )

@@ -2,7 +2,10 @@
 # Install what the interop matrix (tests/interop, docs/interop.md) needs, idempotently:
 #   - npm (exact versions, locked by tests/interop/package-lock.json, installed with `npm ci`):
 #     @modelcontextprotocol/server-everything, -server-filesystem, -server-memory (2026.8.31) and
-#     @modelcontextprotocol/sdk 1.32.2, which our TypeScript client and HTTP server import
+#     @modelcontextprotocol/sdk 1.32.2 (the TypeScript SDK v1, 2025 revisions only), which our
+#     TypeScript client and HTTP server import, and the TypeScript SDK v2, the stable line that
+#     speaks 2026-07-28 with a 2025 fallback: @modelcontextprotocol/client and -server 2.4.0 and
+#     @modelcontextprotocol/node 2.1.2 (its Node HTTP adapter)
 #   - PyPI: mcp-server-time and mcp-server-git (2026.10.19) in their own venv, venv-servers, with
 #     mcp==2.3.0 (their `mcp>=2.3,<3` accepts ours; a venv of their own keeps gitpython, tzlocal
 #     and their console scripts out of the project's venv)

@@ -41,6 +41,7 @@ from proxy.telemetry.events import (
     UpstreamStatus,
 )
 from proxy.telemetry.gc_pauses import GcPauseCollector
+from proxy.telemetry.loop_lag import LoopLag
 from proxy.telemetry.shed import ShedCollector
 
 PREFIX = "mcp_recovery_"
@@ -330,6 +331,8 @@ class MetricsObserver:
         registry.register(self._in_flight)
         registry.register(ShedCollector())
         registry.register(GcPauseCollector())
+        self.loop_lag = LoopLag()  # started by the proxy on its running loop (server.run)
+        registry.register(self.loop_lag)
 
     def watch_in_flight(self, source: InFlightSource) -> None:
         """Export the calls in flight per tool `source()` gives: the engine's `in_flight_by_tool`."""

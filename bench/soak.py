@@ -116,6 +116,7 @@ class Figures:
     @classmethod
     def read(cls, pid: int, admin: str, began: float) -> Figures:
         status = _status_fields(pid)
+        fds = _fds(pid)  # before the admin request below: its connection is not the proxy's own
         kids = _children(pid)
         kid_rss = kid_fds = 0
         for k in kids:
@@ -129,7 +130,7 @@ class Figures:
             at_s=time.monotonic() - began,
             rss_kib=status["VmRSS"],
             hwm_kib=status["VmHWM"],
-            fds=_fds(pid),
+            fds=fds,
             threads=status["Threads"],
             children=len(kids),
             children_rss_kib=kid_rss,
@@ -378,6 +379,14 @@ async def settle(pid: int, admin: str, began: float) -> Figures:
             if figures.sessions:
                 print(f"  (still {figures.sessions} sessions after {SETTLE_BOUND_S:g} s)")
             await asyncio.sleep(2.0)  # let the last sessions' children finish stopping
+            # and their pipes and the closing connections go: until the count holds still for a
+            # second (bounded), on a busy machine that takes longer than the pause above
+            settled, count = time.monotonic() + SETTLE_BOUND_S, _fds(pid)
+            while time.monotonic() < settled:
+                await asyncio.sleep(1.0)
+                count, before = _fds(pid), count
+                if count == before:
+                    break
             return await asyncio.to_thread(Figures.read, pid, admin, began)
         await asyncio.sleep(1.0)
 

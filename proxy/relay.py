@@ -855,6 +855,10 @@ class Relay:
         try:
             await self.link.send_notification(message, headers=headers)
         except UpstreamFailure as failure:
+            if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
+                # passthrough: the upstream did not accept it from this caller, which must hear so
+                # (an HTTP error status instead of 202, the spec's answer to a refused notification)
+                raise upstream_refusal(failure) from None
             log.info("could not relay %s upstream: %s", message.get("method"), failure)
 
     async def handle_response(self, message: Message) -> None:

@@ -1013,7 +1013,11 @@ class McpHttpApp:
             ):
                 return
             credentials = _forwarded(headers, True) if self._forward_credentials else None
-            await relay.handle_notification(message, credentials)
+            try:
+                await relay.handle_notification(message, credentials)
+            except AuthRefused as refused:  # passthrough: the upstream refused the caller's credential
+                await self._refuse(send, refused, "POST")
+                return
             await _respond(send, 202)
         else:
             # An answer to the server's request goes upstream as the session's own message.

@@ -15,7 +15,12 @@ requests (over the shared modern link). It
   2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
   subscription id, or the request stream a server request arrived on) goes to none of them; it
   is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
-  request dropped so is answered upstream with an error, so the server does not wait for it;
+  request dropped so is answered upstream with an error, so the server does not wait for it.
+  One exception, a log line (`notifications/message`) while exactly one request stream is open on
+  the shared relay and that request asked for log messages (`io.modelcontextprotocol/logLevel`):
+  a 2026 server sends log messages only for a request that asked, and a stdio child writes a
+  request's log lines before its answer, so the line is that request's (a 2026 client of a stdio
+  upstream got none of its log messages before);
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
 - `--auth passthrough` (`vouch`): lets a caller act on a legacy session in ways the upstream never
   sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
@@ -58,6 +63,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_cal
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
+    META_LOG_LEVEL,
     REQUEST_TIMEOUT,
     SHUTTING_DOWN,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -199,6 +205,12 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     if failure.retry_after_s is not None:
         data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
+
+
+def _asks_for_logs(request: Message) -> bool:
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and META_LOG_LEVEL in meta
 
 
 def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:
@@ -437,6 +449,8 @@ class Relay:
         # Shared link: the request stream each server request was delivered on (its later
         # notifications/cancelled goes there, and nowhere else).
         self._server_request_streams: dict[str, Outbox] = {}
+        # Shared link: the open request streams whose request asked for log messages.
+        self._log_streams: set[Outbox] = set()
         # Several callers share the modern link (unless the service serves one client, on stdio):
         # what cannot be tied to one of them reaches none.
         self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
@@ -498,6 +512,8 @@ class Relay:
         if method != "initialize":
             self.initialized = True
         self._streams.append(outbox)
+        if self.shared and _asks_for_logs(request):
+            self._log_streams.add(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
         requests = self.requests
@@ -540,6 +556,8 @@ class Relay:
             outbox.send(error(down_id, SHUTTING_DOWN, "the proxy is shutting down: the request was cancelled upstream"))
         finally:
             self._streams.remove(outbox)
+            if self._log_streams:
+                self._log_streams.discard(outbox)
             if requests is not None:
                 requests.leave(task)  # type: ignore[arg-type]
             if by_id and self._inflight.get(down_id) is task:
@@ -954,6 +972,11 @@ class Relay:
         session's own link, the newest open request stream, else the listen stream, else the
         backlog."""
         if self.shared:
+            if message.get("method") == "notifications/message" and self._log_streams:
+                sole = self._sole_open_stream()
+                if sole is not None and sole in self._log_streams:
+                    sole.send(message)
+                    return
             SHED.count("dropped_messages", "untied")
             return
         for outbox in reversed(self._streams):
@@ -969,6 +992,16 @@ class Relay:
         while len(self._backlog) > BACKLOG_LIMIT or (self._backlog_bytes > BACKLOG_BYTES and len(self._backlog) > 1):
             self._backlog_bytes -= self._backlog.popleft()[1]
             SHED.count("dropped_messages", "backlog_full")
+
+    def _sole_open_stream(self) -> Outbox | None:
+        """The one request stream still open on this relay, or None when there are none or several."""
+        found: Outbox | None = None
+        for outbox in self._streams:
+            if not outbox.closed:
+                if found is not None:
+                    return None
+                found = outbox
+        return found
 
     def _pressure(self, on: bool) -> None:
         """A stream of this session passed (True) or drained below (False) its watermark."""

@@ -338,7 +338,7 @@ class Engine:
         caller_ms = meta.get(META_DEADLINE_MS) if isinstance(meta, dict) else None
         policy = self.policy_for(name, None)
         room = CallState.start(policy, now_s=began, caller_deadline_ms=caller_ms).deadline_left_s(began)
-        await relay.lookup_tool(name, request, max(0.0, min(LOOKUP_TIMEOUT_S, room - policy.min_attempt_s)))
+        await relay.lookup_tool(name, request, max(0.0, min(LOOKUP_TIMEOUT_S, room - policy.min_attempt_s)), headers)
         call = _Call(self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal)
         call.began = began
         return await call.run()

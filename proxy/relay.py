@@ -21,7 +21,10 @@ requests (over the shared modern link). It
   a 2026 server sends log messages only for a request that asked, and a stdio child writes a
   request's log lines before its answer, so the line is that request's (a 2026 client of a stdio
   upstream got none of its log messages before);
-- cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
+- cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
+- `--auth passthrough` (`vouch`): lets a caller act on a legacy session in ways the upstream never
+  sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
+  request) only with a credential the upstream accepts on that session.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
 Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
@@ -103,6 +106,10 @@ class Outbox(Protocol):
 
 # (relay, request, outbox, forwarded headers, principal or None) -> the response
 ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None, Principal | None], Awaitable[Message]]
+
+
+# How long `vouch` waits for the upstream's answer when the relay has no request timeout.
+VOUCH_TIMEOUT_S = 10.0
 
 
 class _NullOutbox:
@@ -790,12 +797,42 @@ class Relay:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def lookup_tool(self, name: str, request: Message, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    async def vouch(self, headers: Mapping[str, str] | None) -> None:
+        """--auth passthrough: whether the caller whose forwarded `headers` these are may act on
+        this legacy session where the upstream cannot judge it (the frontend serves the session's
+        listen stream, a resumed answer, its DELETE, a cancellation, an answer to the server's
+        request itself, or sends them with the session's credential). The proxy does not judge
+        credentials in this mode: the upstream does, and binds its session to a principal. A
+        credential the upstream accepted on the session (the link's `caller_authorization`) may;
+        any other (another user's, none, a token refreshed but not yet used) is put to the
+        upstream in a `ping` on the session, which it answers as it would that caller's request:
+        2xx, and the link holds that credential from now on; 404 (another principal's session),
+        401 or 403 raise `AuthRefused` with that status, as a relayed request's refusal does.
+        Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked."""
+        credential = headers.get("authorization") if headers is not None else None
+        if credential is not None and credential == getattr(self.link, "caller_authorization", None):
+            return
+        ping = {"jsonrpc": "2.0", "id": "vouch", "method": "ping"}
+        timeout_s = self.request_timeout_s if self.request_timeout_s is not None else VOUCH_TIMEOUT_S
+        try:
+            await self.forward(
+                ping, _NullOutbox(), {"authorization": credential} if credential is not None else None, timeout_s
+            )
+        except UpstreamFailure as failure:
+            if refuses_the_caller(failure.kind, failure.http_status):
+                raise upstream_refusal(failure) from None
+            raise
+
+    async def lookup_tool(
+        self, name: str, request: Message, timeout_s: float = 5.0, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any] | None:
         """The upstream's definition of `name`, listing tools once (bounded) if the catalog lacks it.
 
         Used for a tool's annotations (its side-effect class) and its `x-mcp-header` schema when a
         client calls a tool without having listed tools first. A modern request's envelope is
-        reused so the listing is a valid 2026 request.
+        reused so the listing is a valid 2026 request. The listing is made for the caller of
+        `request`: with `--auth passthrough` it carries that caller's `Authorization` (of
+        `headers`, the request's forwarded ones), as the request itself does.
         """
         tool = self.catalog.tools.get(name)
         if tool is not None or self.catalog.listed.is_set():
@@ -805,6 +842,8 @@ class Relay:
         envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
         cursor: Any = None
         sink = _NullOutbox()
+        credential = headers.get("authorization") if headers is not None else None
+        credentials = {"authorization": credential} if credential is not None else None
         try:
             async with asyncio.timeout(timeout_s):
                 for _ in range(20):
@@ -812,7 +851,7 @@ class Relay:
                     if cursor is not None:
                         list_params["cursor"] = cursor
                     listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
-                    response = await self.forward(listing, sink)
+                    response = await self.forward(listing, sink, credentials)
                     result = response.get("result")
                     cursor = result.get("nextCursor") if isinstance(result, dict) else None
                     if name in self.catalog.tools or not isinstance(cursor, str):

@@ -584,6 +584,33 @@ class McpHttpApp:
             return None
         return relay
 
+    async def _vouched(
+        self, send: Send, relay: Relay, headers: dict[str, str], method: str, request_id: Any = None
+    ) -> bool:
+        """passthrough: the caller may act on the session without a request the upstream judges
+        (`Relay.vouch`: the listen stream, a resumed answer, DELETE, a cancellation, an answer to
+        the server's request). False once the refusal was answered: the upstream's 404 (another
+        principal's session), 401 or 403, or 502 when the upstream could not be asked. Without
+        passthrough, the session lookup (`_session`) already decided."""
+        if not self._forward_credentials:
+            return True
+        try:
+            await relay.vouch(_forwarded(headers, True))
+        except AuthRefused as refused:
+            await self._refuse(send, refused, method, request_id)
+            return False
+        except (UpstreamFailure, TimeoutError):
+            log.info("%s refused: the upstream could not be asked whether the credential holds the session", method)
+            await _respond_error(
+                send,
+                502,
+                request_id,
+                jsonrpc.INTERNAL_ERROR,
+                "the upstream could not be asked whether this credential may use the session",
+            )
+            return False
+        return True
+
     async def _scopes_suffice(self, send: Send, relay: Relay, message: Message, principal: Principal) -> bool:
         """A tools/call whose policy names `required_scopes` the principal lacks: 403
         insufficient_scope (where the proxy knows the principal's scopes: jwt, tokens)."""
@@ -894,7 +921,7 @@ class McpHttpApp:
             return None
         if not arguments and not claimed:
             return None
-        tool = await relay.lookup_tool(name, message)
+        tool = await relay.lookup_tool(name, message, headers=_forwarded(headers, self._forward_credentials))
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
         if not claimed and not relay.catalog.declares_param_headers(name):
@@ -979,6 +1006,12 @@ class McpHttpApp:
                 principal=principal,
             )
         elif jsonrpc.is_notification(message):
+            # A cancellation is acted on here (the request's task is cancelled), not judged by the
+            # upstream; any other notification goes upstream with the caller's own credential.
+            if message.get("method") == "notifications/cancelled" and not await self._vouched(
+                send, relay, headers, "POST"
+            ):
+                return
             credentials = _forwarded(headers, True) if self._forward_credentials else None
             try:
                 await relay.handle_notification(message, credentials)
@@ -987,6 +1020,9 @@ class McpHttpApp:
                 return
             await _respond(send, 202)
         else:
+            # An answer to the server's request goes upstream as the session's own message.
+            if not await self._vouched(send, relay, headers, "POST"):
+                return
             await relay.handle_response(message)
             await _respond(send, 202)
 
@@ -1233,6 +1269,8 @@ class McpHttpApp:
         if relay is None:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
             return
+        if not await self._vouched(send, relay, headers, "GET"):
+            return
         last_event = headers.get("last-event-id", "")
         key, _, seq = last_event.partition(":")
         replay = self._replays.get(key)
@@ -1281,7 +1319,10 @@ class McpHttpApp:
         if session_id is None:
             await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
             return
-        if self._session(session_id, principal) is not None and await self.service.close_session(session_id):
+        relay = self._session(session_id, principal)
+        if relay is not None and not await self._vouched(send, relay, headers, "DELETE"):
+            return
+        if relay is not None and await self.service.close_session(session_id):
             await _respond(send, 200)
         else:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")

@@ -11,6 +11,18 @@ read timeout): the proxy owns every retry and every attempt timeout, so the clie
   session or an uninitialized server: the TypeScript SDK's servers answer a restarted process's
   unknown id with 400 "Bad Request: No valid session ID provided" (its examples, which most
   servers copy) or "Bad Request: Server not initialized" (its transport).
+  `--auth passthrough` (the upstream authenticates callers, and a server such as the MCP SDK's
+  binds each session to the principal that opened it, answering its id used with another
+  principal's credential 404, "as if the session did not exist"): every message a caller sends
+  goes with that caller's own `Authorization` (or none), never another's. The link keeps the
+  credential the upstream last accepted on the session (`caller_authorization`: the one of the
+  last request answered 2xx; a token refreshed mid-session takes over once accepted), and only
+  its own requests carry it: the listen stream, cancellations, the replayed handshake, answers to
+  the server's requests, DELETE. A 404 (or forgotten-session 400) to a request carrying that
+  credential is a forgotten session, re-established with it; to any other credential it is that
+  caller's refusal, `SESSION_REFUSED` (`session_refused`, shared with sse.py): relayed as the 404,
+  never retried, the session not moved. The price: a refreshed token whose first request meets
+  an upstream that restarted gets the 404 too, and its client opens a new session.
 - `HttpModernLink` (shared by every 2026-07-28 request): one POST per request with the 2026
   routing headers; cancelling is closing that request's response stream.
 
@@ -248,6 +260,14 @@ def status_failure_of(response: Response, raw: bytes, request_id: RequestId | No
     )
 
 
+def session_refused(detail: str) -> UpstreamFailure:
+    """--auth passthrough: the upstream's 404 to a session id sent with a credential other than the
+    one it accepted on that session. It refuses that caller, not a session it forgot: a permission
+    refusal, not dispatched, relayed to the caller as the server's 404 (never retried, and the
+    session is not re-established with that credential). Streamable HTTP and legacy SSE alike."""
+    return UpstreamFailure(FailureKind.SESSION_REFUSED, Dispatch.NO, detail, http_status=404)
+
+
 MAX_CHALLENGE = 2048
 
 
@@ -397,7 +417,6 @@ class _HttpLink(LinkBase):
         self._closed = False
         # Set while the legacy standalone GET stream is being opened (see `_opened`).
         self._opening: asyncio.Future[None] | None = None
-        self.caller_authorization: str | None = None
 
     # -- UpstreamLink ---------------------------------------------------------------------
 
@@ -410,11 +429,6 @@ class _HttpLink(LinkBase):
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
-        if headers is not None and "authorization" in headers:
-            # --auth passthrough: the caller's latest credential, also for the link's own requests
-            # (listen stream, cancellation, session re-establishment, DELETE); a client may
-            # refresh its token mid-session.
-            self.caller_authorization = headers["authorization"]
         if self._opening is not None:
             await self._opened()
         self._before_request(message)
@@ -535,6 +549,14 @@ class _HttpLink(LinkBase):
     def _on_response(self, ex: Exchange, response: Response, message: Message) -> None:
         return None
 
+    def _accepted(self, headers: Mapping[str, str]) -> None:
+        """The upstream answered 2xx to a request sent with `headers`."""
+        return None
+
+    def _forgotten(self, headers: Mapping[str, str]) -> BaseException:
+        """What a 404 (or a 400 naming the session) to a request that carried a session id means."""
+        return _Expired()
+
     async def _resume(self, ex: Exchange, state: StreamState) -> bool:
         """Try to recover the rest of a broken response stream; True when the response arrived."""
         return False
@@ -620,14 +642,19 @@ class _HttpLink(LinkBase):
                 if not sent.done():
                     sent.set_result(None)
                 status = response.status
+                # A 404 (or a 400 naming the session) to a request that carried a session id is a
+                # refusal before processing: this request was not executed.
                 if status == 404 and self._sent_session(headers):
                     response.release()
-                    raise _Expired
+                    ex.written = False
+                    raise self._forgotten(headers)
                 if not 200 <= status < 300:
                     raw = await read_bounded(response)
                     if status == 400 and self._sent_session(headers) and forgot_session(raw):
-                        raise _Expired
+                        ex.written = False
+                        raise self._forgotten(headers)
                     raise status_failure_of(response, raw, ex.upstream_id)
+                self._accepted(headers)
                 if status == 202:
                     raise UpstreamFailure(
                         FailureKind.PROTOCOL,
@@ -767,6 +794,7 @@ class _Flight:
         _heard(self.ex)
         status = response.status
         if 200 <= status < 300 and status != 202 and content_type(response) == "application/json":
+            self.link._accepted(self.headers)
             return True
         self.conn = None  # the task owns the response now: cancelling it closes the connection
         sent: asyncio.Future[None] = self.ex.response.get_loop().create_future()
@@ -840,6 +868,9 @@ class HttpModernLink(_HttpLink):
             raise response.failure()
 
 
+_REFUSED: Final = "the upstream refused this credential for the session (404): another credential holds it"
+
+
 class HttpLegacyLink(_HttpLink):
     """One downstream 2025 session ↔ one upstream HTTP session."""
 
@@ -853,12 +884,15 @@ class HttpLegacyLink(_HttpLink):
         self._reinit_lock = asyncio.Lock()
         self._get_task: asyncio.Task[None] | None = None
         self.reestablished = 0  # how many times an expired session was re-established
+        # --auth passthrough: the credential the upstream last accepted on this session (a 2xx to
+        # a request that carried it), which the link's own requests carry (see the module
+        # docstring). A caller's own messages carry the caller's credential, never this one.
+        self.caller_authorization: str | None = None
 
     # -- headers --------------------------------------------------------------------------
     def _session_headers(self, for_initialize: bool = False) -> dict[str, str]:
+        """The session's headers, without a credential: a relayed message carries its caller's."""
         h: dict[str, str] = {}
-        if self.caller_authorization is not None:
-            h["authorization"] = self.caller_authorization
         if not for_initialize:
             if self.session_id is not None:
                 h[SESSION_HEADER] = self.session_id
@@ -866,11 +900,36 @@ class HttpLegacyLink(_HttpLink):
                 h[VERSION_HEADER] = self.protocol_version
         return h
 
+    def _own_headers(self, for_initialize: bool = False) -> dict[str, str]:
+        """The headers of the link's own requests (listen stream, cancellation, re-establishment,
+        an answer to the server, DELETE): the session's, and the credential the upstream accepted."""
+        h = self._session_headers(for_initialize)
+        if self.caller_authorization is not None:
+            h["authorization"] = self.caller_authorization
+        return h
+
     def _request_headers(self, message: Message) -> dict[str, str]:
         return self._session_headers(message.get("method") == "initialize")
 
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return SESSION_HEADER in headers
+
+    def _accepted(self, headers: Mapping[str, str]) -> None:
+        credential = headers.get("authorization")
+        if credential is not None and credential != self.caller_authorization:
+            self.caller_authorization = credential  # a token refreshed mid-session, now accepted
+
+    def _foreign(self, headers: Mapping[str, str]) -> bool:
+        """A server that binds its sessions to principals (the MCP SDK's) answers a session id used
+        with another principal's credential 404, as if the session did not exist. Only a 404 to the
+        credential the upstream last accepted here is a session it forgot (re-established with that
+        credential); to any other (this is True) it is that caller's refusal: re-establishing with
+        its credential would move the session, and what the server pushes on it, to whoever named
+        the session id."""
+        return headers.get("authorization") != self.caller_authorization
+
+    def _forgotten(self, headers: Mapping[str, str]) -> BaseException:
+        return session_refused(_REFUSED) if self._foreign(headers) else _Expired()
 
     def _before_request(self, message: Message) -> None:
         self._handshake.observe(message)
@@ -898,7 +957,6 @@ class HttpLegacyLink(_HttpLink):
                 return
             except _Expired:
                 first = None
-                ex.written = False  # a 404 (or 400) for the session is a refusal: this request was not processed
                 if attempt == 1:
                     raise UpstreamFailure(
                         FailureKind.SESSION_EXPIRED,
@@ -929,7 +987,7 @@ class HttpLegacyLink(_HttpLink):
             replay = {**init, "id": self.new_id()}
             try:
                 response_headers, answer = await self._upstream.rpc_once(
-                    replay, self._session_headers(True), on_other=self._deliver_unsolicited
+                    replay, self._own_headers(True), on_other=self._deliver_unsolicited
                 )
             except UpstreamFailure as f:
                 raise UpstreamFailure(
@@ -952,9 +1010,7 @@ class HttpLegacyLink(_HttpLink):
                 self.protocol_version = result["protocolVersion"]
             self.reestablished += 1
             if self._handshake.initialized is not None:
-                response = await self._post_small(
-                    self._handshake.initialized, self._session_headers(), "handshake replay"
-                )
+                response = await self._post_small(self._handshake.initialized, self._own_headers(), "handshake replay")
                 if not 200 <= response.status_code < 300:
                     f = response.failure()
                     raise UpstreamFailure(
@@ -964,19 +1020,29 @@ class HttpLegacyLink(_HttpLink):
 
     # -- notifications, responses, cancel, close --------------------------------------------
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        """A caller's notification, with the caller's own headers (its credential, if any)."""
         self._handshake.observe(message)
-        if headers is not None and "authorization" in headers:
-            self.caller_authorization = headers["authorization"]
-        h = {**(headers or {}), **self._session_headers()}
+        await self._notify(message, {**(headers or {}), **self._session_headers()})
+        if message.get("method") == "notifications/initialized":
+            self._start_get_stream()
+
+    async def send_response(self, message: Message) -> None:
+        """An answer to the server's request: the link's own message, with the accepted credential."""
+        await self._notify(message, self._own_headers())
+
+    async def _notify(self, message: Message, h: dict[str, str]) -> None:
         response = await self._post_small(message, h, "notification")
-        if response.status_code == 404 and SESSION_HEADER in h:
+        status = response.status_code
+        if 200 <= status < 300:
+            self._accepted(h)
+            return
+        if status == 404 and SESSION_HEADER in h:
+            if self._foreign(h):
+                raise session_refused(_REFUSED)
             raise UpstreamFailure(
                 FailureKind.SESSION_EXPIRED, Dispatch.NO, "the upstream session expired", http_status=404
             )
-        if not 200 <= response.status_code < 300:
-            raise response.failure()
-        if message.get("method") == "notifications/initialized":
-            self._start_get_stream()
+        raise response.failure()
 
     async def _cancel_on_wire(self, exchange: Exchange, reason: str | None) -> None:
         if not exchange.written or exchange.method == "initialize":
@@ -1002,7 +1068,7 @@ class HttpLegacyLink(_HttpLink):
 
     async def _post_cancel(self, note: Message) -> None:
         try:
-            await self._post_small(note, self._session_headers(), "cancel notification")
+            await self._post_small(note, self._own_headers(), "cancel notification")
         except UpstreamFailure as f:
             log.debug("cancel notification not delivered: %s", f.detail)
 
@@ -1047,7 +1113,7 @@ class HttpLegacyLink(_HttpLink):
         failures = 0
         while failures < RESUME_MAX_ATTEMPTS and not ex.cancelled and not self._closed:
             await asyncio.sleep(min(state.retry_ms or DEFAULT_RETRY_MS, MAX_RETRY_MS) / 1000)
-            headers = {"accept": "text/event-stream", **self._session_headers()}
+            headers = {"accept": "text/event-stream", **self._own_headers()}
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
@@ -1082,7 +1148,7 @@ class HttpLegacyLink(_HttpLink):
         state = StreamState()
         failures = 0
         while not self._closed and self.session_id is not None and failures < GET_MAX_FAILURES:
-            headers = {"accept": "text/event-stream", **self._session_headers()}
+            headers = {"accept": "text/event-stream", **self._own_headers()}
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:

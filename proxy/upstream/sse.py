@@ -13,12 +13,18 @@ next message reconnects and replays the client's handshake (initialize with a fr
 does the same once, transparently; a second 404 is `SESSION_EXPIRED`.
 
 `--auth passthrough` (the upstream authenticates its callers): a link belongs to one downstream
-2025 session, so its stream is one caller's. The link keeps the caller's latest `Authorization`
-(`caller_authorization`, from the headers of each message the session relays, unless the upstream
-refused that credential for the session: then the stream's own again) and sends it on
-everything it sends for that session: the GET that opens the stream (and a reconnect's), every
-POST, the handshake it replays, its cancellations. A refusal of the stream's GET (401/403) is
-raised as the upstream's own refusal, challenge included, for the caller to answer. A server binds
+2025 session, so its stream is one caller's. Every message a caller sends goes with that
+caller's own `Authorization` (or none), never another's. The link keeps the credential the
+upstream last accepted on the session (`caller_authorization`: the one the open stream's GET
+carried once its endpoint came, or of the last POST answered 2xx; a token refreshed mid-session
+takes over once accepted), and its own messages carry it: the GET that reopens a broken stream,
+the handshake it replays, its cancellations, answers to the server's requests. The first stream
+is opened with the credential of the message that needs it (the session's `initialize`). A
+refusal of the stream's GET (401/403) is raised as the upstream's own refusal, challenge
+included, for the caller to answer; when a broken stream cannot be reopened with the accepted
+credential (401/403) and the message that needed it carries another (a token refreshed since),
+that message's caller gets `SESSION_REFUSED` (404): its client opens a session of its own rather
+than being asked for a credential it already has. A server binds
 its SSE session to the principal of the credential that opened the stream (the MCP SDK answers a
 POST from another principal 404, "as if the session did not exist"), so a 404 to a POST whose
 credential is not the one the stream was opened with is that refusal, not a forgotten session:
@@ -48,6 +54,7 @@ from proxy.upstream.http import (
     _Written,
     bounded_detail,
     read_bounded,
+    session_refused,
     status_failure,
 )
 from proxy.upstream.sse_parse import SseError, SseParser
@@ -98,12 +105,17 @@ class SseLegacyLink(LinkBase):
         self._handshake_done = False  # the client's initialize succeeded once on some connection
         self._connections = 0
         self.reconnects = 0
-        # --auth passthrough: the session's caller's latest Authorization (see the module docstring)
+        # --auth passthrough: the credential the upstream last accepted on this session (see the
+        # module docstring), which only the link's own messages carry
         self.caller_authorization: str | None = None
 
-    def _note_credential(self, headers: Mapping[str, str] | None) -> None:
-        if headers is not None and "authorization" in headers:
-            self.caller_authorization = headers["authorization"]
+    def _accepted(self, credential: str | None) -> None:
+        if credential is not None and credential != self.caller_authorization:
+            self.caller_authorization = credential
+
+    def _own_headers(self) -> dict[str, str] | None:
+        """The headers of the link's own messages: the credential the upstream accepted, if any."""
+        return {"authorization": self.caller_authorization} if self.caller_authorization is not None else None
 
     # -- UpstreamLink ---------------------------------------------------------------------
 
@@ -116,17 +128,19 @@ class SseLegacyLink(LinkBase):
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
-        self._note_credential(headers)
         self._handshake.observe(message)
         is_init = message.get("method") == "initialize"
+        credential = headers.get("authorization") if headers is not None else None
         ex = self._pending.add(message, on_message)
         try:
             for attempt in range(2):
-                endpoint = await self._ensure_connected(replay=not is_init)
+                endpoint = await self._ensure_connected(replay=not is_init, credential=credential)
                 ex.written = False
                 status = await self._post(endpoint, message, headers, ex)
+                if status != 404:
+                    self._accepted(credential)
                 if status == 404 and self._not_the_streams_principal(headers):
-                    raise self._refused_by_session_owner(headers)
+                    raise self._refused_by_session_owner()
                 if status == 404 and attempt == 0:
                     self._drop_connection("the upstream forgot the SSE session (404)")
                     continue
@@ -152,12 +166,15 @@ class SseLegacyLink(LinkBase):
         return ex
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
-        self._note_credential(headers)
+        """A caller's notification, with the caller's own headers (its credential, if any)."""
         self._handshake.observe(message)
-        endpoint = await self._ensure_connected(replay=True)
+        credential = headers.get("authorization") if headers is not None else None
+        endpoint = await self._ensure_connected(replay=True, credential=credential)
         status = await self._post(endpoint, message, headers, None)
+        if status != 404:
+            self._accepted(credential)
         if status == 404 and self._not_the_streams_principal(headers):
-            raise self._refused_by_session_owner(headers)
+            raise self._refused_by_session_owner()
         if status == 404:
             self._drop_connection("the upstream forgot the SSE session (404)")
             raise UpstreamFailure(
@@ -165,7 +182,8 @@ class SseLegacyLink(LinkBase):
             )
 
     async def send_response(self, message: Message) -> None:
-        await self.send_notification(message)
+        """An answer to the server's request: the link's own message, with the accepted credential."""
+        await self.send_notification(message, headers=self._own_headers())
 
     async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
         exchange.cancelled = True
@@ -178,7 +196,7 @@ class SseLegacyLink(LinkBase):
             note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
             with contextlib.suppress(UpstreamFailure):
                 if conn.endpoint.done() and not conn.endpoint.cancelled() and conn.endpoint.exception() is None:
-                    await self._post(conn.endpoint.result(), note, None, None)
+                    await self._post(conn.endpoint.result(), note, self._own_headers(), None)
         self._pending.fail(
             exchange,
             UpstreamFailure(
@@ -198,21 +216,13 @@ class SseLegacyLink(LinkBase):
     def _not_the_streams_principal(self, headers: Mapping[str, str] | None) -> bool:
         """The POST carried a credential other than the one the open stream was opened with."""
         conn = self._conn
-        sent = (headers or {}).get("authorization", self.caller_authorization)
+        sent = headers.get("authorization") if headers is not None else None
         return conn is not None and conn.alive and sent != conn.authorization
 
-    def _refused_by_session_owner(self, headers: Mapping[str, str] | None) -> UpstreamFailure:
-        refused = (headers or {}).get("authorization")
-        conn = self._conn
-        if refused is not None and self.caller_authorization == refused and conn is not None:
-            # Not the session's credential: the link's own messages (a cancellation of the owner's
-            # call, a replayed handshake) went with it and were refused in turn.
-            self.caller_authorization = conn.authorization
-        return UpstreamFailure(
-            FailureKind.SESSION_REFUSED,
-            Dispatch.NO,
-            "the upstream refused this credential for the SSE session (404): another credential opened it",
-            http_status=404,
+    @staticmethod
+    def _refused_by_session_owner() -> UpstreamFailure:
+        return session_refused(
+            "the upstream refused this credential for the SSE session (404): another credential opened it"
         )
 
     # -- connection -----------------------------------------------------------------------
@@ -228,20 +238,32 @@ class SseLegacyLink(LinkBase):
                 conn.reader.cancel()
         self._pending.fail_all(FailureKind.CLOSED, why)
 
-    async def _ensure_connected(self, *, replay: bool) -> str:
+    async def _ensure_connected(self, *, replay: bool, credential: str | None = None) -> str:
+        """The open stream's endpoint, opening the stream first if there is none: with the
+        credential the upstream accepted on the session, or, before it accepted any, `credential`
+        (of the message that needs the stream: the session's `initialize`)."""
         async with self._connect_lock:
             conn = self._conn
             if conn is not None and conn.alive:
                 return await conn.endpoint
             if self._connections:
                 self.reconnects += 1
-            endpoint = await self._connect()
+            held = self.caller_authorization
+            try:
+                endpoint = await self._connect(held if held is not None else credential)
+            except UpstreamFailure as failure:
+                if held is not None and credential != held and failure.http_status in (401, 403):
+                    raise session_refused(
+                        "the upstream refused the credential the SSE session was held with, and another credential"
+                        " cannot reopen it (404)"
+                    ) from None
+                raise
             if replay and self._handshake_done:
                 await self._replay_handshake(endpoint)
             return endpoint
 
-    async def _connect(self) -> str:
-        conn = _Connection(self.caller_authorization)
+    async def _connect(self, credential: str | None) -> str:
+        conn = _Connection(credential)
         self._conn = conn
         self._connections += 1
         conn.reader = asyncio.create_task(self._read(conn))
@@ -267,7 +289,8 @@ class SseLegacyLink(LinkBase):
         replay = {**init, "id": self.new_id()}
         ex = self._pending.add(replay, None)
         try:
-            status = await self._post(endpoint, replay, None, ex)
+            own = self._own_headers()
+            status = await self._post(endpoint, replay, own, ex)
             if status != 202 and not 200 <= status < 300:
                 raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, f"HTTP {status}")
             async with asyncio.timeout(self._upstream.endpoint_timeout_s * 2):
@@ -275,7 +298,7 @@ class SseLegacyLink(LinkBase):
             if "result" not in answer:
                 raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "the upstream refused initialize")
             if self._handshake.initialized is not None:
-                await self._post(endpoint, self._handshake.initialized, None, None)
+                await self._post(endpoint, self._handshake.initialized, own, None)
         except (UpstreamFailure, TimeoutError) as exc:
             self._pending.discard(ex)
             detail = exc.detail if isinstance(exc, UpstreamFailure) else "timed out"
@@ -347,6 +370,7 @@ class SseLegacyLink(LinkBase):
             conn.endpoint.exception()
             return
         conn.endpoint.set_result(target)
+        self._accepted(conn.authorization)  # the upstream opened the session's stream with it
         if not self._health.up:  # the server speaks: it announced where to POST
             self._health.answered()
 
@@ -382,10 +406,6 @@ class SseLegacyLink(LinkBase):
                 ex.written = True
 
         h = {"content-type": "application/json", **(headers or {})}
-        if self.caller_authorization is not None and "authorization" not in h:
-            # the link's own messages (a replayed handshake, a cancellation, an answer to a server
-            # request) go with the session's caller's latest credential
-            h["authorization"] = self.caller_authorization
         try:
             async with await self._client.request(
                 "POST",

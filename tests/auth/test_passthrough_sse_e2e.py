@@ -153,6 +153,43 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
     assert not [r for r in seen if r["method"] == "GET" and r["client"] == "bob"], seen  # the stream never moved
 
 
+async def test_a_request_without_a_credential_on_a_session_is_not_lent_the_owners(rig: Rig) -> None:
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, rig.proxy.url, ALICE)
+        before = len(rig.requests())
+        anonymous = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "x"}, 2), headers={**ACCEPT, **session}
+        )
+        assert anonymous.status_code == 401, anonymous.text  # the upstream's own 401, relayed
+        assert f'resource_metadata="{rig.metadata_url}"' in anonymous.headers["www-authenticate"]
+        mine = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "a"}, 3), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
+        assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
+    posts = [r["client"] for r in rig.requests()[before:] if r["method"] == "POST"]
+    # it went without one, as it came (and the listing the engine made for it too), then alice's
+    mine_from = posts.index("alice")
+    assert set(posts[:mine_from]) == {None} and set(posts[mine_from:]) == {"alice"}, posts
+
+
+async def test_another_credential_cannot_listen_on_or_delete_a_session(rig: Rig) -> None:
+    """The proxy's own acts on a session (its listen stream, DELETE) need a credential the
+    upstream accepts on it: bob's is put to the upstream (a ping on the session) and refused."""
+    url = rig.proxy.url
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, url, ALICE)
+        listen = {**session, "accept": "text/event-stream"}
+        async with http.stream("GET", url, headers={**listen, **bearer(BOB)}) as got:
+            assert got.status_code == 404
+        deleted = await http.delete(url, headers={**session, **bearer(BOB)})
+        assert deleted.status_code == 404, deleted.text
+        mine = await http.post(
+            url, json=tool_call("whoami", {"tag": "a"}, 2), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
+        assert answer_of(mine)["result"]["content"][0]["text"] == "alice:a"
+        assert (await http.delete(url, headers={**session, **bearer(ALICE)})).status_code == 200
+
+
 async def test_a_notification_on_another_callers_session_is_refused_404_and_goes_no_further(rig: Rig) -> None:
     """The 2025 Streamable HTTP spec: a server that cannot accept a notification answers an HTTP
     error status. The upstream refused bob's notification on alice's session (its one POST), and

@@ -157,6 +157,15 @@ class Reply:
 # --- the TypeScript client ------------------------------------------------------------------
 
 
+class TsConnectFailed(RuntimeError):
+    """The TS client could not connect; `error` is what the SDK threw (name, message, code, data)."""
+
+    def __init__(self, target: Target, reply: Mapping[str, Any]) -> None:
+        super().__init__(f"TS client could not connect to {target}: {reply}")
+        error = reply.get("error")
+        self.error: dict[str, Any] = dict(error) if isinstance(error, Mapping) else {}
+
+
 class TsClient:
     """tests/interop/ts_client.mjs in a process of ours, one JSON line per command and reply."""
 
@@ -176,7 +185,7 @@ class TsClient:
         self.connected = self._read(CONNECT_BOUND_S)
         if not self.connected.get("ok"):
             self.close()
-            raise RuntimeError(f"TS client could not connect to {target}: {self.connected}")
+            raise TsConnectFailed(target, self.connected)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None

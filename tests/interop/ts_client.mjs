@@ -25,6 +25,9 @@
 // - With MCP_INTEROP_SAMPLING_REPLY=NAME it declares sampling and answers every sampling request
 //   with the text "NAME answers <the first message's text>" (a client that tells its answers
 //   apart from another client's).
+// - With MCP_INTEROP_AUTHORIZATION=VALUE (http) every request carries `Authorization: VALUE`; with
+//   MCP_INTEROP_SESSION_ID=ID (http) the transport starts on that existing session, and the SDK's
+//   client then skips initialize, as it does when it reconnects.
 // - Closes the client when stdin ends, and exits 0.
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -61,7 +64,12 @@ function describe(err) {
 async function makeTransport(kind, rest) {
   if (kind === "http") {
     const { StreamableHTTPClientTransport } = await sdk("client/streamableHttp.js");
-    return new StreamableHTTPClientTransport(new URL(rest[0]));
+    const options = {};
+    if (process.env.MCP_INTEROP_AUTHORIZATION) {
+      options.requestInit = { headers: { Authorization: process.env.MCP_INTEROP_AUTHORIZATION } };
+    }
+    if (process.env.MCP_INTEROP_SESSION_ID) options.sessionId = process.env.MCP_INTEROP_SESSION_ID;
+    return new StreamableHTTPClientTransport(new URL(rest[0]), options);
   }
   if (kind === "stdio") {
     const { StdioClientTransport } = await sdk("client/stdio.js");

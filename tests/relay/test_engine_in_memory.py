@@ -506,3 +506,31 @@ async def test_metrics_and_logs_count_an_unclassified_failure_as_unclassified_ne
     report = outbox.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     if category == "unclassified":  # the report keeps one of the four, marked as defaulted
         assert report["errorCategory"] == "business" and report["classification"]["defaulted"] is True
+
+
+async def test_the_tool_listing_made_for_a_call_carries_that_callers_credential_only() -> None:
+    """A call of a tool the catalog lacks lists tools first (its annotations). With --auth
+    passthrough that listing is the caller's request too: it goes with the caller's
+    `Authorization` (an upstream that authenticates refuses it otherwise, and the call loses its
+    annotations), and with nothing else of the call's headers. Before, it went with no headers,
+    and a 2025 session's link lent it the session's last credential, whoever's that was."""
+    seen: list[tuple[str, Mapping[str, str] | None]] = []
+
+    class Recording(ScriptedLink):
+        async def send_request(
+            self,
+            message: dict[str, Any],
+            *,
+            on_message: OnMessage | None = None,
+            headers: Mapping[str, str] | None = None,
+        ) -> Exchange:
+            seen.append((message["method"], headers))
+            return await super().send_request(message, on_message=on_message, headers=headers)
+
+    listing = {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    link = Recording([listing, {"content": []}])
+    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 0.0)
+    relay = Relay(link, catalog=ToolCatalog(), tool_calls=engine)  # type: ignore[arg-type]
+    headers = {"authorization": "Bearer caller-token", "mcp-param-q": "1"}
+    await relay.handle_request(REQUEST, Outbox(), headers)
+    assert seen == [("tools/list", {"authorization": "Bearer caller-token"}), ("tools/call", headers)]

@@ -698,3 +698,120 @@ async def test_legacy_session_recovers_when_its_reestablishment_failed_once() ->
             assert link.session_id == "s2"
         finally:
             await up.aclose()
+
+
+def _principal(authorization: str | None) -> str | None:
+    """The user a test token names: `Bearer alice-2` is alice's second token (a refresh)."""
+    return authorization.rsplit("-", 1)[0] if authorization else None
+
+
+async def test_passthrough_a_404_to_another_credential_refuses_it_and_never_moves_the_session() -> None:
+    """--auth passthrough in front of a server that binds each session to the principal that
+    opened it and answers its id used by another principal 404, as if it did not exist (the MCP
+    SDK's rule), also its answer once it forgot the session (a restart). Only the credential the
+    server last accepted on the session re-establishes it; any other is refused (SESSION_REFUSED,
+    not dispatched), no `initialize` replayed with it; the link's own messages (an answer to the
+    server, the closing DELETE) carry the accepted credential, never a refused one. Before, a 404
+    to bob's credential on alice's session replayed `initialize` as bob: the session was his."""
+    owners: dict[str, str | None] = {}
+    seen: list[tuple[str, str | None, str | None]] = []  # HTTP method, JSON-RPC method, credential
+    gets: list[str | None] = []  # the credential of each listen stream's GET
+
+    async def endpoint(request: Request) -> Response:
+        auth = request.headers.get("authorization")
+        sid = request.headers.get("mcp-session-id")
+        body = orjson.loads(await request.body()) if request.method == "POST" else {}
+        if request.method == "GET":
+            gets.append(auth)
+            return Response(status_code=405)  # no listen stream
+        seen.append((request.method, body.get("method", "response" if "result" in body else None), auth))
+        if body.get("method") == "initialize":
+            sid = f"s{len(owners) + 1}"
+            owners[sid] = _principal(auth)
+            result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}
+            return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result}, headers={"mcp-session-id": sid})
+        if sid not in owners or owners[sid] != _principal(auth):
+            return Response(status_code=404)  # unknown, forgotten, or another principal's
+        if request.method == "DELETE" or "id" not in body or "method" not in body:
+            return Response(status_code=202 if request.method == "POST" else 200)
+        text = f"{_principal(auth)}:{body['params']['arguments']['text']}"
+        return JSONResponse(
+            {"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": text}]}}
+        )
+
+    def forget() -> None:  # the server restarted: every session is gone
+        for sid in owners:
+            owners[sid] = "forgotten"
+
+    def as_(token: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"}
+
+    async def failed(link: HttpLegacyLink, text: str, headers: dict[str, str] | None) -> UpstreamFailure:
+        """The failure of an echo: raised by `send_request` (before it was written) or its answer."""
+        with pytest.raises(UpstreamFailure) as info:
+            await answer(await link.send_request(call(link, "echo", {"text": text}), headers=headers))
+        return info.value
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST", "DELETE", "GET"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.LEGACY)
+            assert isinstance(link, HttpLegacyLink)
+            init = {
+                "jsonrpc": "2.0",
+                "id": link.new_id(),
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25"},
+            }
+            await answer(await link.send_request(init, headers=as_("alice-1")))
+            await link.send_notification(
+                {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_("alice-1")
+            )
+            ok = await answer(await link.send_request(call(link, "echo", {"text": "a"}), headers=as_("alice-1")))
+            assert text_of(ok) == "Bearer alice:a"
+
+            seen.clear()
+            refused = await failed(link, "b", as_("bob-1"))
+            assert refused.kind is FailureKind.SESSION_REFUSED and refused.dispatched is Dispatch.NO
+            assert refused.http_status == 404
+            with pytest.raises(UpstreamFailure) as note:
+                await link.send_notification({"jsonrpc": "2.0", "method": "notifications/x"}, headers=as_("bob-1"))
+            assert note.value.kind is FailureKind.SESSION_REFUSED
+            anonymous = await failed(link, "c", None)
+            assert anonymous.kind is FailureKind.SESSION_REFUSED  # no credential is not the owner's either
+            await link.send_response({"jsonrpc": "2.0", "id": "server-1", "result": {}})  # the link's own
+            assert seen == [
+                ("POST", "tools/call", "Bearer bob-1"),
+                ("POST", "notifications/x", "Bearer bob-1"),
+                ("POST", "tools/call", None),
+                ("POST", "response", "Bearer alice-1"),
+            ]
+            assert owners == {"s1": "Bearer alice"} and link.reestablished == 0
+
+            # A restart: the accepted credential re-establishes the session, with that credential.
+            forget()
+            seen.clear()
+            again = await answer(await link.send_request(call(link, "echo", {"text": "d"}), headers=as_("alice-1")))
+            assert text_of(again) == "Bearer alice:d" and link.reestablished == 1
+            assert [s for s in seen if s[1] == "initialize"] == [("POST", "initialize", "Bearer alice-1")]
+
+            # A refreshed token, accepted: it is the one the link's own messages carry from now on.
+            fresh = await answer(await link.send_request(call(link, "echo", {"text": "e"}), headers=as_("alice-2")))
+            assert text_of(fresh) == "Bearer alice:e" and link.caller_authorization == "Bearer alice-2"
+
+            # The price: a token refreshed again whose first request meets a restart is refused too
+            # (the proxy cannot tell a refresh from another user); its client opens a new session.
+            forget()
+            seen.clear()
+            first = await failed(link, "f", as_("alice-3"))
+            assert first.kind is FailureKind.SESSION_REFUSED and link.reestablished == 1
+            assert [s for s in seen if s[1] == "initialize"] == []
+            again = await answer(await link.send_request(call(link, "echo", {"text": "g"}), headers=as_("alice-2")))
+            assert text_of(again) == "Bearer alice:g" and link.reestablished == 2
+            seen.clear()
+            await link.aclose()
+            assert [(s[0], s[2]) for s in seen] == [("DELETE", "Bearer alice-2")]
+            assert gets and set(gets) <= {"Bearer alice-1", "Bearer alice-2"}, gets  # never bob's, nor none
+        finally:
+            await up.aclose()

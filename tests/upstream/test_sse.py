@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -197,3 +198,121 @@ async def test_connection_refused() -> None:
         assert info.value.kind is FailureKind.CONNECT_FAILED and info.value.dispatched is Dispatch.NO
     finally:
         await up.aclose()
+
+
+def _principal(authorization: str | None) -> str | None:
+    """The user a test token names: `Bearer alice-2` is alice's second token (a refresh)."""
+    return authorization.rsplit("-", 1)[0] if authorization else None
+
+
+async def test_passthrough_only_the_accepted_credential_reopens_the_stream_and_goes_on_the_links_own() -> None:
+    """--auth passthrough in front of an SSE server that binds each stream to the principal of the
+    credential that opened it (another principal's POST: 404, as the MCP SDK answers), refuses a
+    request without a credential (401) and a revoked token (401). A caller's POST carries only its
+    own credential; the link's own messages (its cancellation, an answer to the server) and a
+    broken stream's reopening carry the credential the upstream accepted on the session, never one
+    it refused. Before, bob's refused POST became the link's credential: the stream was reopened
+    as bob (the session moved to him), and a request without a credential went out as alice."""
+    streams: dict[str, tuple[str | None, asyncio.Queue[bytes | None]]] = {}
+    revoked: set[str] = set()
+    gets: list[str | None] = []
+    posts: list[tuple[str | None, str | None]] = []  # credential, JSON-RPC method ("response" for an answer)
+
+    def valid(auth: str | None) -> bool:
+        return auth is not None and auth not in revoked
+
+    async def sse(request: Request) -> Response:
+        auth = request.headers.get("authorization")
+        gets.append(auth)
+        if not valid(auth):
+            return Response(status_code=401)
+        sid = f"s{len(streams) + 1}"
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        streams[sid] = (_principal(auth), queue)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield f"event: endpoint\ndata: /messages/?session_id={sid}\n\n".encode()
+            while (item := await queue.get()) is not None:
+                yield b"event: message\ndata: " + item + b"\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def messages(request: Request) -> Response:
+        auth = request.headers.get("authorization")
+        body = orjson.loads(await request.body())
+        posts.append((auth, body.get("method", "response")))
+        if not valid(auth):
+            return Response(status_code=401)
+        owner, queue = streams.get(request.query_params["session_id"], (None, None))
+        if queue is None or owner != _principal(auth):
+            return Response(status_code=404)
+        if body.get("method") == "initialize":
+            result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}
+            queue.put_nowait(orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}))
+        elif body.get("method") == "tools/call":
+            text = f"{owner}:{body['params']['arguments']['text']}"
+            answer_ = {"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": text}]}}
+            queue.put_nowait(orjson.dumps(answer_))
+        return Response(status_code=202)
+
+    def as_(token: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"}
+
+    async def echo(link: SseLegacyLink, text: str, headers: dict[str, str] | None) -> Message:
+        return await answer(await link.send_request(call(link, "echo", {"text": text}), headers=headers))
+
+    async def failed(link: SseLegacyLink, text: str, headers: dict[str, str] | None) -> UpstreamFailure:
+        """The failure of an echo: raised by `send_request` (before it was written) or its answer."""
+        with pytest.raises(UpstreamFailure) as info:
+            await echo(link, text, headers)
+        return info.value
+
+    async def break_streams(link: SseLegacyLink) -> None:
+        """End the server's streams, and wait until the link has seen its own end."""
+        reader = link._conn.reader if link._conn is not None else None
+        for _, queue in streams.values():
+            queue.put_nowait(None)
+        if reader is not None:
+            await asyncio.wait_for(asyncio.shield(reader), WAIT)
+
+    app = Starlette(routes=[Route("/sse", sse), Route("/messages/", messages, methods=["POST"])])
+    async with serve(app) as port:
+        up = SseUpstream(f"http://127.0.0.1:{port}/sse")
+        try:
+            link = await up.open(Era.LEGACY)
+            init = {
+                "jsonrpc": "2.0",
+                "id": link.new_id(),
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25"},
+            }
+            await answer(await link.send_request(init, headers=as_("alice-1")))
+            await link.send_notification(
+                {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_("alice-1")
+            )
+            assert (await echo(link, "a", as_("alice-1")))["result"]["content"][0]["text"] == "Bearer alice:a"
+
+            refused = await failed(link, "b", as_("bob-1"))
+            assert refused.kind is FailureKind.SESSION_REFUSED and refused.http_status == 404
+            assert (await failed(link, "c", None)).http_status == 401  # not lent alice's credential
+            await link.send_response({"jsonrpc": "2.0", "id": "server-1", "result": {}})  # the link's own
+            assert posts[-3:] == [("Bearer bob-1", "tools/call"), (None, "tools/call"), ("Bearer alice-1", "response")]
+
+            # The stream breaks: it is reopened with alice's accepted credential, whoever's message
+            # needs it, and bob's message is refused on it.
+            await break_streams(link)
+            assert (await failed(link, "d", as_("bob-1"))).kind is FailureKind.SESSION_REFUSED
+            assert gets == ["Bearer alice-1", "Bearer alice-1"]
+            assert (await echo(link, "e", as_("alice-1")))["result"]["content"][0]["text"] == "Bearer alice:e"
+
+            # A refreshed token, once accepted, reopens it; a token refreshed since whose message
+            # meets a stream that its accepted predecessor cannot reopen (revoked) gets 404.
+            assert (await echo(link, "f", as_("alice-2")))["result"]["content"][0]["text"] == "Bearer alice:f"
+            assert link.caller_authorization == "Bearer alice-2"
+            await break_streams(link)
+            revoked.add("Bearer alice-2")
+            stale = await failed(link, "g", as_("alice-3"))
+            assert stale.kind is FailureKind.SESSION_REFUSED and stale.http_status == 404
+            assert gets[-1] == "Bearer alice-2" and None not in gets and "Bearer bob-1" not in gets
+        finally:
+            await up.aclose()

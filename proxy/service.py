@@ -411,7 +411,8 @@ class Service:
         return self.capabilities
 
     def _probe_failed(self, exc: BaseException) -> None:
-        self.probe_error = f"upstream probe failed: {exc or type(exc).__name__}"
+        # str(), not the exception's truth value: a timeout's text is empty and its name is the reason
+        self.probe_error = f"upstream probe failed: {str(exc) or type(exc).__name__}"
         log.warning("%s", self.probe_error)
         self.health.failed(self.probe_error)
 

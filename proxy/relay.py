@@ -15,7 +15,11 @@ requests (over the shared modern link). It
   2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
   subscription id, or the request stream a server request arrived on) goes to none of them; it
   is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
-  request dropped so is answered upstream with an error, so the server does not wait for it;
+  request dropped so is answered upstream with an error, so the server does not wait for it. One
+  exception: a log message (`notifications/message`, which a stdio upstream never ties to a
+  request) while exactly one request in flight on the shared link asked for log messages (a log
+  level in its `_meta`: a 2026 server sends none for a request that did not) goes to that
+  request's stream; with several such requests in flight it is dropped as above;
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
@@ -55,6 +59,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_cal
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
+    META_LOG_LEVEL,
     REQUEST_TIMEOUT,
     SHUTTING_DOWN,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -430,6 +435,9 @@ class Relay:
         # Shared link: the request stream each server request was delivered on (its later
         # notifications/cancelled goes there, and nowhere else).
         self._server_request_streams: dict[str, Outbox] = {}
+        # Shared link: the stream of each request in flight that asked for log messages, by its
+        # upstream id (the one owner of an untied log message when it is the only one; see deliver).
+        self._log_streams: dict[RequestId, Outbox] = {}
         # Several callers share the modern link (unless the service serves one client, on stdio):
         # what cannot be tied to one of them reaches none.
         self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
@@ -634,6 +642,11 @@ class Relay:
 
         down_id = request.get("id")
         timer: _AttemptTimer | None = None
+        logs_to: RequestId | None = None
+        if self.shared and isinstance(p, dict):
+            meta = p.get("_meta")
+            if isinstance(meta, dict) and META_LOG_LEVEL in meta:
+                logs_to = uid
 
         def on_message(message: Message) -> None:
             if timer is not None and timer.idle_s is not None:
@@ -679,6 +692,8 @@ class Relay:
                         except SharesFull:
                             raise self._share_refused() from None
                     share_waiting = False
+                if logs_to is not None:
+                    self._log_streams[logs_to] = outbox
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 if sent is not None:
                     sent.set()
@@ -688,6 +703,8 @@ class Relay:
                     self._cancel_upstream(exchange, "request cancelled by the proxy")
                     raise
             finally:
+                if logs_to is not None:
+                    self._log_streams.pop(logs_to, None)
                 if slots is not None and not waiting:
                     self._free_slot(slots)
                 if share is not None and not share_waiting:
@@ -715,6 +732,8 @@ class Relay:
                     except SharesFull:
                         raise self._share_refused() from None
                 share_waiting = False
+            if logs_to is not None:
+                self._log_streams[logs_to] = outbox
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
@@ -731,6 +750,8 @@ class Relay:
             raise
         finally:
             deadlines.end(timer)
+            if logs_to is not None:
+                self._log_streams.pop(logs_to, None)
             if slots is not None and not waiting:
                 self._free_slot(slots)
             if share is not None and not share_waiting:
@@ -907,10 +928,16 @@ class Relay:
         return {**message, "id": down}
 
     def deliver(self, message: Message) -> None:
-        """A message tied to no request: on the shared link, nobody (dropped, counted); on a
-        session's own link, the newest open request stream, else the listen stream, else the
+        """A message tied to no request: on the shared link, nobody (dropped, counted), except a
+        log message while exactly one request in flight asked for them (that request's stream); on
+        a session's own link, the newest open request stream, else the listen stream, else the
         backlog."""
         if self.shared:
+            if len(self._log_streams) == 1 and message.get("method") == "notifications/message":
+                for outbox in self._log_streams.values():
+                    if not outbox.closed:
+                        outbox.send(message)
+                        return
             SHED.count("dropped_messages", "untied")
             return
         for outbox in reversed(self._streams):

@@ -66,8 +66,6 @@ PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http")
 ERA = {"auto": "modern", "pin": "modern", "legacy": "legacy"}  # against a server speaking both
 NICE_0 = ("--stdio-nice", "0")
 JOURNAL_BOUND_S = 30.0
-# (path, era) whose log messages cannot reach the client: test_2026_logging_over_shared_stdio_link
-UNTIED_LOGS = {("http>stdio", "modern")}
 _ids = itertools.count()
 
 
@@ -156,9 +154,8 @@ def _tag(mode: str, path: str) -> str:
 
 @pytest.mark.parametrize("leg", PATHS, indirect=True)
 @pytest.mark.parametrize("mode", MODES)
-def test_user_session(prereq: Prerequisites, mode: str, leg: tuple[Target, Journal], request: Any) -> None:
+def test_user_session(prereq: Prerequisites, mode: str, leg: tuple[Target, Journal]) -> None:
     target, journal = leg
-    path = request.node.callspec.params["leg"]
     tag = _tag(mode, "s")
     with Ts2Client(prereq, mode, target, env={"MCP_INTEROP_ELICIT_REPLY": "forty-two"}) as client:
         connected = client.connected
@@ -204,8 +201,7 @@ def test_user_session(prereq: Prerequisites, mode: str, leg: tuple[Target, Journ
             logged["logLevel"] = "info"
         client.ok(logged)
         logs = client.ok({"op": "notifications"})["result"]
-        if (path, ERA[mode]) not in UNTIED_LOGS:
-            assert {"level": "info", "logger": "scripted", "data": tag} in logs
+        assert {"level": "info", "logger": "scripted", "data": tag} in logs
 
         # elicitation: 2025 by a server request mid-call; 2026 by an input_required result the v2
         # client fulfils and retries
@@ -226,18 +222,13 @@ def test_user_session(prereq: Prerequisites, mode: str, leg: tuple[Target, Journ
         _wait_journal(journal, "hang", "cancelled", tag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 2026 request's log messages over the shared stdio link are dropped as untied: a stdio "
-    "upstream's notifications/message names no request, and the proxy's one 2026 link is shared by "
-    "every caller (relay.py: deliver(), dropped_messages{reason=untied})",
-)
 def test_2026_logging_over_shared_stdio_link(
     prereq: Prerequisites, http_stdio_proxy: tuple[ProxyProcess, Path]
 ) -> None:
     """The usual sidecar (HTTP to the proxy, a stdio child) with a 2026 client that asks for log
-    messages per request: it gets none (with the 2025 handshake, or over HTTP or `--listen stdio`,
-    it does)."""
+    messages per request gets them: a stdio upstream's log message names no request, and the
+    proxy's 2026 link is shared by every caller, so it was dropped as untied; now it goes to the
+    one request in flight that asked for log messages (relay.py, deliver())."""
     proxy, _ = http_stdio_proxy
     with Ts2Client(prereq, "pin", Target(url=proxy.url)) as client:
         assert client.connected["ok"], client.connected

@@ -116,6 +116,7 @@ class Figures:
     @classmethod
     def read(cls, pid: int, admin: str, began: float) -> Figures:
         status = _status_fields(pid)
+        fds = _fds(pid)  # before the admin request below: its connection is not the proxy's own
         kids = _children(pid)
         kid_rss = kid_fds = 0
         for k in kids:
@@ -129,7 +130,7 @@ class Figures:
             at_s=time.monotonic() - began,
             rss_kib=status["VmRSS"],
             hwm_kib=status["VmHWM"],
-            fds=_fds(pid),
+            fds=fds,
             threads=status["Threads"],
             children=len(kids),
             children_rss_kib=kid_rss,

@@ -41,17 +41,6 @@ class EarlyChild:
         self.popen = popen
         self.pidfd = pidfd
 
-    def lower_priority(self, nice: int) -> None:
-        """`--stdio-nice` for a child started before the settings were read: its group (the guard and
-        all it started) and its session's autogroup, as the guard does for a child it starts."""
-        value = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        try:
-            os.setpriority(os.PRIO_PGRP, self.popen.pid, value)
-            with open(f"/proc/{self.popen.pid}/autogroup", "w") as f:  # procfs: no disk behind it
-                f.write(str(value))
-        except OSError:  # best effort, like the guard's
-            pass
-
     def kill(self, grace_s: float = 2.0) -> None:
         """End the guard's whole group now: SIGTERM (the guard then ends the command's group), and
         SIGKILL to the group if it is still there after `grace_s`, as `_Child.terminate` does for

@@ -404,15 +404,16 @@ class Service:
                         self._probed_behind_auth(exc)
                     else:
                         self._probe_failed(exc)
-                except (TimeoutError, OSError) as exc:
+                except TimeoutError:
+                    self._probe_failed(f"no answer within {self._probe_timeout_s:g} s")
+                except OSError as exc:
                     self._probe_failed(exc)
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
 
-    def _probe_failed(self, exc: BaseException) -> None:
-        # str(), not the exception's truth value: a timeout's text is empty and its name is the reason
-        self.probe_error = f"upstream probe failed: {str(exc) or type(exc).__name__}"
+    def _probe_failed(self, why: BaseException | str) -> None:
+        self.probe_error = f"upstream probe failed: {str(why) or type(why).__name__}"
         log.warning("%s", self.probe_error)
         self.health.failed(self.probe_error)
 

@@ -1,13 +1,11 @@
 """Run an upstream command so that nothing it starts can outlive the proxy.
 
-Usage (by `proxy.upstream.stdio`, never by hand): python -I -S _guard.py PARENT_PID [NICE] -- COMMAND [ARGS...]
+Usage (by `proxy.upstream.stdio`, never by hand): python -I -S _guard.py PARENT_PID -- COMMAND [ARGS...]
 
 The proxy starts this guard in a new session (so the guard leads its own process group) with the
 upstream's stdin/stdout/stderr. The guard:
 - asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG), which also covers the
   proxy being killed with SIGKILL, and exits at once if the parent is already gone;
-- lowers its own CPU priority by NICE (`--stdio-nice`) before it starts the command, so the
-  command and everything it starts inherit it from their first instruction;
 - runs the command as its child in the same process group, so `npx` and shells, which spawn
   grandchildren, stay in the group;
 - on SIGTERM/SIGINT/SIGHUP, or when the command exits, signals the whole group (SIGTERM, then
@@ -33,19 +31,6 @@ def _set_parent_death_signal() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: fall back to polling the parent below
-        pass
-
-
-def _lower_priority(nice: int) -> None:
-    """Lower this process's CPU priority by `nice`, for the command and all it starts. On a host
-    with autogroup scheduling (a desktop or VM kernel, not a container's own cgroup) each session
-    is a group of its own, weighed as one task whatever its processes' nice: the guard leads a new
-    session, so its group gets the same priority (best effort: unprivileged writes are rate-limited)."""
-    value = os.nice(nice)
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(value))
-    except OSError:
         pass
 
 
@@ -102,17 +87,12 @@ def _group_is_only_me(pgid: int) -> bool:
 
 def main() -> int:
     argv = sys.argv[1:]
-    nice = 0
-    if len(argv) > 2 and argv[1] != "--":
-        nice = int(argv.pop(1))
     if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("usage: _guard.py PARENT_PID [NICE] -- COMMAND [ARGS...]\n")
+        sys.stderr.write("usage: _guard.py PARENT_PID -- COMMAND [ARGS...]\n")
         return 2
     parent = int(argv[0])
     command = argv[2:]
     _set_parent_death_signal()
-    if nice > 0:
-        _lower_priority(nice)
     if os.getppid() != parent:  # the proxy died before the death signal was armed
         return 1
     pgid = os.getpgrp()

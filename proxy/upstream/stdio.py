@@ -657,7 +657,7 @@ class StdioUpstream:
         # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
         self._start_slots: asyncio.Semaphore | None = None
-        self.nice = nice  # `--stdio-nice`: applied by the guard before it starts the command
+        self.nice = nice  # `--stdio-nice`: applied once a child has started (`_started`)
         self.start_s: float | None = None  # how long the first child took from spawn to its first answer
         self.health = UpstreamHealth()
 
@@ -828,13 +828,11 @@ class StdioUpstream:
         )
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
-        argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), str(self.nice), "--", *self.command]
+        argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
         loop = asyncio.get_running_loop()
         # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
         early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
         if early is not None:
-            if self.nice > 0:
-                early.lower_priority(self.nice)
             protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
             self._spawned += 1
             return self._started(_Child(protocol, self.description, on_line, on_exit))
@@ -889,7 +887,18 @@ class StdioUpstream:
 
     def _started(self, child: _Child) -> _Child:
         """Supervise a new child: its output's end stops its group; it is among the children
-        `aclose` stops until it exits."""
+        `aclose` stops until it exits; once it has started (its first output), it runs `nice`
+        below the proxy (`lower_priority`)."""
+        if self.nice > 0:
+            pid, nice = child.protocol.transport.get_pid(), self.nice
+            before = child.protocol.on_first_output
+
+            def started() -> None:
+                if before is not None:
+                    before()
+                lower_priority(pid, nice)
+
+            child.protocol.on_first_output = started
         child.tasks.append(asyncio.create_task(_end_with_output(child)))
         self._running.add(child)
         child.protocol.exited.add_done_callback(lambda _: self._running.discard(child))
@@ -1065,6 +1074,28 @@ class _PipeProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.child.resume_writing()
+
+
+def lower_priority(pid: int, nice: int) -> None:
+    """`--stdio-nice`: the process group `pid` leads (a guard, its command and all they started)
+    runs `nice` below the proxy from now on, and so does what they start later (inherited).
+
+    Applied once the child has started, not before: a start is most of a Python server's CPU, a
+    niced one on a busy host took longer than its start timeout, and starts are already bounded
+    (`--stdio-max-starting`). On a host with autogroup scheduling each session is weighed as one
+    task whatever its processes' nice, and each guard leads a session of its own, so that group
+    is lowered too (best effort: unprivileged writes are rate-limited by the kernel). In a
+    container (a cgroup of its own) the processes' nice is what counts."""
+    value = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, value)
+    except OSError:  # it has exited already
+        return
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:  # procfs: no disk behind it
+            f.write(str(value))
+    except OSError:
+        pass
 
 
 async def _adopt(early: proxy.early.EarlyChild, protocol: _ChildProtocol) -> _ChildProtocol:

@@ -23,10 +23,6 @@ through the proxy, a pinned client gets v2's typed ERA_NEGOTIATION_FAILED at con
 2026-only features the proxy relays: subscriptions/listen (opened, acknowledged, closed) and
 elicitation (2025: a server request; 2026: an input_required result the v2 client fulfils and
 retries).
-
-Stdio children of an HTTP-listening proxy run at `--stdio-nice 0` here: at the default nice 10 a
-child on this shared, saturated 2-core machine was seen getting no CPU at all for 15 s, so the
-proxy's probe failed again and again (docs/interop.md says more).
 """
 
 from __future__ import annotations
@@ -64,7 +60,6 @@ SCRIPTED_SERVER = REPO_ROOT / "tests" / "fixtures" / "scripted_server.py"
 MODES = ("auto", "pin", "legacy")
 PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http")
 ERA = {"auto": "modern", "pin": "modern", "legacy": "legacy"}  # against a server speaking both
-NICE_0 = ("--stdio-nice", "0")
 JOURNAL_BOUND_S = 30.0
 _ids = itertools.count()
 
@@ -112,7 +107,7 @@ def scripted_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted
 def http_stdio_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Path]]:
     tmp = tmp_path_factory.mktemp("ts2-http-stdio")
     journal = tmp / "journal.jsonl"
-    proxy = ProxyProcess(upstream=_scripted_stdio(journal), extra=NICE_0, log_path=tmp / "proxy.log")
+    proxy = ProxyProcess(upstream=_scripted_stdio(journal), log_path=tmp / "proxy.log")
     with started(proxy):
         yield proxy, journal
 
@@ -242,7 +237,7 @@ def test_output_schema_failures_stay_results(prereq: Prerequisites, mode: str, l
     """v2 checks structuredContent against the tool's outputSchema and throws on a mismatch: what
     the proxy answers for a failed tool with an output schema must never make it throw."""
     upstream = [PYTHON, str(SHAPE_SERVER)]
-    proxy = ProxyProcess(upstream=upstream, extra=NICE_0, log_path=tmp_path / "proxy.log")
+    proxy = ProxyProcess(upstream=upstream, log_path=tmp_path / "proxy.log")
     cases = {
         "lookup": ({"key": "missing"}, "validation"),  # outputSchema, the server fails it
         "refuse_conforming": ({}, "business"),  # outputSchema, its own conforming structuredContent
@@ -271,7 +266,7 @@ def test_output_schema_failures_stay_results(prereq: Prerequisites, mode: str, l
 def everything_http(prereq: Prerequisites, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp = tmp_path_factory.mktemp("ts2-everything")
     upstream = [prereq.node, prereq.server_everything, "stdio"]
-    with started(ProxyProcess(upstream=upstream, extra=NICE_0, log_path=tmp / "proxy.log")) as proxy:
+    with started(ProxyProcess(upstream=upstream, log_path=tmp / "proxy.log")) as proxy:
         yield proxy
 
 

@@ -1,12 +1,13 @@
-"""Stdio children run below the proxy's CPU priority (`--stdio-nice`).
+"""Stdio children run below the proxy's CPU priority (`--stdio-nice`), once they have started.
 
 Fifty busy 2025-session children on two cores kept the proxy's event loop waiting for the CPU for
 tens of milliseconds at a time (measured as run-queue delay), and every deadline in flight was
-answered that late (bench/load_faults.py's deadline probe, docs/reliability.md). The guard lowers
-its own priority before it starts the command, so the command and whatever it starts inherit it;
-on a host with autogroup scheduling, where each session is weighed as one task whatever its
-processes' nice, the guard's session group is lowered too. Real children over real pipes report
-what the kernel says of them.
+answered that late (bench/load_faults.py's deadline probe, docs/reliability.md). A child is lowered
+at its first output, not before: niced from its first instruction, a Python server's start on a
+busy host outlasted its start timeout. The whole group is lowered (whatever the command started
+meanwhile, and what it starts later inherits it), and on a host with autogroup scheduling, where
+each session is weighed as one task whatever its processes' nice, the child's session group too.
+Real children over real pipes report what the kernel says of them.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ REPORTING_CHILD = textwrap.dedent(
 )
 
 
-async def _facts(upstream: StdioUpstream) -> dict[str, Any]:
+async def _facts(upstream: StdioUpstream) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the child says of itself at its first request (still starting) and at its second."""
     link = await upstream.open(Era.LEGACY)
-    exchange = await link.send_request({"jsonrpc": "2.0", "id": link.new_id(), "method": "initialize", "params": {}})
-    async with asyncio.timeout(30):
-        answer = await exchange.response
-    return answer["result"]
+    answers = []
+    for method in ("initialize", "ping"):
+        exchange = await link.send_request({"jsonrpc": "2.0", "id": link.new_id(), "method": method, "params": {}})
+        async with asyncio.timeout(30):
+            answers.append((await exchange.response)["result"])
+    return answers[0], answers[1]
 
 
 @pytest.mark.parametrize("nice", [0, 7])
@@ -67,9 +71,10 @@ async def test_the_child_and_what_it_starts_run_that_much_below_the_proxy(nice: 
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     upstream = StdioUpstream([sys.executable, "-c", REPORTING_CHILD], spares=0, nice=nice)
     try:
-        facts = await _facts(upstream)
+        starting, facts = await _facts(upstream)
     finally:
         await upstream.aclose()
+    assert starting["nice"] == ours, "a child starts at the proxy's own priority"
     expected = min(19, ours + nice)
     assert facts["nice"] == expected
     assert facts["grandchild"] == expected, "inherited by whatever the command starts"
@@ -98,7 +103,7 @@ def test_a_nice_out_of_range_is_refused() -> None:
 
 async def test_the_child_started_before_the_settings_were_read_is_lowered_when_taken() -> None:
     """`serve --listen stdio --stdio-nice 5 -- CMD`: `proxy.early` starts CMD's guard before the
-    settings exist; the upstream lowers that child (its group and autogroup) when it takes it."""
+    settings exist; the upstream that takes it lowers it once it has started, as any other."""
     import proxy.early
 
     command = [sys.executable, "-c", REPORTING_CHILD]
@@ -107,7 +112,7 @@ async def test_the_child_started_before_the_settings_were_read_is_lowered_when_t
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     upstream = StdioUpstream(command, single_session=True, nice=5)
     try:
-        facts = await _facts(upstream)
+        _, facts = await _facts(upstream)
         assert upstream._spawned == 1 and proxy.early._early is None, "the early child was the one taken"
     finally:
         await upstream.aclose()

@@ -231,13 +231,21 @@ def test_2026_logging_over_shared_stdio_link(
         assert {"level": "info", "logger": "scripted", "data": "x"} in client.ok({"op": "notifications"})["result"]
 
 
+@pytest.fixture(scope="module")
+def shape_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    tmp = tmp_path_factory.mktemp("ts2-shape")
+    with started(ProxyProcess(upstream=[PYTHON, str(SHAPE_SERVER)], log_path=tmp / "proxy.log")) as proxy:
+        yield proxy
+
+
 @pytest.mark.parametrize("listen", ("http", "stdio"))
 @pytest.mark.parametrize("mode", MODES)
-def test_output_schema_failures_stay_results(prereq: Prerequisites, mode: str, listen: str, tmp_path: Path) -> None:
+def test_output_schema_failures_stay_results(
+    prereq: Prerequisites, mode: str, listen: str, request: pytest.FixtureRequest
+) -> None:
     """v2 checks structuredContent against the tool's outputSchema and throws on a mismatch: what
     the proxy answers for a failed tool with an output schema must never make it throw."""
     upstream = [PYTHON, str(SHAPE_SERVER)]
-    proxy = ProxyProcess(upstream=upstream, log_path=tmp_path / "proxy.log")
     cases = {
         "lookup": ({"key": "missing"}, "validation"),  # outputSchema, the server fails it
         "refuse_conforming": ({}, "business"),  # outputSchema, its own conforming structuredContent
@@ -255,10 +263,10 @@ def test_output_schema_failures_stay_results(prereq: Prerequisites, mode: str, l
         assert client.tool("lookup", key="known")["structuredContent"] == {"name": "known", "kind": "thing"}
 
     if listen == "stdio":
-        with Ts2Client(prereq, mode, Target(argv=proxy_stdio_argv(upstream))) as client:
-            check(client)
-        return
-    with started(proxy), Ts2Client(prereq, mode, Target(url=proxy.url)) as client:
+        target = Target(argv=proxy_stdio_argv(upstream))
+    else:
+        target = Target(url=request.getfixturevalue("shape_http").url)
+    with Ts2Client(prereq, mode, target) as client:
         check(client)
 
 

@@ -8,14 +8,16 @@ checkout and a baseline checkout, measured in the same run.
 Each leg is one `bench/load_faults.py` HTTP load leg (`--upstreams http --no-outage`: the scripted
 upstream with its faults: transient errors, hangs, cut answers, 503s, SIGKILLs and restarts) with a
 `sitecustomize` on PYTHONPATH that acts only in the proxy process (argv has `serve`): it registers a
-`gc.callbacks` hook that records, per collection, its generation, the collecting thread's CPU time,
-the wall time, and how many objects it freed; at exit (the proxy's SIGTERM shutdown) one last
-`gc.collect()` and the figures go to a JSON file. Objects freed by the collector are exactly the
-cyclic garbage (reference counting frees the rest), so "garbage per call" is the sum of `collected`
-divided by the calls sent. `--threshold A,B,C` sets the collector's thresholds in the proxy of
-every leg (an experiment: the proxy itself keeps the interpreter's default). `--census` runs a
-second leg per checkout with `gc.DEBUG_SAVEALL` and prints the garbage by type and the functions
-of the garbage frames (that leg's pauses are not representative: saved garbage stays tracked).
+`gc.callbacks` hook that records, per collection after the proxy's start-up (its `gc.freeze()`;
+the start-up's own garbage, collected once before, is printed apart), its generation, the
+collecting thread's CPU time, the wall time, and how many objects it freed; at exit (the proxy's
+SIGTERM shutdown) one last `gc.collect()` and the figures go to a JSON file. Objects freed by the
+collector are exactly the cyclic garbage (reference counting frees the rest), so "garbage per
+call" is the sum of `collected` divided by the calls sent. `--threshold A,B,C` sets the
+collector's thresholds in the proxy of every leg (an experiment: the proxy itself keeps the
+interpreter's default). `--census` runs a second leg per checkout with `gc.DEBUG_SAVEALL` (from
+the freeze) and prints the garbage by type and the functions of the garbage frames (that leg's
+pauses are not representative: saved garbage stays tracked).
 
 Printed per checkout: garbage objects per call, collections per generation per 10,000 calls, their
 CPU and wall pause p50/p99/max, and the load average at the start and end of each leg (pauses are
@@ -73,14 +75,28 @@ SITECUSTOMIZE = textwrap.dedent(
                 )
 
         _gc.callbacks.append(_on_gc)
-        if _census:
-            _gc.set_debug(_gc.DEBUG_SAVEALL)
+        # Counted from the proxy's gc.freeze() (its start-up done): the start-up's own garbage,
+        # ~1,570 objects collected once before it (argparse's formatters among them), is no
+        # per-call figure. And DEBUG_SAVEALL only from then: garbage it saves before the freeze
+        # would be frozen, not counted.
+        _startup = []
+        _freeze = _gc.freeze
+
+        def _frozen():
+            _startup.extend(_pauses)
+            del _pauses[:]
+            _freeze()
+            if _census:
+                _gc.set_debug(_gc.DEBUG_SAVEALL)
+
+        _gc.freeze = _frozen
 
         def _dump():
             during = len(_pauses)
             _gc.collect()
             out = {
                 "pauses": _pauses[:during],
+                "startup_collected": sum(p[3] for p in _startup),
                 "final_collected": sum(p[3] for p in _pauses[during:]),
                 "threshold": _gc.get_threshold(),
                 "frozen": _gc.get_freeze_count(),
@@ -164,9 +180,9 @@ def summary(name: str, r: dict[str, Any], calls: int) -> list[str]:
     pauses = r["pauses"]
     collected = sum(p[3] for p in pauses) + r["final_collected"]
     lines = [
-        f"{name}: {collected / calls:.1f} garbage objects per call ({collected} in all; threshold "
-        f"{tuple(r['threshold'])}, frozen {r['frozen']}); leg {r['elapsed']:.0f} s, load_faults exit {r['rc']}, "
-        f"load {r['load_start'][0]:.1f} -> {r['load_end'][0]:.1f}"
+        f"{name}: {collected / calls:.1f} garbage objects per call ({collected} in all after start-up, whose own "
+        f"{r.get('startup_collected', '?')} are not counted; threshold {tuple(r['threshold'])}, frozen {r['frozen']}); "
+        f"leg {r['elapsed']:.0f} s, load_faults exit {r['rc']}, load {r['load_start'][0]:.1f} -> {r['load_end'][0]:.1f}"
     ]
     for gen in (0, 1, 2):
         mine = [p for p in pauses if p[0] == gen]

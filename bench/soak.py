@@ -379,6 +379,14 @@ async def settle(pid: int, admin: str, began: float) -> Figures:
             if figures.sessions:
                 print(f"  (still {figures.sessions} sessions after {SETTLE_BOUND_S:g} s)")
             await asyncio.sleep(2.0)  # let the last sessions' children finish stopping
+            # and their pipes and the closing connections go: until the count holds still for a
+            # second (bounded), on a busy machine that takes longer than the pause above
+            settled, count = time.monotonic() + SETTLE_BOUND_S, _fds(pid)
+            while time.monotonic() < settled:
+                await asyncio.sleep(1.0)
+                count, before = _fds(pid), count
+                if count == before:
+                    break
             return await asyncio.to_thread(Figures.read, pid, admin, began)
         await asyncio.sleep(1.0)
 

@@ -15,11 +15,12 @@ requests (over the shared modern link). It
   2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
   subscription id, or the request stream a server request arrived on) goes to none of them; it
   is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
-  request dropped so is answered upstream with an error, so the server does not wait for it. One
-  exception: a log message (`notifications/message`, which a stdio upstream never ties to a
-  request) while exactly one request in flight on the shared link asked for log messages (a log
-  level in its `_meta`: a 2026 server sends none for a request that did not) goes to that
-  request's stream; with several such requests in flight it is dropped as above;
+  request dropped so is answered upstream with an error, so the server does not wait for it.
+  One exception, a log line (`notifications/message`) while exactly one request stream is open on
+  the shared relay and that request asked for log messages (`io.modelcontextprotocol/logLevel`):
+  a 2026 server sends log messages only for a request that asked, and a stdio child writes a
+  request's log lines before its answer, so the line is that request's (a 2026 client of a stdio
+  upstream got none of its log messages before);
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting.
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
@@ -197,6 +198,12 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     if failure.retry_after_s is not None:
         data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
+
+
+def _asks_for_logs(request: Message) -> bool:
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and META_LOG_LEVEL in meta
 
 
 def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:
@@ -435,9 +442,8 @@ class Relay:
         # Shared link: the request stream each server request was delivered on (its later
         # notifications/cancelled goes there, and nowhere else).
         self._server_request_streams: dict[str, Outbox] = {}
-        # Shared link: the stream of each request in flight that asked for log messages, by its
-        # upstream id (the one owner of an untied log message when it is the only one; see deliver).
-        self._log_streams: dict[RequestId, Outbox] = {}
+        # Shared link: the open request streams whose request asked for log messages.
+        self._log_streams: set[Outbox] = set()
         # Several callers share the modern link (unless the service serves one client, on stdio):
         # what cannot be tied to one of them reaches none.
         self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
@@ -499,6 +505,8 @@ class Relay:
         if method != "initialize":
             self.initialized = True
         self._streams.append(outbox)
+        if self.shared and _asks_for_logs(request):
+            self._log_streams.add(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
         requests = self.requests
@@ -541,6 +549,8 @@ class Relay:
             outbox.send(error(down_id, SHUTTING_DOWN, "the proxy is shutting down: the request was cancelled upstream"))
         finally:
             self._streams.remove(outbox)
+            if self._log_streams:
+                self._log_streams.discard(outbox)
             if requests is not None:
                 requests.leave(task)  # type: ignore[arg-type]
             if by_id and self._inflight.get(down_id) is task:
@@ -642,11 +652,6 @@ class Relay:
 
         down_id = request.get("id")
         timer: _AttemptTimer | None = None
-        logs_to: RequestId | None = None
-        if self.shared and isinstance(p, dict):
-            meta = p.get("_meta")
-            if isinstance(meta, dict) and META_LOG_LEVEL in meta:
-                logs_to = uid
 
         def on_message(message: Message) -> None:
             if timer is not None and timer.idle_s is not None:
@@ -692,8 +697,6 @@ class Relay:
                         except SharesFull:
                             raise self._share_refused() from None
                     share_waiting = False
-                if logs_to is not None:
-                    self._log_streams[logs_to] = outbox
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 if sent is not None:
                     sent.set()
@@ -703,8 +706,6 @@ class Relay:
                     self._cancel_upstream(exchange, "request cancelled by the proxy")
                     raise
             finally:
-                if logs_to is not None:
-                    self._log_streams.pop(logs_to, None)
                 if slots is not None and not waiting:
                     self._free_slot(slots)
                 if share is not None and not share_waiting:
@@ -732,8 +733,6 @@ class Relay:
                     except SharesFull:
                         raise self._share_refused() from None
                 share_waiting = False
-            if logs_to is not None:
-                self._log_streams[logs_to] = outbox
             sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
             timer.sent_at = loop.time()
             if timer.when is None:
@@ -750,8 +749,6 @@ class Relay:
             raise
         finally:
             deadlines.end(timer)
-            if logs_to is not None:
-                self._log_streams.pop(logs_to, None)
             if slots is not None and not waiting:
                 self._free_slot(slots)
             if share is not None and not share_waiting:
@@ -837,6 +834,10 @@ class Relay:
         try:
             await self.link.send_notification(message, headers=headers)
         except UpstreamFailure as failure:
+            if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
+                # passthrough: the upstream did not accept it from this caller, which must hear so
+                # (an HTTP error status instead of 202, the spec's answer to a refused notification)
+                raise upstream_refusal(failure) from None
             log.info("could not relay %s upstream: %s", message.get("method"), failure)
 
     async def handle_response(self, message: Message) -> None:
@@ -928,16 +929,15 @@ class Relay:
         return {**message, "id": down}
 
     def deliver(self, message: Message) -> None:
-        """A message tied to no request: on the shared link, nobody (dropped, counted), except a
-        log message while exactly one request in flight asked for them (that request's stream); on
-        a session's own link, the newest open request stream, else the listen stream, else the
+        """A message tied to no request: on the shared link, nobody (dropped, counted); on a
+        session's own link, the newest open request stream, else the listen stream, else the
         backlog."""
         if self.shared:
-            if len(self._log_streams) == 1 and message.get("method") == "notifications/message":
-                for outbox in self._log_streams.values():
-                    if not outbox.closed:
-                        outbox.send(message)
-                        return
+            if message.get("method") == "notifications/message" and self._log_streams:
+                sole = self._sole_open_stream()
+                if sole is not None and sole in self._log_streams:
+                    sole.send(message)
+                    return
             SHED.count("dropped_messages", "untied")
             return
         for outbox in reversed(self._streams):
@@ -953,6 +953,16 @@ class Relay:
         while len(self._backlog) > BACKLOG_LIMIT or (self._backlog_bytes > BACKLOG_BYTES and len(self._backlog) > 1):
             self._backlog_bytes -= self._backlog.popleft()[1]
             SHED.count("dropped_messages", "backlog_full")
+
+    def _sole_open_stream(self) -> Outbox | None:
+        """The one request stream still open on this relay, or None when there are none or several."""
+        found: Outbox | None = None
+        for outbox in self._streams:
+            if not outbox.closed:
+                if found is not None:
+                    return None
+                found = outbox
+        return found
 
     def _pressure(self, on: bool) -> None:
         """A stream of this session passed (True) or drained below (False) its watermark."""

@@ -980,7 +980,11 @@ class McpHttpApp:
             )
         elif jsonrpc.is_notification(message):
             credentials = _forwarded(headers, True) if self._forward_credentials else None
-            await relay.handle_notification(message, credentials)
+            try:
+                await relay.handle_notification(message, credentials)
+            except AuthRefused as refused:  # passthrough: the upstream refused the caller's credential
+                await self._refuse(send, refused, "POST")
+                return
             await _respond(send, 202)
         else:
             await relay.handle_response(message)

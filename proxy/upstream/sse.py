@@ -14,7 +14,8 @@ does the same once, transparently; a second 404 is `SESSION_EXPIRED`.
 
 `--auth passthrough` (the upstream authenticates its callers): a link belongs to one downstream
 2025 session, so its stream is one caller's. The link keeps the caller's latest `Authorization`
-(`caller_authorization`, from the headers of each message the session relays) and sends it on
+(`caller_authorization`, from the headers of each message the session relays, unless the upstream
+refused that credential for the session: then the stream's own again) and sends it on
 everything it sends for that session: the GET that opens the stream (and a reconnect's), every
 POST, the handshake it replays, its cancellations. A refusal of the stream's GET (401/403) is
 raised as the upstream's own refusal, challenge included, for the caller to answer. A server binds
@@ -125,7 +126,7 @@ class SseLegacyLink(LinkBase):
                 ex.written = False
                 status = await self._post(endpoint, message, headers, ex)
                 if status == 404 and self._not_the_streams_principal(headers):
-                    raise self._refused_by_session_owner()
+                    raise self._refused_by_session_owner(headers)
                 if status == 404 and attempt == 0:
                     self._drop_connection("the upstream forgot the SSE session (404)")
                     continue
@@ -156,7 +157,7 @@ class SseLegacyLink(LinkBase):
         endpoint = await self._ensure_connected(replay=True)
         status = await self._post(endpoint, message, headers, None)
         if status == 404 and self._not_the_streams_principal(headers):
-            raise self._refused_by_session_owner()
+            raise self._refused_by_session_owner(headers)
         if status == 404:
             self._drop_connection("the upstream forgot the SSE session (404)")
             raise UpstreamFailure(
@@ -200,8 +201,13 @@ class SseLegacyLink(LinkBase):
         sent = (headers or {}).get("authorization", self.caller_authorization)
         return conn is not None and conn.alive and sent != conn.authorization
 
-    @staticmethod
-    def _refused_by_session_owner() -> UpstreamFailure:
+    def _refused_by_session_owner(self, headers: Mapping[str, str] | None) -> UpstreamFailure:
+        refused = (headers or {}).get("authorization")
+        conn = self._conn
+        if refused is not None and self.caller_authorization == refused and conn is not None:
+            # Not the session's credential: the link's own messages (a cancellation of the owner's
+            # call, a replayed handshake) went with it and were refused in turn.
+            self.caller_authorization = conn.authorization
         return UpstreamFailure(
             FailureKind.SESSION_REFUSED,
             Dispatch.NO,

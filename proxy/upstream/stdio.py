@@ -32,7 +32,11 @@
   started at once (`stop_children`): all stdins closed, one shared wait (`STOP_STDIN_S`), SIGTERM
   to every group still running, one shared wait (`STOP_TERM_S`), SIGKILL to the rest and a last
   wait for the exits (`STOP_KILL_S`), and for their reports (`STOP_REPORT_S`): at most
-  `STOP_BOUND_S` (3 s) however many children there are.
+  `STOP_BOUND_S` (3 s) however many children there are. A child whose start was under way when the
+  stop began (its process created, its pipes not yet connected) joins it as its start returns, and
+  a stop already running in the background (a reaped spare's) is awaited: each of those two waits
+  is bounded likewise, so `aclose` returns with no child it started still running (the event loop
+  keeps only weak references to tasks: the background stops are held in a set until they end).
 - When a child dies, every exchange in flight fails at once (`CLOSED`, dispatch unknown if the
   request was written); the next request spawns a fresh child and, for a legacy link, replays the
   client's `initialize` and `notifications/initialized` first. Replaying is not an attempt.
@@ -61,7 +65,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -654,6 +658,11 @@ class StdioUpstream:
         self._closed = False
         self._spawned = 0
         self._running: set[_Child] = set()  # every child started and not yet exited
+        # Children being started (`_spawn`, between the process's creation and its return) and the
+        # stops run in the background (`_in_background`): `aclose` waits for both. The set keeps
+        # the tasks alive, since the event loop keeps only weak references to them.
+        self._spawning: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
         self._start_slots: asyncio.Semaphore | None = None
@@ -796,7 +805,10 @@ class StdioUpstream:
         """Stop every child this upstream started and that still runs, all at once
         (`stop_children`: one bound for all of them, not one child's stop after another): the warm
         spares, every session's (also those of sessions still closing), the 2026 one, the shared
-        ones. Every link is closed first, so none starts a child again."""
+        ones. Every link is closed first, so none starts a child again. A child whose start was under
+        way joins the stop once its start returns (waited for first); the stops already running in
+        the background (a reaped spare's) are awaited last. Each wait is bounded by `STOP_BOUND_S`;
+        in the common case (no start under way, nothing in the background) the whole takes one."""
         self._closed = True
         starting = list(self._starting)
         for task in starting:
@@ -814,18 +826,29 @@ class StdioUpstream:
         for link in links:
             link.close_now()
             self._forget(link)
+        if self._spawning:  # their children join this stop (`_spawn` sees the upstream closed)
+            await asyncio.wait(list(self._spawning), timeout=STOP_BOUND_S)
         running = [child for child in self._running if child.returncode is None]
-        if not running:
-            return
-        counts = await stop_children(running)
-        log.info(
-            "stopped %d upstream children: %d after stdin closed, %d by SIGTERM, %d by SIGKILL, %d not reaped",
-            len(running),
-            counts["stdin"],
-            counts["sigterm"],
-            counts["sigkill"],
-            counts["left"],
-        )
+        if running:
+            counts = await stop_children(running)
+            log.info(
+                "stopped %d upstream children: %d after stdin closed, %d by SIGTERM, %d by SIGKILL, %d not reaped",
+                len(running),
+                counts["stdin"],
+                counts["sigterm"],
+                counts["sigkill"],
+                counts["left"],
+            )
+        if self._background:  # stops begun before (a reaped spare) or beside this one (a late child)
+            _, late = await asyncio.wait(list(self._background), timeout=STOP_BOUND_S)
+            for task in late:
+                task.cancel()
+
+    def _in_background(self, stopping: Coroutine[object, None, object]) -> None:
+        """Run a child's stop without waiting for it, kept (strongly) until it ends; `aclose` awaits it."""
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(stopping)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
@@ -833,9 +856,9 @@ class StdioUpstream:
         # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
         early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
         if early is not None:
-            protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
-            self._spawned += 1
-            return self._started(_Child(protocol, self.description, on_line, on_exit))
+            with self._start_under_way():
+                protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
+                return self._started(_Child(protocol, self.description, on_line, on_exit))
         # At most `max_starting` children start at once; the others wait here for a slot. Fifty
         # 2025 sessions opened together started fifty interpreters at once on two cores: each took
         # 45 s instead of one, and the proxy's own event loop, one process among fifty, stalled
@@ -859,36 +882,48 @@ class StdioUpstream:
                 slots.release()
 
         try:
-            _, protocol = await loop.subprocess_exec(
-                lambda: _ChildProtocol(self.max_message_bytes, self.log_budget),
-                *argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self.env,
-                cwd=self.cwd,
-                start_new_session=True,
-            )
+            with self._start_under_way():
+                _, protocol = await loop.subprocess_exec(
+                    lambda: _ChildProtocol(self.max_message_bytes, self.log_budget),
+                    *argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=self.env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
+                protocol.on_first_output = give_back
+                protocol.exited.add_done_callback(give_back)
+                hold_s = self.handshake_timeout_s if self.start_s is None else 2 * self.start_s
+                loop.call_later(min(hold_s, self.handshake_timeout_s), give_back)
+                return self._started(_Child(protocol, self.description, on_line, on_exit))
         except OSError as exc:
             give_back()
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None
         except BaseException:
             give_back()
             raise
-        protocol.on_first_output = give_back
-        protocol.exited.add_done_callback(give_back)
-        hold_s = self.handshake_timeout_s if self.start_s is None else min(self.handshake_timeout_s, 2 * self.start_s)
-        loop.call_later(hold_s, give_back)
-        self._spawned += 1
-        child = self._started(_Child(protocol, self.description, on_line, on_exit))
-        if self._closed:  # the proxy began stopping while this one started: it joins the stop
-            asyncio.get_running_loop().create_task(child.terminate())
-        return child
+
+    @contextlib.contextmanager
+    def _start_under_way(self) -> Iterator[None]:
+        """While a child's process exists but its start has not returned (its pipes are being
+        connected), a stop that begins waits for it (`aclose`); the child then joins the stop
+        (`_started`)."""
+        under_way = asyncio.get_running_loop().create_future()
+        self._spawning.add(under_way)
+        try:
+            yield
+        finally:
+            self._spawning.discard(under_way)
+            under_way.set_result(None)
 
     def _started(self, child: _Child) -> _Child:
         """Supervise a new child: its output's end stops its group; it is among the children
         `aclose` stops until it exits; once it has started (its first output), it runs `nice`
-        below the proxy (`lower_priority`)."""
+        below the proxy (`lower_priority`). One that started while the upstream was closing is
+        stopped at once (its caller gets it, and finds it stopping)."""
+        self._spawned += 1
         if self.nice > 0:
             pid, nice = child.protocol.transport.get_pid(), self.nice
             before = child.protocol.on_first_output
@@ -902,6 +937,8 @@ class StdioUpstream:
         child.tasks.append(asyncio.create_task(_end_with_output(child)))
         self._running.add(child)
         child.protocol.exited.add_done_callback(lambda _: self._running.discard(child))
+        if self._closed:
+            self._in_background(stop_children([child]))
         return child
 
     # -- warm pool ------------------------------------------------------------------------------
@@ -1002,7 +1039,7 @@ class StdioUpstream:
         reaped = 0
         while len(self._pool) > 1 and now - self._pool[0].pooled_at > self.spare_idle_s:
             spare = self._pool.popleft()
-            asyncio.get_running_loop().create_task(spare.terminate())
+            self._in_background(spare.terminate())
             reaped += 1
         if reaped:
             log.info("stopped %d spare upstream children unused for %g s", reaped, self.spare_idle_s)

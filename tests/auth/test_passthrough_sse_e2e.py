@@ -29,6 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.auth.rig import ACCEPT, INIT, answer_of, bearer, open_session, protected_server, tool_call
 from tests.fixtures.helpers import free_port
+from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.anyio
@@ -150,3 +151,67 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_stream
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
     seen = rig.requests()[before:]
     assert not [r for r in seen if r["method"] == "GET" and r["client"] == "bob"], seen  # the stream never moved
+
+
+async def test_a_notification_on_another_callers_session_is_refused_404_and_goes_no_further(rig: Rig) -> None:
+    """The 2025 Streamable HTTP spec: a server that cannot accept a notification answers an HTTP
+    error status. The upstream refused bob's notification on alice's session (its one POST), and
+    the proxy answered him 202 all the same."""
+    note = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, rig.proxy.url, ALICE)
+        before = len(rig.requests())
+        refused = await http.post(rig.proxy.url, json=note, headers={**ACCEPT, **session, **bearer(BOB)})
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["message"] == "Session not found"
+        # One POST upstream, which the server refused (it never processed it); not sent again,
+        # with alice's credential or on a stream reopened with bob's.
+        seen = rig.requests()[before:]
+        assert [(r["method"], r["client"], r["rpc"]) for r in seen] == [
+            ("POST", "bob", "notifications/roots/list_changed")
+        ], seen
+        mine = await http.post(rig.proxy.url, json=note, headers={**ACCEPT, **session, **bearer(ALICE)})
+        assert mine.status_code == 202, mine.text
+        call = await http.post(
+            rig.proxy.url, json=tool_call("whoami", {"tag": "a"}, 3), headers={**ACCEPT, **session, **bearer(ALICE)}
+        )
+        assert answer_of(call)["result"]["content"][0]["text"] == "alice:a"
+        await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
+    assert not [r for r in rig.requests()[before:] if r["method"] == "GET" and r["client"] == "bob"]
+
+
+async def test_a_credential_refused_on_the_session_is_not_what_its_own_messages_carry_next(rig: Rig) -> None:
+    """The link sends its own messages (here: the cancellation of alice's call in flight) with the
+    session's latest credential. Bob's refused request made his the latest, so alice's
+    cancellation went upstream with bob's token, was refused in turn, and her call ran on."""
+    journal = Journal(rig.journal)
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        session = await open_session(http, rig.proxy.url, ALICE)
+        alice = {**ACCEPT, **session, **bearer(ALICE)}
+        before = len(rig.requests())
+
+        def posted(rpc: str) -> list[dict[str, Any]]:
+            return [r for r in journal.all()[before:] if r["method"] == "POST" and r.get("rpc") == rpc]
+
+        async def hold() -> None:
+            await http.post(rig.proxy.url, json=tool_call("hold", {"seconds": 60}, 7), headers=alice)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            running = [{"method": "TOOL", "path": "hold", "client": "alice"}]
+            await journal.await_for(
+                lambda j: [r for r in j.all()[before:] if r["method"] == "TOOL"] == running,
+                timeout_s=BOUND_S,
+                what="the call running upstream",
+            )
+            listing = {"jsonrpc": "2.0", "id": 8, "method": "tools/list"}
+            stolen = await http.post(rig.proxy.url, json=listing, headers={**ACCEPT, **session, **bearer(BOB)})
+            assert stolen.status_code == 404, stolen.text
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            assert (await http.post(rig.proxy.url, json=cancel, headers=alice)).status_code == 202
+            sent = await journal.await_for(
+                lambda _: posted("notifications/cancelled"), timeout_s=BOUND_S, what="the cancellation upstream"
+            )
+            tg.cancel_scope.cancel()  # alice's POST of the call: ended by the proxy, or cut here
+        assert [r["client"] for r in sent] == ["alice"], sent
+        await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})

@@ -5,7 +5,8 @@ The real proxy process in front of a small stdio server over real pipes. The ser
 first `tools/call` until a second one arrives, then writes a log line (which stdio cannot tie to
 a request), a progress notification for the first call's token (which it can), and a server
 request that came with no call; only then it answers both. Before the fix, the log line went to
-whichever request stream had opened last: the other caller's.
+whichever request stream had opened last: the other caller's. A call of `solo` writes a log line
+and answers at once: with one request in flight that asked for log messages, the line is its own.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ SERVER = textwrap.dedent(
             tool = lambda n: {"name": n, "inputSchema": {"type": "object"},
                               "annotations": {"readOnlyHint": True}}
             write({"jsonrpc": "2.0", "id": mid, "result": {"tools": [tool("first"), tool("second")]}})
+        elif method == "tools/call" and msg["params"]["name"] == "solo":
+            who = msg["params"]["arguments"]["who"]
+            write({"jsonrpc": "2.0", "method": "notifications/message",
+                   "params": {"level": "info", "data": f"log line of solo {who}"}})
+            write({"jsonrpc": "2.0", "id": mid, "result": {
+                "content": [{"type": "text", "text": "answer for " + who}], "isError": False}})
         elif method == "tools/call":
             held.append(msg)
             if len(held) < 2:
@@ -173,3 +180,23 @@ async def test_a_2025_session_keeps_getting_its_own_childs_untied_messages(proxy
             answers = await asyncio.gather(first, second)
     joined = "".join(a.text for a in answers)
     assert "private log line of alice" in joined, "the session's own log line reaches the session"
+
+
+async def test_a_log_line_reaches_the_one_2026_caller_in_flight_that_asked_for_logs(proxy: ProxyProcess) -> None:
+    """Stdio cannot tie a log line to a request, but a 2026 server logs only for a request that
+    asked (`logLevel`) and writes its lines before its answer: with that one request in flight the
+    line is its own. Before the fix every 2026 caller of a stdio upstream lost all its log lines
+    (seen with the TypeScript SDK v2 server, tests/interop/test_ts2_server.py)."""
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        before = _dropped_untied((await http.get(proxy.admin + "/metrics")).text)
+        asked, headers = _modern_call("solo", "alice", progress=None)
+        asked["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = "info"
+        not_asked, _ = _modern_call("solo", "bob", progress=None)
+        async with asyncio.timeout(BOUND_S):
+            answer_asked = await http.post(proxy.url, json=asked, headers=headers)
+            answer_not_asked = await http.post(proxy.url, json=not_asked, headers=headers)
+        after = _dropped_untied((await http.get(proxy.admin + "/metrics")).text)
+    assert "log line of solo alice" in answer_asked.text and "answer for alice" in answer_asked.text
+    # a line no request asked for still reaches nobody (a server that logs regardless)
+    assert "log line of solo bob" not in answer_not_asked.text and "answer for bob" in answer_not_asked.text
+    assert after - before == 1

@@ -58,10 +58,15 @@ TIMEOUT_S = {"stdio": 8, "http": 2}
 
 @pytest.fixture(params=["stdio", "http"])
 def timing_out(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, ProxyProcess, Journal]]:
-    # Long enough for a stdio child to start on a busy machine: the initialize that starts a 2025
-    # session's child has the same timeout.
+    # A 2025 session's `initialize` is bounded by the request timeout too, its child's start
+    # included when it has to wait for one: over stdio, the session waits for the warm spare the
+    # proxy starts once ready. That start took over 8 s at a load of ~18 (the test failed so, once),
+    # so the test begins when both children (the probe's, which serves 2026, and the spare) have
+    # booted: the timeout then bounds only what the test holds.
     timeout_s = TIMEOUT_S[request.param]
     for proxy, journal in proxy_for(request.param, tmp_path, ["--request-timeout-s", str(timeout_s)]):
+        if request.param == "stdio":
+            journal.wait_for(lambda j: len(j.events(event="boot")) >= 2, timeout_s=BOUND_S * 2, what="the spare's boot")
         yield request.param, proxy, journal
 
 

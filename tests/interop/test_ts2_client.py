@@ -223,7 +223,7 @@ def test_2026_logging_over_shared_stdio_link(
     """The usual sidecar (HTTP to the proxy, a stdio child) with a 2026 client that asks for log
     messages per request gets them: a stdio upstream's log message names no request, and the
     proxy's 2026 link is shared by every caller, so it was dropped as untied; now it goes to the
-    one request in flight that asked for log messages (relay.py, deliver())."""
+    sole open request stream when that request asked for log messages (relay.py, deliver())."""
     proxy, _ = http_stdio_proxy
     with Ts2Client(prereq, "pin", Target(url=proxy.url)) as client:
         assert client.connected["ok"], client.connected

@@ -17,7 +17,9 @@
 //   order:
 //     {"op": "listTools"}
 //     {"op": "callTool", "name": N, "arguments": {...}, "progress": bool, "timeoutMs": n}
-//   -> {"ok": true, "result": <what the SDK returned>, "progress": [notifications seen]}
+//     {"op": "readResource", "uri": U}   {"op": "getPrompt", "name": N, "arguments": {...}}
+//   -> {"ok": true, "result": <what the SDK returned>, "progress": [notifications seen],
+//       "logs": [params of notifications/message received while the command ran]}
 //   -> {"ok": false, "error": {"name", "message", "code", "data"}} when the SDK threw: that is
 //      the failure a user of this SDK sees instead of a result.
 // - With MCP_INTEROP_SAMPLING_REPLY=NAME it declares sampling and answers every sampling request
@@ -82,6 +84,11 @@ if (samplingReply) {
     return { role: "assistant", content: { type: "text", text: `${samplingReply} answers ${asked}` }, model: "m" };
   });
 }
+let logs = [];
+{
+  const { LoggingMessageNotificationSchema } = await sdk("types.js");
+  client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => logs.push(n.params));
+}
 try {
   await client.connect(await makeTransport(kind, rest));
   const tools = await client.listTools();
@@ -110,8 +117,15 @@ async function run(cmd) {
       options.onprogress = (p) => progress.push(p);
       if (cmd.timeoutMs) options.resetTimeoutOnProgress = false;
     }
+    logs = [];
     const result = await client.callTool({ name: cmd.name, arguments: cmd.arguments ?? {} }, undefined, options);
-    return { ok: true, result, progress };
+    return { ok: true, result, progress, logs };
+  }
+  if (cmd.op === "readResource") {
+    return { ok: true, result: await client.readResource({ uri: cmd.uri }) };
+  }
+  if (cmd.op === "getPrompt") {
+    return { ok: true, result: await client.getPrompt({ name: cmd.name, arguments: cmd.arguments ?? {} }) };
   }
   throw new Error(`unknown op ${cmd.op}`);
 }

@@ -61,3 +61,21 @@ async def test_the_shared_relay_gives_an_untied_message_to_nobody() -> None:
     assert stream.messages == []
     assert SHED.get("dropped_messages", "untied") - before == 1
     await upstream.aclose()
+
+
+async def test_the_shared_relay_ties_a_log_line_only_to_a_sole_request_that_asked_for_logs() -> None:
+    """A log line goes to the one open request stream that asked for logs (`logLevel`); with a
+    second request in flight it cannot be told whose it is, and reaches neither."""
+    upstream = StdioUpstream(["true"])
+    relay = Relay(await upstream.open(Era.MODERN), catalog=ToolCatalog())
+    asked, other = Collected(), Collected()
+    relay._streams.append(asked)
+    relay._log_streams.add(asked)  # what handle_request records for a request with logLevel
+    relay._unsolicited(_log(0))
+    assert [m["params"]["i"] for m in asked.messages] == [0]
+    relay._streams.append(other)  # a second caller's request, in flight at once
+    before = SHED.get("dropped_messages", "untied")
+    relay._unsolicited(_log(1))
+    assert [m["params"]["i"] for m in asked.messages] == [0] and other.messages == []
+    assert SHED.get("dropped_messages", "untied") - before == 1
+    await upstream.aclose()

@@ -1,4 +1,5 @@
-"""Children of a stdio upstream start a bounded few at a time (`--stdio-max-starting`).
+"""Children of a stdio upstream start a bounded few at a time (`--stdio-max-starting`), and one
+whose start is under way when the upstream closes does not outlive the close.
 
 Fifty 2025 sessions opened together started fifty Python interpreters at once on two cores: each
 took 45 s to start instead of one, and the proxy's event loop, one process among fifty, stalled for
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -86,3 +88,70 @@ async def test_a_child_that_exits_without_a_word_gives_its_start_slot_back(tmp_p
                 await _initialize(upstream)
     finally:
         await upstream.aclose()
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """The processes of group `pgid` that still run (zombies excluded), read from /proc."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            alive.append(int(entry))
+    return alive
+
+
+async def test_a_child_whose_start_was_under_way_when_the_upstream_closed_is_gone_when_close_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process exists before `subprocess_exec` returns (the loop connects its pipes meanwhile).
+    A close in that window returned at once, and the child, seeing the upstream closed as its start
+    returned, was stopped by a task nobody kept or awaited: it outlived the close (and a proxy's
+    shutdown), or was never stopped if the task was collected. The window is held open here by
+    wrapping the loop's `subprocess_exec` (the only stand-in: on a loaded machine the window is
+    milliseconds wide); the child and its pipes are real."""
+    loop = asyncio.get_running_loop()
+    real_exec = loop.subprocess_exec
+    created: list[asyncio.SubprocessTransport] = []
+    process_exists = asyncio.Event()
+    let_it_return = asyncio.Event()
+
+    async def held_exec(*args: Any, **kwargs: Any) -> Any:
+        transport, protocol = await real_exec(*args, **kwargs)
+        created.append(transport)
+        process_exists.set()
+        await let_it_return.wait()
+        return transport, protocol
+
+    monkeypatch.setattr(loop, "subprocess_exec", held_exec)
+    upstream = StdioUpstream([sys.executable, "-c", "import sys\nfor line in sys.stdin: pass"], spares=0)
+    link = await upstream.open(Era.LEGACY)
+    request = {"jsonrpc": "2.0", "id": link.new_id(), "method": "initialize", "params": {}}
+    call = asyncio.create_task(link.send_request(request))
+    try:
+        async with asyncio.timeout(30):
+            await process_exists.wait()
+        (transport,) = created
+        pid = transport.get_pid()  # the guard's: it leads the child's process group
+        assert _group_alive(pid), "the child runs"
+        closing = asyncio.create_task(upstream.aclose())
+        await asyncio.sleep(0)  # one turn of the loop: the close begins while the start is under way
+        assert upstream._closed and not call.done()
+        let_it_return.set()
+        async with asyncio.timeout(30):
+            await closing
+        assert transport.get_returncode() is not None, "close() returned before the child was reaped"
+        assert not _group_alive(pid), "a process of the child's group outlived close()"
+        with pytest.raises(UpstreamFailure):
+            async with asyncio.timeout(30):
+                await call
+    finally:
+        let_it_return.set()
+        call.cancel()
+        async with asyncio.timeout(30):
+            await asyncio.gather(call, upstream.aclose(), return_exceptions=True)

@@ -1,0 +1,298 @@
+"""The TypeScript SDK v2 client (@modelcontextprotocol/client 2.4.0) in front of the proxy, as a
+real user of the current TS SDK runs it (docs/interop.md, "TypeScript SDK v2 client").
+
+tests/interop/ts2_client.mjs is driven over JSON lines, in each negotiation mode v2 offers
+(`versionNegotiation`: `auto` probes with server/discover and falls back to initialize, `pin`
+is exactly 2026-07-28 with no fallback, `legacy` the plain 2025 handshake), over each path:
+
+- `http>stdio`: Streamable HTTP to the proxy, the scripted server (tests/fixtures) as its stdio
+  child (the usual sidecar); `http>http`: the scripted server over Streamable HTTP behind it;
+- `stdio>stdio` and `stdio>http`: the client spawns `python -m proxy serve --listen stdio` itself
+  with its StdioClientTransport.
+
+The scripted server speaks both eras. What each session checks, as a user would see it:
+connect (the era the mode implies), listTools, a success, a transient failure the proxy recovers
+within the call (its attempts in `_meta`), one it cannot (an `isError` result with the
+unresolved report in `_meta["io.mcp-recovery-proxy/unresolved"]`, never a thrown error),
+progress notifications, resources and prompts, logging (2025: `logging/setLevel`; 2026: the
+per-request log level in `_meta`), and cancellation by AbortSignal (the scripted server journals
+the attempt `cancelled`). v2 validates structuredContent against a tool's outputSchema and throws
+on a mismatch: the shape server's failing tools with output schemas must come back as results.
+A 2025-only upstream (npm server-everything 2026.8.31): `auto` ends up on the 2025 handshake
+through the proxy, a pinned client gets v2's typed ERA_NEGOTIATION_FAILED at connect (no hang).
+2026-only features the proxy relays: subscriptions/listen (opened, acknowledged, closed) and
+elicitation (2025: a server request; 2026: an input_required result the v2 client fulfils and
+retries).
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP
+from tests.fixtures.journal import Journal
+from tests.interop.harness import (
+    CALL_BOUND_S,
+    CONNECT_BOUND_S,
+    REPORT_KEY,
+    Prerequisites,
+    Target,
+    TsClient,
+    proxy_stdio_argv,
+    started,
+)
+from tests.proxy_process import ProxyProcess
+
+pytestmark = pytest.mark.interop
+
+HERE = Path(__file__).resolve().parent
+TS2_CLIENT = HERE / "ts2_client.mjs"
+SHAPE_SERVER = REPO_ROOT / "tests" / "fixtures" / "shape_server.py"
+SCRIPTED_SERVER = REPO_ROOT / "tests" / "fixtures" / "scripted_server.py"
+MODES = ("auto", "pin", "legacy")
+PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http")
+ERA = {"auto": "modern", "pin": "modern", "legacy": "legacy"}  # against a server speaking both
+JOURNAL_BOUND_S = 30.0
+_ids = itertools.count()
+
+
+class Ts2Client(TsClient):
+    """tests/interop/ts2_client.mjs (the v2 SDK) in a process of ours; same line protocol as TsClient."""
+
+    def __init__(self, prereq: Prerequisites, mode: str, target: Target, env: Mapping[str, str] | None = None) -> None:
+        import queue
+
+        transport = ["http", target.url] if target.url else ["stdio", *target.argv]
+        self.proc = subprocess.Popen(
+            [prereq.node, str(TS2_CLIENT), mode, *transport],
+            cwd=REPO_ROOT,
+            env={**prereq.node_env(), **(env or {})},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+        )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.connected = self._read(CONNECT_BOUND_S)
+
+    def ok(self, cmd: Mapping[str, Any], timeout_s: float = CALL_BOUND_S) -> Any:
+        answer = self.command(cmd, timeout_s)
+        assert answer["ok"], f"{cmd} threw: {answer.get('error')}"
+        return answer
+
+    def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
+        return dict(self.ok({"op": "callTool", "name": name, "arguments": arguments})["result"])
+
+
+def _scripted_stdio(journal: Path) -> list[str]:
+    return [PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(journal)]
+
+
+@pytest.fixture(scope="module")
+def scripted_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedHTTP]:
+    journal = tmp_path_factory.mktemp("ts2-http") / "journal.jsonl"
+    with ScriptedHTTP(journal) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http_stdio_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Path]]:
+    tmp = tmp_path_factory.mktemp("ts2-http-stdio")
+    journal = tmp / "journal.jsonl"
+    proxy = ProxyProcess(upstream=_scripted_stdio(journal), log_path=tmp / "proxy.log")
+    with started(proxy):
+        yield proxy, journal
+
+
+@pytest.fixture(scope="module")
+def http_http_proxy(scripted_http: ScriptedHTTP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    tmp = tmp_path_factory.mktemp("ts2-http-http")
+    with started(ProxyProcess(upstream_url=scripted_http.url, log_path=tmp / "proxy.log")) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def leg(request: pytest.FixtureRequest, tmp_path: Path, scripted_http: ScriptedHTTP) -> tuple[Target, Journal]:
+    """The path under test: how the client reaches the proxy, and the journal of the upstream."""
+    path = request.param
+    if path == "http>stdio":
+        proxy, journal = request.getfixturevalue("http_stdio_proxy")
+        return Target(url=proxy.url), Journal(journal)
+    if path == "http>http":
+        proxy = request.getfixturevalue("http_http_proxy")
+        return Target(url=proxy.url), scripted_http.journal
+    if path == "stdio>stdio":
+        journal = tmp_path / "journal.jsonl"
+        return Target(argv=proxy_stdio_argv(_scripted_stdio(journal))), Journal(journal)
+    assert path == "stdio>http"
+    return Target(argv=proxy_stdio_argv(upstream_url=scripted_http.url)), scripted_http.journal
+
+
+def _wait_journal(journal: Journal, tool: str, event: str, call: str) -> None:
+    deadline = time.monotonic() + JOURNAL_BOUND_S
+    while not journal.events(tool=tool, event=event, call=call):
+        assert time.monotonic() < deadline, f"no {event} of {tool} {call} journaled within {JOURNAL_BOUND_S}s"
+        time.sleep(0.05)
+
+
+def _tag(mode: str, path: str) -> str:
+    return f"{mode}-{path}-{next(_ids)}-{time.monotonic_ns()}"
+
+
+@pytest.mark.parametrize("leg", PATHS, indirect=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_user_session(prereq: Prerequisites, mode: str, leg: tuple[Target, Journal]) -> None:
+    target, journal = leg
+    tag = _tag(mode, "s")
+    with Ts2Client(prereq, mode, target, env={"MCP_INTEROP_ELICIT_REPLY": "forty-two"}) as client:
+        connected = client.connected
+        assert connected["ok"], connected
+        assert connected["connected"]["era"] == ERA[mode]
+        assert "echo" in connected["connected"]["tools"]
+
+        echoed = client.tool("echo", text="hello v2")
+        assert echoed["structuredContent"] == {"text": "hello v2"} and not echoed["isError"]
+
+        recovered = client.tool("flaky_read", key="k", fail_times=2, call_id=tag)
+        assert not recovered["isError"]
+        assert recovered["structuredContent"]["executions"] == 3
+        assert recovered["_meta"]["io.mcp-recovery-proxy/attempts"] == 3
+
+        unresolved = client.tool("always_fail", call_id=tag)
+        assert unresolved["isError"] is True
+        report = unresolved["_meta"][REPORT_KEY]
+        assert report["stopReason"] == "attempts_exhausted" and report["attemptCount"] == 3
+        assert report["errorCategory"] == "transient" and report["budgetExhausted"] is True
+
+        progressed = client.ok({"op": "callTool", "name": "slow_progress", "arguments": {}, "progress": True})
+        # The last one may be lost by the client itself: v2 handles a notification in a microtask
+        # but a response at once (dropping the call's progress handler), so a final progress that
+        # arrives in the same read as the answer is dropped ("unknown token"). The proxy writes both
+        # in order; it is seen through the proxy because it writes them in one chunk more often.
+        assert [p["progress"] for p in progressed["progress"]][:2] == [1, 2], progressed
+        assert progressed["result"]["structuredContent"] == {"steps": 3}
+
+        resources = client.ok({"op": "listResources"})["result"]["resources"]
+        assert "journal://summary" in [r["uri"] for r in resources]
+        read = client.ok({"op": "readResource", "uri": "journal://summary"})["result"]
+        assert '"counts"' in read["contents"][0]["text"]
+        prompts = client.ok({"op": "listPrompts"})["result"]["prompts"]
+        assert [p["name"] for p in prompts] == ["greet"]
+        greeting = client.ok({"op": "getPrompt", "name": "greet", "arguments": {"name": "Ada"}})["result"]
+        assert "Hello, Ada!" in greeting["messages"][0]["content"]["text"]
+
+        # logging: 2025 sessions get the server's log messages (the scripted server sends them
+        # without logging/setLevel, which it does not implement); 2026 requests opt in per request
+        logged: dict[str, Any] = {"op": "callTool", "name": "log_then_answer", "arguments": {"message": tag}}
+        if mode != "legacy":
+            logged["logLevel"] = "info"
+        client.ok(logged)
+        logs = client.ok({"op": "notifications"})["result"]
+        assert {"level": "info", "logger": "scripted", "data": tag} in logs
+
+        # elicitation: 2025 by a server request mid-call; 2026 by an input_required result the v2
+        # client fulfils and retries
+        asked = client.tool("ask_elicitation", question="the answer?")
+        assert asked["structuredContent"] == {"answer": "forty-two"}, asked
+
+        if ERA[mode] == "modern":  # subscriptions/listen: opened, acknowledged, closed
+            listened = client.ok({"op": "listen", "filter": {"toolsListChanged": True}})["result"]
+            assert listened["honoredFilter"].get("toolsListChanged") is True
+            assert listened["closed"] == "local"
+
+        # cancellation: the caller's AbortSignal reaches the upstream attempt
+        client.ok({"op": "callTool", "name": "hang", "arguments": {"seconds": 40, "call_id": tag}, "id": "h"})
+        _wait_journal(journal, "hang", "started", tag)
+        client.ok({"op": "abort", "id": "h"})
+        aborted = client.command({"op": "await", "id": "h"})
+        assert not aborted["ok"] and "abort" in aborted["error"]["message"].lower(), aborted
+        _wait_journal(journal, "hang", "cancelled", tag)
+
+
+def test_2026_logging_over_shared_stdio_link(
+    prereq: Prerequisites, http_stdio_proxy: tuple[ProxyProcess, Path]
+) -> None:
+    """The usual sidecar (HTTP to the proxy, a stdio child) with a 2026 client that asks for log
+    messages per request gets them: a stdio upstream's log message names no request, and the
+    proxy's 2026 link is shared by every caller, so it was dropped as untied; now it goes to the
+    sole open request stream when that request asked for log messages (relay.py, deliver())."""
+    proxy, _ = http_stdio_proxy
+    with Ts2Client(prereq, "pin", Target(url=proxy.url)) as client:
+        assert client.connected["ok"], client.connected
+        client.ok({"op": "callTool", "name": "log_then_answer", "arguments": {"message": "x"}, "logLevel": "info"})
+        assert {"level": "info", "logger": "scripted", "data": "x"} in client.ok({"op": "notifications"})["result"]
+
+
+@pytest.fixture(scope="module")
+def shape_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    tmp = tmp_path_factory.mktemp("ts2-shape")
+    with started(ProxyProcess(upstream=[PYTHON, str(SHAPE_SERVER)], log_path=tmp / "proxy.log")) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("listen", ("http", "stdio"))
+@pytest.mark.parametrize("mode", MODES)
+def test_output_schema_failures_stay_results(
+    prereq: Prerequisites, mode: str, listen: str, request: pytest.FixtureRequest
+) -> None:
+    """v2 checks structuredContent against the tool's outputSchema and throws on a mismatch: what
+    the proxy answers for a failed tool with an output schema must never make it throw."""
+    upstream = [PYTHON, str(SHAPE_SERVER)]
+    cases = {
+        "lookup": ({"key": "missing"}, "validation"),  # outputSchema, the server fails it
+        "refuse_conforming": ({}, "business"),  # outputSchema, its own conforming structuredContent
+        "frobnicate": ({}, "business"),
+        "delete_item": ({}, "validation"),  # the SDK's own input-validation failure
+    }
+
+    def check(client: Ts2Client) -> None:
+        assert client.connected["ok"], client.connected
+        assert client.connected["connected"]["era"] == ERA[mode]
+        for name, (arguments, category) in cases.items():
+            result = client.tool(name, **arguments)
+            assert result["isError"] is True, (name, result)
+            assert result["_meta"][REPORT_KEY]["errorCategory"] == category, (name, result)
+        assert client.tool("lookup", key="known")["structuredContent"] == {"name": "known", "kind": "thing"}
+
+    if listen == "stdio":
+        target = Target(argv=proxy_stdio_argv(upstream))
+    else:
+        target = Target(url=request.getfixturevalue("shape_http").url)
+    with Ts2Client(prereq, mode, target) as client:
+        check(client)
+
+
+@pytest.fixture(scope="module")
+def everything_http(prereq: Prerequisites, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    tmp = tmp_path_factory.mktemp("ts2-everything")
+    upstream = [prereq.node, prereq.server_everything, "stdio"]
+    with started(ProxyProcess(upstream=upstream, log_path=tmp / "proxy.log")) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("listen", ("http", "stdio"))
+@pytest.mark.parametrize("mode", MODES)
+def test_2025_only_upstream(prereq: Prerequisites, mode: str, listen: str, request: pytest.FixtureRequest) -> None:
+    """npm server-everything speaks the 2025 handshake only: `auto` falls back to it through the
+    proxy and works; a pinned client is told at connect, with v2's typed error, not left hanging."""
+    if listen == "http":
+        target = Target(url=request.getfixturevalue("everything_http").url)
+    else:
+        target = Target(argv=proxy_stdio_argv([prereq.node, prereq.server_everything, "stdio"]))
+    with Ts2Client(prereq, mode, target) as client:
+        connected = client.connected
+        if mode == "pin":
+            assert not connected["ok"]
+            assert connected["error"]["code"] == "ERA_NEGOTIATION_FAILED", connected
+            return
+        assert connected["ok"], connected
+        assert connected["connected"]["era"] == "legacy"
+        assert client.tool("echo", message="through")["content"][0]["text"] == "Echo: through"

@@ -921,7 +921,11 @@ class McpHttpApp:
             return None
         if not arguments and not claimed:
             return None
-        tool = await relay.lookup_tool(name, message, headers=_forwarded(headers, self._forward_credentials))
+        # a listing the proxy makes for this caller carries its credential (passthrough), nothing else
+        credential = headers.get("authorization") if self._forward_credentials else None
+        tool = await relay.lookup_tool(
+            name, message, headers={"authorization": credential} if credential is not None else None
+        )
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
         if not claimed and not relay.catalog.declares_param_headers(name):

@@ -112,6 +112,11 @@ async def _start(app: ASGIApp, sock: socket.socket, **options: Any) -> tuple[uvi
     return server, task
 
 
+def initialize_request(link: Any) -> dict[str, Any]:
+    """A minimal 2025 `initialize` for `link`, with one of its own ids."""
+    return {"jsonrpc": "2.0", "id": link.new_id(), "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+
+
 def free_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

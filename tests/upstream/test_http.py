@@ -28,7 +28,7 @@ from proxy.upstream.http import (
     parse_retry_after,
 )
 
-from .servers import Journal, free_socket, serve, start_subprocess_server, streamable_app
+from .servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -222,12 +222,7 @@ async def test_legacy_second_404_is_session_expired() -> None:
         up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
         try:
             link = await up.open(Era.LEGACY)
-            init = {
-                "jsonrpc": "2.0",
-                "id": link.new_id(),
-                "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25"},
-            }
+            init = initialize_request(link)
             await answer(await link.send_request(init))
             ex = await link.send_request(call(link, "echo", {"text": "x"}))
             failure = await failure_of(ex)
@@ -681,12 +676,7 @@ async def test_legacy_session_recovers_when_its_reestablishment_failed_once() ->
         up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
         try:
             link = await up.open(Era.LEGACY)
-            init = {
-                "jsonrpc": "2.0",
-                "id": link.new_id(),
-                "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25"},
-            }
+            init = initialize_request(link)
             await answer(await link.send_request(init))
             assert text_of(await answer(await link.send_request(call(link, "echo", {"text": "before"})))) == "before"
             state["forgot"] = state["down"] = True  # it restarted, and is not up yet
@@ -758,12 +748,7 @@ async def test_passthrough_a_404_to_another_credential_refuses_it_and_never_move
         try:
             link = await up.open(Era.LEGACY)
             assert isinstance(link, HttpLegacyLink)
-            init = {
-                "jsonrpc": "2.0",
-                "id": link.new_id(),
-                "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25"},
-            }
+            init = initialize_request(link)
             await answer(await link.send_request(init, headers=as_("alice-1")))
             await link.send_notification(
                 {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_("alice-1")

@@ -18,7 +18,7 @@ from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.sse import SseLegacyLink, SseUpstream
 
-from .servers import Journal, free_socket, serve, sse_app
+from .servers import Journal, free_socket, initialize_request, serve, sse_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -280,12 +280,7 @@ async def test_passthrough_only_the_accepted_credential_reopens_the_stream_and_g
         up = SseUpstream(f"http://127.0.0.1:{port}/sse")
         try:
             link = await up.open(Era.LEGACY)
-            init = {
-                "jsonrpc": "2.0",
-                "id": link.new_id(),
-                "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25"},
-            }
+            init = initialize_request(link)
             await answer(await link.send_request(init, headers=as_("alice-1")))
             await link.send_notification(
                 {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_("alice-1")

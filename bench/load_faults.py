@@ -165,6 +165,7 @@ class Spec:
     args: dict[str, Any]
     client: int
     max_attempts: int  # the policy's total attempts (at the start of the run)
+    after_reload: bool = False  # sent only once the policy reload is seen applied (or RELOAD_WAIT_S)
 
     @property
     def call_id(self) -> str:
@@ -205,16 +206,33 @@ def make_spec(index: int, kind: str, cid: str, rng: random.Random, client: int, 
 
 
 def make_plan(
-    calls: int, clients: int, crashes: int, seed: int, tag: str, weights: dict[str, int], *, sigterm: bool = False
+    calls: int,
+    clients: int,
+    crashes: int,
+    seed: int,
+    tag: str,
+    weights: dict[str, int],
+    *,
+    sigterm: bool = False,
+    after_reload: int = 0,
 ) -> list[Spec]:
+    """`calls` specs drawn with `weights`, client i % clients. The last `after_reload` calls (each
+    the last of its client's queue) are exhausted calls held until the policy reload is applied:
+    however fast a short run goes, some calls run under the reloaded policy."""
     rng = random.Random(f"{seed}-{tag}")
     kinds = rng.choices(list(weights), weights=list(weights.values()), k=calls)
     for i in range(crashes):  # spaced through the run, alternating the two kinds
         kinds[int((i + 0.5) * calls / crashes)] = CRASH_KINDS[i % 2]
-    return [
+    held = min(after_reload, clients, calls)
+    for i in range(calls - held, calls):
+        kinds[i] = "exhausted"
+    plan = [
         make_spec(i, kind, f"{tag}-{seed}-{i:05d}-{kind}", rng, i % clients, sigterm=sigterm)
         for i, kind in enumerate(kinds)
     ]
+    for spec in plan[calls - held :]:
+        spec.after_reload = True
+    return plan
 
 
 # --------------------------------------------------------------------------- processes
@@ -488,9 +506,12 @@ class Progress:
     go_at: float = 0.0
     broken: list[str] = field(default_factory=list)  # client sessions that broke under their client
     open_failures: list[str] = field(default_factory=list)  # clients that failed to open (then retried)
+    reloaded: anyio.Event = field(default_factory=anyio.Event)  # the policy reload is seen applied
 
 
 MAX_REOPENS = 20  # per client: a session that breaks is replaced, at most this often
+RELOAD_WAIT_S = 30.0  # a call held for the policy reload waits at most this long
+AFTER_RELOAD_CALLS = 3  # calls of a load leg held until the reload is applied (its last ones)
 
 
 async def run_clients(
@@ -530,6 +551,9 @@ async def run_clients(
                                 ready.set()
                             await go.wait()
                         while queue and not progress.stop.is_set():
+                            if queue[0].after_reload:
+                                with anyio.move_on_after(RELOAD_WAIT_S):
+                                    await progress.reloaded.wait()
                             outcomes.append(await call_once(client, queue[0], mode, bound_s))
                             queue.popleft()
                             progress.done += 1
@@ -649,6 +673,7 @@ def make_injector(
                     version = await policy_version(proxy.admin, http)
                     if version is not None and version != version0:
                         faults.reload_seen_at = time.time()
+                        progress.reloaded.set()
                 await anyio.sleep(0.05)
 
     return inject
@@ -1090,7 +1115,9 @@ class DeadlineProbe:
 def load_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str, cleanup: list[Any]) -> dict[str, Any]:
     name = f"load/{upstream}"
     calls = args.calls // len(args.upstreams)
-    plan = make_plan(calls, args.clients, args.crashes, args.seed, f"L{upstream}", LOAD_WEIGHTS)
+    plan = make_plan(
+        calls, args.clients, args.crashes, args.seed, f"L{upstream}", LOAD_WEIGHTS, after_reload=AFTER_RELOAD_CALLS
+    )
     proxy, http_upstream, journal, policies = start_leg(
         args, work, upstream, f"load-{upstream}", LOAD_POLICIES, args.grace, args.clients
     )

@@ -78,6 +78,13 @@ class Rig:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    async def requests_through_delete(self, since: int) -> list[dict[str, str | None]]:
+        """The requests the upstream received after the first `since`, once a DELETE is among them.
+        The proxy answers a client's DELETE at once and closes the upstream session behind it
+        (`Service.close_session`), so the upstream's DELETE can arrive a moment later."""
+        await until(lambda: any(r["method"] == "DELETE" for r in self.requests()[since:]), "the upstream's DELETE")
+        return self.requests()[since:]
+
     @property
     def metadata_url(self) -> str:
         return f"http://127.0.0.1:{self.proxy.port}/.well-known/oauth-protected-resource/mcp"
@@ -172,7 +179,7 @@ async def test_a_token_refreshed_mid_session_is_the_one_the_upstream_gets(rig: R
     # one principal throughout (a refresh, not another user), each request with its own token
     assert rig.clients(first) == [GOOD[:8]] and rig.clients(second) == [GOOD[:8]]
     assert rig.tails(first) == [GOOD[-4:]] and rig.tails(second) == [FRESH[-4:]]
-    closing = [r for r in rig.requests()[before:] if r["method"] == "DELETE"]
+    closing = [r for r in await rig.requests_through_delete(before) if r["method"] == "DELETE"]
     assert [r["client"] for r in closing] == [GOOD[:8]], closing
     log = rig.proxy.log_tail(1_000_000)
     principals = {line.split("principal=")[1].split()[0] for line in log.splitlines() if "principal=" in line}
@@ -213,7 +220,7 @@ async def test_a_caller_naming_another_callers_session_is_refused_and_the_sessio
         # The session is still alice's, at the upstream: her next call reaches it as her.
         assert whoami_text(await whoami(http, rig, session, ALICE, f"{tag}-a2", 5)) == f"alice-00:{tag}-a2"
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
-    seen = rig.requests()[before:]
+    seen = await rig.requests_through_delete(before)
     bobs = [(r["method"], r["rpc"]) for r in seen if r["client"] == BOB[:8]]
     assert bobs == [("POST", "tools/call"), ("POST", "tools/list")], seen  # never an initialize as bob
     assert {r["client"] for r in seen} == {ALICE[:8], BOB[:8]}, seen
@@ -231,7 +238,7 @@ async def test_a_request_without_a_credential_on_a_session_is_not_lent_the_owner
         assert f'resource_metadata="{rig.metadata_url}"' in anonymous.headers["www-authenticate"]
         assert whoami_text(await whoami(http, rig, session, ALICE, f"{tag}-a", 3)) == f"alice-00:{tag}-a"
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
-    seen = rig.requests()[before:]
+    seen = await rig.requests_through_delete(before)
     assert [(r["client"], r["tag"]) for r in seen if r["rpc"] == "tools/call"] == [
         (None, f"{tag}-x"),
         ("alice-00", f"{tag}-a"),

@@ -27,6 +27,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -313,6 +314,13 @@ class _Replay:
 # `--replay-stream-bytes` and `--replay-total-bytes`.
 REPLAY_STREAM_BYTES: int = Settings.model_fields["replay_stream_bytes"].default
 REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
+
+
+def _replay_key(n: int) -> str:
+    """The key of a resumable stream's event ids (`<key>:<seq>`): 128 random bits, so nobody
+    derives another stream's ids from their own (they were `r1`, `r2`, ...), and the counter in
+    hex after them, so two keys never collide. At most 22 + 16 characters, never a `:`."""
+    return f"{secrets.token_urlsafe(16)}{n:x}"
 
 
 class _Replays:
@@ -1168,7 +1176,7 @@ class McpHttpApp:
         """A 2025 SSE response whose events carry ids, so a client that lost it can resume it
         (resumability and event ids are in every 2025 revision); `prime`: it opens with the
         2025-11-25 priming event."""
-        replay = self._replays.new(f"r{next(self._replay_ids)}", session_id, down_id)
+        replay = self._replays.new(_replay_key(next(self._replay_ids)), session_id, down_id)
         replay.target = send
         ok = False
         try:
@@ -1278,7 +1286,18 @@ class McpHttpApp:
         last_event = headers.get("last-event-id", "")
         key, _, seq = last_event.partition(":")
         replay = self._replays.get(key)
-        if replay is not None and replay.session_id == session_id and seq.isdigit():
+        # Only this session's own stream resumes. Another session's key, a forged, malformed or
+        # forgotten one are all alike: the GET opens the listen stream (or gets its 409), so the
+        # answer never tells whether a key exists elsewhere. `seq` in ASCII digits and bounded:
+        # `isdigit` alone takes `²` (a latin-1 header byte) and thousands of digits, on which
+        # `int` raises (a 500 and a traceback per request).
+        if (
+            replay is not None
+            and replay.session_id == session_id
+            and seq.isascii()
+            and seq.isdigit()
+            and len(seq) <= 18
+        ):
             await self._resume(send, receive, replay, int(seq))
             return
         if self._shutting_down:

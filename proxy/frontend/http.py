@@ -57,6 +57,7 @@ from proxy.auth.challenge import (
     rewrite_challenge,
     rewrite_metadata,
 )
+from proxy.auth.vouch import VouchLimited
 from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
@@ -593,19 +594,39 @@ class McpHttpApp:
         return relay
 
     async def _vouched(
-        self, send: Send, relay: Relay, headers: dict[str, str], method: str, request_id: Any = None
+        self,
+        send: Send,
+        relay: Relay,
+        headers: dict[str, str],
+        method: str,
+        principal: Principal | None,
+        request_id: Any = None,
     ) -> bool:
         """passthrough: the caller may act on the session without a request the upstream judges
         (`Relay.vouch`: the listen stream, a resumed answer, DELETE, a cancellation, an answer to
         the server's request). False once the refusal was answered: the upstream's 404 (another
-        principal's session), 401 or 403, or 502 when the upstream could not be asked. Without
-        passthrough, the session lookup (`_session`) already decided."""
+        principal's session), 401 or 403 (remembered a while per principal: a repeat is answered
+        the same without asking again), 429 with `Retry-After` when the session's budget of such
+        questions is spent (proxy/auth/vouch.py), or 502 when the upstream could not be asked.
+        Without passthrough, the session lookup (`_session`) already decided."""
         if not self._forward_credentials:
             return True
         try:
-            await relay.vouch(_forwarded(headers, True))
+            await relay.vouch(_forwarded(headers, True), principal.id if principal is not None else None)
         except AuthRefused as refused:
             await self._refuse(send, refused, method, request_id)
+            return False
+        except VouchLimited as limited:
+            # 429, not 503: the caller's credential is what is unverified, not the proxy that is
+            # unwell; the owner's accepted credential never gets here.
+            SHED.count("http_refused", "vouch_rate")
+            log.info("%s refused: too many credentials the upstream has not accepted on the session", method)
+            body = jsonrpc.error(
+                request_id,
+                jsonrpc.INTERNAL_ERROR,
+                "too many credentials the upstream has not accepted were put to it on this session; retry later",
+            )
+            await _respond_json(send, 429, body, [(b"retry-after", limited.retry_after_header.encode())])
             return False
         except (UpstreamFailure, TimeoutError):
             log.info("%s refused: the upstream could not be asked whether the credential holds the session", method)
@@ -1021,7 +1042,7 @@ class McpHttpApp:
             # A cancellation is acted on here (the request's task is cancelled), not judged by the
             # upstream; any other notification goes upstream with the caller's own credential.
             if message.get("method") == "notifications/cancelled" and not await self._vouched(
-                send, relay, headers, "POST"
+                send, relay, headers, "POST", principal
             ):
                 return
             credentials = _forwarded(headers, True) if self._forward_credentials else None
@@ -1033,7 +1054,7 @@ class McpHttpApp:
             await _respond(send, 202)
         else:
             # An answer to the server's request goes upstream as the session's own message.
-            if not await self._vouched(send, relay, headers, "POST"):
+            if not await self._vouched(send, relay, headers, "POST", principal):
                 return
             await relay.handle_response(message)
             await _respond(send, 202)
@@ -1281,7 +1302,7 @@ class McpHttpApp:
         if relay is None:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
             return
-        if not await self._vouched(send, relay, headers, "GET"):
+        if not await self._vouched(send, relay, headers, "GET", principal):
             return
         last_event = headers.get("last-event-id", "")
         key, _, seq = last_event.partition(":")
@@ -1343,7 +1364,7 @@ class McpHttpApp:
             await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
             return
         relay = self._session(session_id, principal)
-        if relay is not None and not await self._vouched(send, relay, headers, "DELETE"):
+        if relay is not None and not await self._vouched(send, relay, headers, "DELETE", principal):
             return
         if relay is not None and await self.service.close_session(session_id):
             await _respond(send, 200)

@@ -31,13 +31,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from proxy.auth.base import AuthRefused
+from proxy.settings import Settings
 
 REFUSED_TTL_S = 30.0
 REFUSED_KEEP = 64
-# Defaults of --vouch-pings-burst and --vouch-pings-per-s: an owner refreshing a token, or a
-# second client of the same user, needs one ping now and then; only a spray needs more.
-BURST = 5
-PER_S = 1.0
+# The defaults of --vouch-pings-burst (5) and --vouch-pings-per-s (1): an owner refreshing a
+# token, or a second client of the same user, needs one ping now and then; only a spray needs more.
+BURST: int = Settings.model_fields["vouch_pings_burst"].default
+PER_S: float = Settings.model_fields["vouch_pings_per_s"].default
 
 
 class VouchLimited(Exception):

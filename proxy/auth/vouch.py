@@ -79,8 +79,9 @@ class VouchGate:
         self._at = clock()
         # principal id -> (the refusal, when it is forgotten)
         self._refused: OrderedDict[str, tuple[AuthRefused, float]] = OrderedDict()
-        # principal id -> the verdict of its ping in flight (None: it passed)
-        self.pending: dict[str, asyncio.Future[AuthRefused | None]] = {}
+        # principal id -> the verdict of its ping in flight: True it passed, the refusal, or False
+        # (no verdict: the ping failed or was cancelled; a waiter asks itself)
+        self.pending: dict[str, asyncio.Future[AuthRefused | bool]] = {}
 
     def refused(self, key: str) -> AuthRefused | None:
         """The upstream's refusal of this principal on the session, if still remembered."""

@@ -79,12 +79,14 @@ from proxy.jsonrpc import (
 from proxy.lifecycle import InFlight
 from proxy.shares import ClientShares, SharesFull, Slots
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
+from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
 
 BACKLOG_LIMIT = 256
 BACKLOG_BYTES = 4 * 1024 * 1024
+# Refusals of untied server requests (the shared link) being written upstream at once; past it, none.
+REFUSALS_IN_FLIGHT = 64
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
 LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
@@ -461,6 +463,7 @@ class Relay:
         self._pause = getattr(link, "pause_reading", None) if not self.shared else None
         self._pressured = 0
         self._background: set[asyncio.Task[Any]] = set()
+        self._refusing = 0  # refusals of untied server requests being written upstream
         self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
         # Called when the upstream answers a 2026 header or version error (the service asks the
@@ -993,16 +996,24 @@ class Relay:
         """A server request on the shared link that came with no request of a caller: nobody may
         be asked it, and the server is told so rather than left waiting."""
         SHED.count("dropped_messages", "untied")
-        if not valid_id(message["id"]):
+        if not valid_id(message["id"]) or self._refusing >= REFUSALS_IN_FLIGHT:
+            # Past the bound the server gets no answer: one that floods the link with requests
+            # while not reading its own input made a task per refusal, each waiting on the full
+            # pipe, without limit.
             return
         answer = error(message["id"], INTERNAL_ERROR, "the proxy cannot tie this request to one client")
         task = asyncio.create_task(self.link.send_response(answer))
+        self._refusing += 1
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._refused)
+
+    def _refused(self, task: asyncio.Task[Any]) -> None:
+        self._refusing -= 1
+        self._background.discard(task)
 
     def _map_server_request(self, message: Message) -> Message | None:
         if not valid_id(message["id"]):
-            log.info("dropped a server request with an invalid id")
+            UPSTREAM_NOTICES.log(log, logging.INFO, "dropped a server request with an invalid id")
             return None
         down = f"proxy-{next(self._server_ids)}"
         if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest

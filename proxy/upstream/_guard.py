@@ -9,7 +9,14 @@ upstream's stdin/stdout/stderr. The guard:
 - runs the command as its child in the same process group, so `npx` and shells, which spawn
   grandchildren, stay in the group;
 - on SIGTERM/SIGINT/SIGHUP, or when the command exits, signals the whole group (SIGTERM, then
-  SIGKILL after a grace period) and exits with the command's status.
+  SIGKILL after a grace period) and exits with the command's status;
+- keeps no copy of the command's stdin and stdout (its own become /dev/null once the command
+  runs), so a command that closes its stdout is seen to end it;
+- is a child subreaper (PR_SET_CHILD_SUBREAPER): a process that left the group (`setsid`,
+  `setpgid`) is still in the guard's tree, and becomes the guard's own child once its parent is
+  gone. When the group has been ended, so are those (SIGTERM, then SIGKILL), before the guard
+  exits. Before, a grandchild that called `setsid` while holding the pipes outlived the command,
+  the guard and the proxy's stop, and kept the child's stdout open: the proxy never saw its end.
 
 Only the standard library is used (it runs with -S for a fast start). Why a guard process and not
 just PDEATHSIG on the upstream: PDEATHSIG is per process and is not inherited, so a grandchild of
@@ -23,13 +30,18 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = 2.0
+# What left the group gets less: the proxy's own stop sends SIGKILL to the group (the guard with
+# it) 0.5 s after its SIGTERM, and the guard must have ended those by then.
+ESCAPED_GRACE_S = 0.3
 
 
 def _set_parent_death_signal() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: fall back to polling the parent below
         pass
 
@@ -42,6 +54,13 @@ def _kill_group(pgid: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
+        _end_group(pgid)
+    finally:
+        _end_escaped()
+
+
+def _end_group(pgid: int) -> None:
+    try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
@@ -52,11 +71,7 @@ def _kill_group(pgid: int) -> None:
         except ProcessLookupError:
             return
         # Only the guard itself may be left in the group; reap children meanwhile.
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-        except ChildProcessError:
-            pass
+        _reap()
         if _group_is_only_me(pgid):
             return
         time.sleep(0.05)
@@ -64,6 +79,60 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _my_children() -> list[int]:
+    """The live processes whose parent is the guard: once the group is gone, only those that left
+    it (an orphan is re-parented to the guard, its subreaper)."""
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _end_escaped() -> None:
+    """End what left the group: SIGTERM to each of the guard's children, SIGKILL to what is left
+    after the grace period (and to what their ends re-parent to the guard meanwhile), bounded."""
+    signalled: set[int] = set()
+    deadline = time.monotonic() + ESCAPED_GRACE_S
+    while True:
+        _reap()
+        pids = _my_children()
+        if not pids:
+            return
+        late = time.monotonic() >= deadline
+        for pid in pids:
+            if late or pid not in signalled:
+                signalled.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        if late and time.monotonic() >= deadline + GRACE_S:
+            return
+        time.sleep(0.02)
 
 
 def _group_is_only_me(pgid: int) -> bool:
@@ -83,6 +152,22 @@ def _group_is_only_me(pgid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _let_go_of_the_pipes() -> None:
+    """The command has the proxy's stdin and stdout; the guard keeps no copy of its own (they
+    become /dev/null). Before, the guard's copy kept the command's stdout open: a server that
+    closed its stdout and kept running was never seen to end, and its link waited for ever."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in (0, 1):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def main() -> int:
@@ -109,9 +194,11 @@ def main() -> int:
         except OSError as exc:
             sys.stderr.write(f"cannot start upstream command {command[0]!r}: {exc.strerror}\n")
             return 127
+        _let_go_of_the_pipes()
         while True:
             try:
-                pid, wstatus = os.waitpid(child, 0)
+                # any child: orphans re-parented to the guard are reaped as they end
+                pid, wstatus = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
             if pid == child:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -176,6 +178,52 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
+class NoticeBudget:
+    """A token bucket for the log lines an upstream's messages cause one by one (an event that is
+    not JSON, a server request with an invalid id): `burst` lines at once, then `rate` a second;
+    what it refuses is summed up in one line when logging resumes. Before, an upstream writing
+    100,000 such events in one response made 100,000 warnings. (A stdio child's stderr and
+    non-JSON stdout have a bucket per child: stdio.py.)"""
+
+    __slots__ = ("at", "burst", "dropped", "rate", "tokens")
+
+    def __init__(self, burst: int = 100, rate: float = 20.0) -> None:
+        self.burst = float(burst)
+        self.rate = rate
+        self.tokens = self.burst
+        self.at = time.monotonic()
+        self.dropped = 0
+
+    def log(self, logger: logging.Logger, level: int, text: str) -> None:
+        """Log `text` (a fixed message: nothing the upstream chose) if the bucket allows it."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            self.dropped += 1
+            return
+        self.tokens -= 1.0
+        if self.dropped:
+            logger.log(level, "%d more upstream messages like the next were not logged", self.dropped)
+            self.dropped = 0
+        logger.log(level, text)
+
+
+# Shared by every link of the process: what one upstream can make the proxy log is bounded in
+# total, whatever the number of its sessions.
+UPSTREAM_NOTICES = NoticeBudget()
+
+
+def ours(value: object) -> bool:
+    """Whether `value` can be an id (or progress token, or subscription id) the proxy sent: a str
+    or an int, compared by type as well as value. Python takes `true` and `1.0` for 1 (equal, and
+    the same dict key): an upstream answering `"id": true` resolved request 1 of a stdio link, and
+    an answer with `"id": 1.0` on a 2025 HTTP request's own stream was taken for that request's
+    answer yet resolved nothing, so its caller waited for its timeout."""
+    cls = value.__class__
+    return cls is int or cls is str
+
+
 @dataclass(eq=False)
 class PendingTable:
     """Request ids and in-flight exchanges of one link; routes responses and progress by id."""
@@ -213,7 +261,8 @@ class PendingTable:
     def resolve(self, message: Message) -> bool:
         """Deliver a response to its exchange. False if nobody waits for it (late or unknown id)."""
         upstream_id = message.get("id")
-        if not isinstance(upstream_id, int | str):
+        cls = upstream_id.__class__  # `ours`, inlined: this runs for every answer
+        if cls is not int and cls is not str:
             return False  # not one of ours (and maybe not hashable): a peer's malformed answer
         ex = self._pending.pop(upstream_id, None)
         if ex is None or ex.response.done():
@@ -227,7 +276,7 @@ class PendingTable:
         if not isinstance(params, dict):
             return False
         token = params.get("progressToken")
-        ex = self._pending.get(token) if isinstance(token, int | str) else None
+        ex = self._pending.get(token) if ours(token) else None
         if ex is None or ex.on_message is None:
             return False
         ex.on_message(message)
@@ -244,7 +293,7 @@ class PendingTable:
         if not isinstance(meta, dict):
             return False
         subscription = meta.get(SUBSCRIPTION_ID)
-        ex = self._pending.get(subscription) if isinstance(subscription, int | str) else None
+        ex = self._pending.get(subscription) if ours(subscription) else None
         if ex is None or ex.on_message is None:
             return False
         ex.on_message(message)

@@ -78,6 +78,9 @@ HIGH_WATER: Final = 256 * 1024
 # plus one read.
 MAX_HEAD_BYTES: Final = 64 * 1024
 LOW_WATER: Final = 64 * 1024
+# What one read of a compressed body without a bound of its own (an event stream) may expand to:
+# the message limit (one event is never larger). The proxy does not ask for compressed answers.
+MAX_INFLATE_PER_READ: Final = 16 * 1024 * 1024
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
@@ -752,9 +755,18 @@ class _Connection(asyncio.Protocol):
         limit = response.max_body
         if decoder is not None:
             # Bounded, so that a small compressed chunk cannot expand to gigabytes at once: at
-            # most one byte past the limit is produced (then the response fails below).
-            room = None if limit is None else limit - response._received + 1
-            data = decoder.decompress(data) if room is None else decoder.decompress(data, room)
+            # most one byte past the limit is produced (then the response fails below). A body
+            # without a limit (an event stream, bounded per event by its reader) was decoded
+            # whole, read by read: one 64 KiB read of a gzip bomb became 64 MiB at once, 256 MiB
+            # from a 256 KiB read, before any bound could look at it. Now one read may expand to
+            # at most MAX_INFLATE_PER_READ, past which it is a bomb, not an answer.
+            if limit is None:
+                data = decoder.decompress(data, MAX_INFLATE_PER_READ + 1)
+                if len(data) > MAX_INFLATE_PER_READ:
+                    self._too_large(response, MAX_INFLATE_PER_READ)
+                    return
+            else:
+                data = decoder.decompress(data, limit - response._received + 1)
             if not data:
                 return
         received = response._received = response._received + len(data)

@@ -88,6 +88,7 @@ from proxy.jsonrpc import (
 )
 from proxy.secret_values import SECRETS
 from proxy.upstream.base import (
+    UPSTREAM_NOTICES,
     Capabilities,
     Era,
     Exchange,
@@ -98,6 +99,7 @@ from proxy.upstream.base import (
     UpstreamHealth,
     discover_request,
     initialize_request,
+    ours,
 )
 from proxy.upstream.h1 import (
     BodyTooLarge,
@@ -329,7 +331,7 @@ async def iter_sse_messages(
             try:
                 message = loads(ev.data)
             except ValueError:
-                log.warning("upstream sent an SSE event that is not JSON; dropped")
+                UPSTREAM_NOTICES.log(log, logging.WARNING, "upstream sent an SSE event that is not JSON; dropped")
                 continue
             if isinstance(message, dict):
                 yield message
@@ -701,8 +703,9 @@ class _HttpLink(LinkBase):
     def _route_stream_message(self, ex: Exchange, response: Response, msg: Message) -> bool:
         """Deliver one message read from `ex`'s own response stream. True once `ex` is answered."""
         if is_response(msg) or ("id" in msg and "method" not in msg):
-            if msg.get("id") in (ex.upstream_id, None):
-                if msg.get("id") is None:  # an error for our request sent before its id was parsed
+            msg_id = msg.get("id")
+            if msg_id is None or (msg_id == ex.upstream_id and ours(msg_id)):
+                if msg_id is None:  # an error for our request sent before its id was parsed
                     msg = {**msg, "id": ex.upstream_id}
                 self._on_response(ex, response, msg)
                 self._pending.resolve(msg)

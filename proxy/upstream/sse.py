@@ -45,7 +45,16 @@ from urllib.parse import urljoin, urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, dumps, is_response, loads
-from proxy.upstream.base import Capabilities, Era, Exchange, Handshake, LinkBase, OnMessage, PendingTable
+from proxy.upstream.base import (
+    UPSTREAM_NOTICES,
+    Capabilities,
+    Era,
+    Exchange,
+    Handshake,
+    LinkBase,
+    OnMessage,
+    PendingTable,
+)
 from proxy.upstream.h1 import ProxyRoute
 from proxy.upstream.http import (
     CLIENT_ERRORS,
@@ -378,7 +387,7 @@ class SseLegacyLink(LinkBase):
         try:
             message = loads(data)
         except ValueError:
-            log.warning("SSE upstream sent an event that is not JSON; dropped")
+            UPSTREAM_NOTICES.log(log, logging.WARNING, "SSE upstream sent an event that is not JSON; dropped")
             return
         if not isinstance(message, dict):
             return

@@ -562,6 +562,8 @@ class StdioLink(LinkBase):
         try:
             message = loads(line)
         except ValueError:
+            message = _without_bom(line)
+        if message is _NOT_JSON:
             if child.protocol.log_budget.take(child.name):
                 stderr_log.info(
                     "%s stdout (not JSON): %s", child.name, line[:_STDERR_LINE_LIMIT].decode("utf-8", "replace")
@@ -1164,16 +1166,62 @@ async def _adopt(early: proxy.early.EarlyChild, protocol: _ChildProtocol) -> _Ch
     return protocol
 
 
+_NOT_JSON = object()
+_BOM = b"\xef\xbb\xbf"
+
+
+def _without_bom(line: bytes) -> object:
+    """A line that is JSON after a UTF-8 byte order mark (what a .NET or PowerShell server's
+    console writes before its first line when set to UTF-8): its message; else `_NOT_JSON`.
+    Before, that first line, the answer to the proxy's probe, was dropped as not JSON and the
+    server read as one that never answers. Only tried on a line that failed to parse."""
+    if line.startswith(_BOM):
+        try:
+            return loads(line[len(_BOM) :])
+        except ValueError:
+            pass
+    return _NOT_JSON
+
+
 def _spare_line(child: _Child, line: bytes) -> None:
     if child.protocol.log_budget.take(child.name):
         stderr_log.info("%s (spare) wrote before any request: %s", child.name, line[:200].decode("utf-8", "replace"))
+
+
+# How long a child's stdout may stay open after its process (the guard) exited: its last writes are
+# already in the pipe, so this is only for the loop to read them.
+EXITED_OUTPUT_S = 2.0
+
+
+async def _output_ended(child: _Child) -> None:
+    """Until the child's stdout ends, or its process has exited and the pipe stayed open
+    `EXITED_OUTPUT_S` longer: something outside the guard's reach holds it (a process that left
+    the group and escaped the guard's end), and could keep the link waiting on a dead child for
+    ever. Its pipes are then closed."""
+    protocol = child.protocol
+    closed = asyncio.ensure_future(protocol.stdout_closed.wait())
+    try:
+        await asyncio.wait([closed, protocol.exited], return_when=asyncio.FIRST_COMPLETED)
+        if closed.done():
+            return
+        done, _ = await asyncio.wait([closed], timeout=EXITED_OUTPUT_S)
+        if not done:
+            log.warning("%s exited, but a process it started still holds its stdout: closing its pipes", child.name)
+            with contextlib.suppress(Exception):
+                child.transport.close()
+            # The guard is gone, so nobody else will end what is left of its group (a group's id
+            # is not reused while it has members).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        closed.cancel()
 
 
 async def _end_with_output(child: _Child) -> None:
     """When the child's stdout ends (it exited, closed it, or overflowed the size limit), make sure
     its whole process group is gone, then report the exit once."""
     try:
-        await child.protocol.stdout_closed.wait()
+        await _output_ended(child)
     finally:
         if child.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -5,11 +5,13 @@ way the link's reader hands them)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy import jsonrpc
 from proxy.jsonrpc import Message
-from proxy.relay import BACKLOG_BYTES, Relay, ToolCatalog
+from proxy.relay import BACKLOG_BYTES, REFUSALS_IN_FLIGHT, Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
@@ -78,4 +80,32 @@ async def test_the_shared_relay_ties_a_log_line_only_to_a_sole_request_that_aske
     relay._unsolicited(_log(1))
     assert [m["params"]["i"] for m in asked.messages] == [0] and other.messages == []
     assert SHED.get("dropped_messages", "untied") - before == 1
+    await upstream.aclose()
+
+
+async def test_refusing_a_flood_of_untied_server_requests_holds_a_bounded_number_of_writes() -> None:
+    """A server on the shared link that floods it with requests while not reading its own input:
+    each refusal waits on the full pipe. Before, every one was a task of its own, without limit."""
+    upstream = StdioUpstream(["true"])
+    link = await upstream.open(Era.MODERN)
+    relay = Relay(link, catalog=ToolCatalog())
+    assert relay.shared
+    stuck = asyncio.Event()
+    written: list[Message] = []
+
+    async def never_drains(message: Message) -> None:
+        written.append(message)
+        await stuck.wait()
+
+    link.send_response = never_drains  # type: ignore[method-assign]
+    request = {"jsonrpc": "2.0", "method": "sampling/createMessage", "params": {}}
+    for i in range(5000):
+        relay._unsolicited({**request, "id": i})
+    assert len(relay._background) <= REFUSALS_IN_FLIGHT
+    stuck.set()
+    await asyncio.wait_for(asyncio.gather(*relay._background), 10)
+    assert len(written) == len(set(m["id"] for m in written)) <= REFUSALS_IN_FLIGHT
+    relay._unsolicited({**request, "id": "after"})  # the pipe drained: refusals go out again
+    await asyncio.wait_for(asyncio.gather(*relay._background), 10)
+    assert written[-1]["id"] == "after" and written[-1]["error"]["code"] == -32603
     await upstream.aclose()

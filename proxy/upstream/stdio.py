@@ -12,8 +12,10 @@
   through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
   a respawn after it is spawned the normal way.
 - Warm pool (`spares`, `--stdio-spares`): once a child of the command has answered, up to
-  `spares` children are kept started ahead, so a new 2025 session (or a session whose child died)
-  gets a running process at once. They are started in the background, at most `spare_starts` at a time (a burst of sessions does
+  `spares` children are kept started ahead, so a new 2025 session (or a session whose child died,
+  or the 2026 link whose shared child died) gets a running process at once. A spare has been asked
+  nothing, so its era is not fixed yet: the link that takes it fixes it with its first request.
+  They are started in the background, at most `spare_starts` at a time (a burst of sessions does
   not start a process per session at once on top of their own), handed out oldest first, refilled
   as they are taken, and reaped when unused for `spare_idle_s` (down to one, refilled again by
   demand). A spare is no session: it counts against neither `max_children` nor the proxy's
@@ -407,7 +409,10 @@ class StdioLink(LinkBase):
         self.era = era
         self._upstream = upstream
         self._health = upstream.health
-        self._takes_spare = takes_spare and (era is Era.LEGACY or upstream.single_session)
+        # A warm spare has been asked nothing, so it can become any link's child: a 2025 session's,
+        # the 2026 link's (whose child's crash would otherwise cost every 2026 call a cold start),
+        # the one child behind --listen stdio. Not the throwaway child of a health check (`check`).
+        self._takes_spare = takes_spare
         self._pending = PendingTable()
         self._handshake = Handshake()
         self._child: _Child | None = None

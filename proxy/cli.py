@@ -115,7 +115,8 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-start-timeout-s",
         type=float,
         default=s,
-        help="a stdio child must answer its handshake within, from its start (10; more on a slow or busy host)",
+        help="a stdio child must answer its handshake within, from its start (10); up to 6 times that while it is"
+        " still busy starting (a busy host); more for a start that waits on the network",
     )
     p.add_argument(
         "--stdio-max-starting",

@@ -208,10 +208,12 @@ class Service:
         self._cut_short = asyncio.Event()
         self._checked_at = time.monotonic()
         self._supervised = bool(getattr(upstream, "supervised", False))
-        # A stdio child's start is bounded by --stdio-start-timeout-s: a probe (which waits for
-        # one) gets that and a margin for its own exchanges, never less than the default.
-        start_s = getattr(upstream, "handshake_timeout_s", 0.0) if self._supervised else 0.0
-        self._probe_timeout_s = max(PROBE_TIMEOUT_S, start_s + 5.0)
+        # A stdio upstream's probe is made of child starts, each bounded by --stdio-start-timeout-s
+        # (stretched while the child is busy starting): its bound is the sum of its steps'
+        # (`probe_bound_s`), so that it never cuts short a step that would end by its own bound,
+        # and never less than the default.
+        steps_s = getattr(upstream, "probe_bound_s", 0.0) if self._supervised else 0.0
+        self._probe_timeout_s = max(PROBE_TIMEOUT_S, steps_s)
         # Each client's share of a network upstream's connections, across its sessions and both
         # eras (a stdio upstream has no pool to share: each 2025 session has its own child).
         self.shares = None if self._supervised else ClientShares(settings.max_upstream_per_client)
@@ -406,7 +408,9 @@ class Service:
                     else:
                         self._probe_failed(exc)
                 except TimeoutError:
-                    self._probe_failed(f"no answer within {self._probe_timeout_s:g} s")
+                    step = getattr(self.upstream, "probe_step", None)
+                    during = f" (during {step})" if step else ""
+                    self._probe_failed(f"no answer within {self._probe_timeout_s:g} s{during}")
                 except OSError as exc:
                     self._probe_failed(exc)
         if self.capabilities is None and raise_on_failure:

@@ -12,21 +12,26 @@
   through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
   a respawn after it is spawned the normal way.
 - Warm pool (`spares`, `--stdio-spares`): once a child of the command has answered, up to
-  `spares` children are kept started ahead, so a new 2025 session (or a session whose child died)
-  gets a running process at once. They are started in the background, at most `spare_starts` at
-  a time (a burst of sessions does not start a process per session at once on top of their own),
-  handed out oldest first, refilled as they are taken, and reaped when unused for
-  `spare_idle_s` (down to one, refilled again by demand). A spare is no session: it counts
-  against neither `max_children` nor the proxy's `--max-sessions`. A session that finds the pool
-  empty while spares are starting waits for one of them (one not already promised to another
-  session); with none starting it starts its own child.
+  `spares` children are kept started ahead, so a new 2025 session (or a session whose child died,
+  or the 2026 link whose shared child died) gets a running process at once. A spare has been asked
+  nothing, so its era is not fixed yet: the link that takes it fixes it with its first request.
+  They are started in the background, at most `spare_starts` at a time (a burst of sessions does
+  not start a process per session at once on top of their own), handed out oldest first, refilled
+  as they are taken, and reaped when unused for `spare_idle_s` (down to one, refilled again by
+  demand). A spare is no session: it counts against neither `max_children` nor the proxy's
+  `--max-sessions`. A session that finds the pool empty while spares are starting waits for one of
+  them (one not already promised to another session); with none starting it starts its own child.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one.
 - A child must answer the proxy's own first request (the probe's `server/discover`, a health
   check's `initialize`, the readiness check of a new 2026 child, a replayed handshake) within
-  `handshake_timeout_s` of its start (`--stdio-start-timeout-s`, default 10 s); one that does not
-  is stopped and the failure names the setting. (A 2025 client's own `initialize` is bounded by
-  the request timeout.)
+  `handshake_timeout_s` of its start (`--stdio-start-timeout-s`, default 10 s), stretched up to six
+  times that while the child is still busy starting (startwait.py: a slow start on a busy host is
+  not a broken server); one that does not is stopped and the failure says which it was, naming the
+  setting. (A 2025 client's own `initialize` is bounded by the request timeout.) The start-up
+  probe is two such starts at most (`discover`, then `initialize` on a fresh child for a server
+  silent to it): the service bounds it by their sum (`probe_bound_s`), and its failure names each
+  step.
 - Stopping: one child (a session's end) is stopped in the background, stdin closed, then SIGTERM
   to its group, then SIGKILL, 2 s apart. The proxy's shutdown (`aclose`) stops every child it
   started at once (`stop_children`): all stdins closed, one shared wait (`STOP_STDIN_S`), SIGTERM
@@ -90,6 +95,7 @@ from proxy.upstream.base import (
     discover_request,
     initialize_request,
 )
+from proxy.upstream.startwait import STRETCH, StartTimedOut, first_answer
 
 if TYPE_CHECKING:
     from proxy.upstream.stdio_shared import SessionLink, SharedSessions
@@ -109,6 +115,9 @@ STOP_TERM_S = 0.5
 STOP_KILL_S = 1.0
 STOP_REPORT_S = 0.5  # for the exits to be reported (`stop_children`)
 STOP_BOUND_S = STOP_STDIN_S + STOP_TERM_S + STOP_KILL_S + STOP_REPORT_S
+# Per step of the start-up probe, beyond the child's own start: spawning it, and stopping one that
+# stayed silent (`StdioUpstream.probe_bound_s`).
+_PROBE_STEP_MARGIN_S = 2 * _TERMINATE_GRACE_S + 1.0
 
 
 class _LineBudget:
@@ -400,7 +409,10 @@ class StdioLink(LinkBase):
         self.era = era
         self._upstream = upstream
         self._health = upstream.health
-        self._takes_spare = takes_spare and (era is Era.LEGACY or upstream.single_session)
+        # A warm spare has been asked nothing, so it can become any link's child: a 2025 session's,
+        # the 2026 link's (whose child's crash would otherwise cost every 2026 call a cold start),
+        # the one child behind --listen stdio. Not the throwaway child of a health check (`check`).
+        self._takes_spare = takes_spare
         self._pending = PendingTable()
         self._handshake = Handshake()
         self._child: _Child | None = None
@@ -532,12 +544,11 @@ class StdioLink(LinkBase):
             child.write(dumps(message) + b"\n")
             ex.written = True
             await child.drain()
-            return await asyncio.wait_for(ex.response, self._upstream.handshake_timeout_s)
-        except (TimeoutError, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
+            return await self._upstream.first_answer(child, ex.response)
+        except (StartTimedOut, UpstreamFailure, BrokenPipeError, ConnectionResetError) as exc:
             self._pending.discard(ex)
             await child.terminate()
-            why = self._upstream.no_answer_within() if isinstance(exc, TimeoutError) else exc
-            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"{what} failed: {why}") from None
+            raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"{what} failed: {exc}") from None
 
     async def _replay_handshake(self, child: _Child) -> None:
         assert self._handshake.initialize is not None
@@ -670,6 +681,7 @@ class StdioUpstream:
         self._start_slots: asyncio.Semaphore | None = None
         self.nice = nice  # `--stdio-nice`: applied once a child has started (`_started`)
         self.start_s: float | None = None  # how long the first child took from spawn to its first answer
+        self.probe_step: str | None = None  # the step of `probe` under way
         self.health = UpstreamHealth()
 
     async def probe(self) -> Capabilities:
@@ -682,13 +694,34 @@ class StdioUpstream:
 
         Per session, a child answered, so the command works: the warm pool starts filling now.
         Waiting for the first 2025 session's own child to answer (as before) made that session wait
-        for a whole cold start, 10 s on a loaded machine in the conformance suite's first scenario."""
-        capabilities = await self._probe()
-        if self.shared_sessions and capabilities.legacy and not self._closed:
-            await asyncio.shield(self._shared_sessions().start_all())
-        elif capabilities.legacy:
-            self._replenish()  # (no pool with shared sessions, nor behind --listen stdio)
+        for a whole cold start, 10 s on a loaded machine in the conformance suite's first scenario.
+
+        `probe_step` names the step under way, and stays set when the probe is cancelled (by the
+        service's own bound, `probe_bound_s`), for its error to say where it was."""
+        try:
+            capabilities = await self._probe()
+            if self.shared_sessions and capabilities.legacy and not self._closed:
+                self.probe_step = "starting the shared children (initialize)"
+                await asyncio.shield(self._shared_sessions().start_all())
+            elif capabilities.legacy:
+                self._replenish()  # (no pool with shared sessions, nor behind --listen stdio)
+        except Exception:
+            self.probe_step = None
+            raise
+        self.probe_step = None
         return capabilities
+
+    @property
+    def probe_bound_s(self) -> float:
+        """The longest `probe` can take, from its parts: a `server/discover` on a new process, then,
+        for one that stays silent to it, an `initialize` on another (each a start: the start
+        timeout, stretched while the child is busy starting), the probe's second `discover` on the
+        child that answered (one timeout), the shared children's start (one more start, all at
+        once), and a margin for stopping a silent child and spawning. The service bounds the probe
+        by this, so the bound never cuts a step short that would still have ended by its own."""
+        start_s = STRETCH * self.handshake_timeout_s
+        starts = 3 if self.shared_sessions else 2
+        return starts * (start_s + _PROBE_STEP_MARGIN_S) + self.handshake_timeout_s
 
     def _shared_sessions(self) -> SharedSessions:
         if self._shared is None:
@@ -700,7 +733,9 @@ class StdioUpstream:
     async def _probe(self) -> Capabilities:
         """Ask a child `server/discover`; a server that refuses it is legacy-only. One that does not
         answer it at all (exits, or stays silent) is legacy-only only if a fresh child answers a
-        2025 `initialize` (`check`): a command that crashes at once must not read as ready."""
+        2025 `initialize` (`check`): a command that crashes at once must not read as ready. A probe
+        that fails says what each step met."""
+        self.probe_step = "server/discover on a new process"
         link = await self.open(Era.MODERN)
         try:
             ex = await link.send_request(discover_request(link.new_id()))
@@ -708,14 +743,14 @@ class StdioUpstream:
             if failure.kind is not FailureKind.SPAWN_FAILED or "starting" not in failure.detail:
                 raise
             await self._drop_modern()  # no answer to discover at all: legacy-only, if anything answers
-            await self.check()
+            await self._fall_back(f"server/discover: {failure.detail}")
             return Capabilities(legacy=True, modern=False, detail="server/discover unanswered: legacy only")
         try:
             response = await asyncio.wait_for(ex.response, self.handshake_timeout_s)
         except TimeoutError:
             await link.cancel(ex)
             await self._drop_modern()
-            await self.check()
+            await self._fall_back(f"server/discover: no answer within {self.handshake_timeout_s:g} s")
             return Capabilities(legacy=True, modern=False, detail="server/discover timed out: legacy only")
         result = response.get("result")
         if isinstance(result, dict):
@@ -726,6 +761,20 @@ class StdioUpstream:
             return Capabilities(legacy=True, modern=modern, detail=f"supportedVersions={versions}")
         await self._drop_modern()
         return Capabilities(legacy=True, modern=False, detail="server/discover refused: legacy only")
+
+    async def _fall_back(self, discover: str) -> None:
+        """The probe's second step, `check`, after `discover` (what the first step met): a failure
+        says both."""
+        self.probe_step = "initialize on a new process, after server/discover went unanswered"
+        try:
+            await self.check()
+        except UpstreamFailure as failure:
+            raise UpstreamFailure(
+                failure.kind,
+                failure.dispatched,
+                f"{discover}; then {failure.detail}",
+                retry_after_s=failure.retry_after_s,
+            ) from None
 
     async def _drop_modern(self) -> None:
         link, self._modern = self._modern, None
@@ -756,13 +805,15 @@ class StdioUpstream:
         link = StdioLink(self, Era.LEGACY, takes_spare=False)
         try:
             ex = await link.send_request(initialize_request(link.new_id()))
+            child = link._child
             try:
-                await asyncio.wait_for(ex.response, self.handshake_timeout_s)
-            except TimeoutError:
+                if child is None:  # it exited already, and failed `ex` as it went
+                    await ex.response
+                else:
+                    await self.first_answer(child, ex.response)
+            except StartTimedOut as exc:
                 raise UpstreamFailure(
-                    FailureKind.TIMEOUT,
-                    Dispatch.NO,
-                    f"a fresh upstream process did not answer initialize: {self.no_answer_within()}",
+                    FailureKind.TIMEOUT, Dispatch.NO, f"a fresh upstream process did not answer initialize: {exc}"
                 ) from None
         except UpstreamFailure as failure:
             self._lost(None, failure.detail)  # (a child that exited was counted as it went)
@@ -770,10 +821,12 @@ class StdioUpstream:
         finally:
             await link.aclose()
 
-    def no_answer_within(self) -> str:
-        """Why a child's start failed when it did not answer in time (the setting named, so an
-        operator whose server starts slowly knows what to raise)."""
-        return f"no answer within {self.handshake_timeout_s:g} s of its start (--stdio-start-timeout-s)"
+    async def first_answer(self, child: _Child, answer: asyncio.Future[Message]) -> Message:
+        """The answer to the proxy's own first request to `child`, bounded by the start timeout
+        (stretched while the child is busy starting: proxy/upstream/startwait.py); `StartTimedOut`
+        says why not, naming the setting, so an operator whose server starts slowly knows what to
+        raise."""
+        return await first_answer(answer, pid=child.pid, timeout_s=self.handshake_timeout_s)
 
     def _lost(self, child: _Child | None, why: str, *, crashed: bool = False) -> None:
         """A child exited unasked (`crashed`), or none could be started: down unless another live
@@ -955,9 +1008,10 @@ class StdioUpstream:
         return len(self._pool)
 
     async def _child_for(self, link: StdioLink) -> _Child:
-        """A child for a new legacy session (or, `single_session`, for the one link of either era):
-        a warm one from the pool, else one being started for the pool and promised to no session
-        yet (it started earlier than a new one would), else a fresh one."""
+        """A child for a new legacy session, the 2026 link (its first, or one replacing a child that
+        died), or, `single_session`, the one link of either era: a warm one from the pool, else one
+        being started for the pool and promised to no session yet (it started earlier than a new
+        one would), else a fresh one. A spare taken from the pool starts the next one."""
         while self._pool:
             spare = self._pool.popleft()
             if spare.alive and not spare.protocol.overflow:

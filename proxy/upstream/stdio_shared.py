@@ -62,6 +62,7 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import INTERNAL_ERROR, LEGACY_VERSIONS, Message, RequestId, error, valid_id
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era, Exchange, OnMessage, initialize_request
+from proxy.upstream.startwait import StartTimedOut
 
 if TYPE_CHECKING:
     from proxy.upstream.stdio import StdioLink, StdioUpstream
@@ -137,15 +138,17 @@ class SharedChild:
     async def _initialize(self) -> None:
         link = self.link
         ex = await link.send_request(initialize_request(link.new_id()))
+        child = link._child
         try:
-            response = await asyncio.wait_for(ex.response, self.owner.upstream.handshake_timeout_s)
-        except TimeoutError:
+            if child is None:  # it exited already, and failed `ex` as it went
+                response = await ex.response
+            else:
+                response = await self.owner.upstream.first_answer(child, ex.response)
+        except StartTimedOut as exc:
             await link.cancel(ex)
             await self._stop_child()  # its late answer must not meet a second initialize
             raise UpstreamFailure(
-                FailureKind.TIMEOUT,
-                Dispatch.NO,
-                f"a shared upstream process did not answer initialize: {self.owner.upstream.no_answer_within()}",
+                FailureKind.TIMEOUT, Dispatch.NO, f"a shared upstream process did not answer initialize: {exc}"
             ) from None
         result = response.get("result")
         if not isinstance(result, dict):

@@ -1,5 +1,6 @@
 """A 2026 client's listing on the stdio child that serves every 2026 request, as that child is
-SIGKILLed, is answered by the replacement (issue 16).
+SIGKILLed, is answered by the replacement (issue 16); the replacement is the warm spare when one
+is ready, and the recovery rules hold for the calls the kill cut.
 
 In a repro of the load run, 2026 `tools/call`s came back to their callers as JSON-RPC -32603
 ("upstream unavailable: upstream process exited with code 137") while the child was being
@@ -79,4 +80,69 @@ async def test_a_listing_on_the_2026_child_as_it_is_killed_is_answered_by_its_re
         if pid and pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        proxy.stop()
+
+
+def others(journal: Journal, *known: int) -> list[int]:
+    """The server processes past their imports (a `boot` line each), in order, but `known`."""
+    return [e["pid"] for e in journal.events(event="boot") if e["pid"] not in known]
+
+
+def running_on(journal: Journal, pid: int) -> set[str]:
+    """The calls that started executing in process `pid`."""
+    return {e["call"] for e in journal.events(event="started") if e["pid"] == pid}
+
+
+async def test_a_killed_2026_child_is_replaced_by_the_warm_spare_and_the_recovery_rules_hold(tmp_path: Path) -> None:
+    """The 2026 link's child is SIGKILLed with a read-only call and a state-changing one in flight
+    on it. The link takes the warm spare that had booted before the kill (a 2026 call no longer
+    waits for a cold start), a new spare starts behind it, the read is retried there and answered,
+    the charge is reported unresolved and never executed again."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    release = tmp_path / "release"
+    proxy = ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
+        extra=["--stdio-spares", "1"],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+    killed = 0
+    try:
+        with anyio.fail_after(BOUND_S):
+            async with Client(proxy.url, mode="2026-07-28") as client:
+                await client.list_tools()
+                await client.call_tool("echo", {"text": "before", "call_id": "before"})
+                killed = modern_pid(journal)
+                # The spare: the one other process, booted (past its imports) before the kill.
+                spare = (await journal.await_for(lambda j: others(j, killed), 30, what="a spare"))[0]
+                results: dict[str, Any] = {}
+
+                async def run(name: str, tool: str, args: dict[str, Any]) -> None:
+                    results[name] = await client.call_tool(tool, args)
+
+                async with anyio.create_task_group() as tg:
+                    # the read runs until `release` exists: on the killed child, never
+                    tg.start_soon(run, "read", "hang", {"seconds": 60, "call_id": "read", "release": str(release)})
+                    charging = {"account": "a", "amount": 1, "then": "hang", "call_id": "charge"}
+                    tg.start_soon(run, "charge", "charge", charging)
+                    await journal.await_for(
+                        lambda j: running_on(j, killed) >= {"read", "charge"}, 30, what="both calls"
+                    )
+                    os.kill(killed, signal.SIGKILL)
+                    release.touch()
+                after = await client.call_tool("echo", {"text": "after", "call_id": "after"})
+        read_pids = [e["pid"] for e in journal.events(tool="hang", event="started", call="read")]
+        assert read_pids == [killed, spare], "the read was retried once, on the spare that was warm before the kill"
+        assert not results["read"].is_error, results["read"]
+        assert [e["pid"] for e in journal.events(tool="echo", event="started", call="after")] == [spare]
+        assert [c.text for c in after.content if isinstance(c, TextContent)] == ["after"]
+        charge = results["charge"]
+        assert charge.is_error and "io.mcp-recovery-proxy/unresolved" in (charge.meta or {}), charge
+        assert len(journal.effects("charge", "charge")) == 1, "a state-changing call is never repeated"
+        assert journal.executions("charge", "charge") == 1
+        # A new spare was started behind the one taken.
+        await journal.await_for(lambda j: others(j, killed, spare), 30, what="the next spare's boot")
+    finally:
+        if killed and pid_alive(killed):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(killed, signal.SIGKILL)
         proxy.stop()

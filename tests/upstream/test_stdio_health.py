@@ -209,13 +209,16 @@ async def test_a_legacy_server_that_exits_on_discover_is_still_legacy_only_and_r
 
 async def test_a_start_up_probe_that_times_out_says_so() -> None:
     """A probe the upstream never answers ended as `upstream probe failed: ` and nothing more (the
-    TimeoutError's text is empty): /readyz and the log now say how long it waited."""
+    TimeoutError's text is empty): /readyz and the log now say how long it waited, and in which
+    step of the probe."""
     silent = [sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"]
     upstream = StdioUpstream(silent, spares=0, handshake_timeout_s=60)  # the probe's own bound fires first
     service = Service(Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x"), upstream)
     service._probe_timeout_s = 0.5
     try:
         assert await service.ensure_probed(raise_on_failure=False) is None
-        assert service.probe_error == "upstream probe failed: no answer within 0.5 s"
+        assert service.probe_error == (
+            "upstream probe failed: no answer within 0.5 s (during server/discover on a new process)"
+        )
     finally:
         await service.aclose()

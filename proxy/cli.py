@@ -164,6 +164,15 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--admin-token-file", default=s, help="a bearer token required for /metrics and /policies")
     p.add_argument(
+        "--vouch-pings-burst",
+        type=int,
+        default=s,
+        help="passthrough: pings at once per session asking the upstream about a credential not yet accepted (5)",
+    )
+    p.add_argument(
+        "--vouch-pings-per-s", type=float, default=s, help="passthrough: such pings a second after the burst (1; 429)"
+    )
+    p.add_argument(
         "--state",
         default=s,
         help="memory (default) or a shared store: redis://, rediss://, valkey://, redis+cluster:// (docs/state.md)",

@@ -24,7 +24,8 @@ requests (over the shared modern link). It
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
 - `--auth passthrough` (`vouch`): lets a caller act on a legacy session in ways the upstream never
   sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
-  request) only with a credential the upstream accepts on that session.
+  request) only with a credential the upstream accepts on that session; the pings that ask it
+  are bounded per session (`vouch_gate`, proxy/auth/vouch.py).
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
 Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
@@ -57,8 +58,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any, Protocol
 
-from proxy.auth.base import Principal
+from proxy.auth.base import AuthRefused, Principal
 from proxy.auth.challenge import upstream_refusal
+from proxy.auth.vouch import VouchGate, VouchLimited, fresh
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -471,6 +473,9 @@ class Relay:
         self.pass_auth_refusals = False
         # The principal that opened this 2025 session (jwt, tokens): only it may use the session.
         self.owner: str | None = None
+        # --auth passthrough: what `vouch` may cost the upstream (proxy/auth/vouch.py); the service
+        # sets one per 2025 session.
+        self.vouch_gate: VouchGate | None = None
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -797,7 +802,7 @@ class Relay:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def vouch(self, headers: Mapping[str, str] | None) -> None:
+    async def vouch(self, headers: Mapping[str, str] | None, key: str | None = None) -> None:
         """--auth passthrough: whether the caller whose forwarded `headers` these are may act on
         this legacy session where the upstream cannot judge it (the frontend serves the session's
         listen stream, a resumed answer, its DELETE, a cancellation, an answer to the server's
@@ -808,10 +813,51 @@ class Relay:
         upstream in a `ping` on the session, which it answers as it would that caller's request:
         2xx, and the link holds that credential from now on; 404 (another principal's session),
         401 or 403 raise `AuthRefused` with that status, as a relayed request's refusal does.
-        Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked."""
+        Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked.
+
+        With `vouch_gate` (set under passthrough) and the caller's principal id as `key`, the
+        pings are bounded (proxy/auth/vouch.py): a remembered refusal is raised again without a
+        ping, a ping already in flight for the same principal is waited for, and beyond the
+        session's ping budget `VouchLimited` is raised."""
         credential = headers.get("authorization") if headers is not None else None
         if credential is not None and credential == getattr(self.link, "caller_authorization", None):
             return
+        gate = self.vouch_gate
+        if gate is None or key is None:
+            await self._vouch_ping(credential)
+            return
+        for _ in range(2):  # a ping in flight that ended without a verdict: ask once more
+            remembered = gate.refused(key)
+            if remembered is not None:
+                raise remembered
+            pending = gate.pending.get(key)
+            if pending is None:
+                break
+            verdict = await asyncio.shield(pending)
+            if verdict is True:
+                return
+            if isinstance(verdict, AuthRefused):
+                raise fresh(verdict)
+        wait_s = gate.take()
+        if wait_s > 0.0:
+            raise VouchLimited(wait_s)
+        mine: asyncio.Future[AuthRefused | bool] = self._loop().create_future()
+        gate.pending[key] = mine
+        outcome: AuthRefused | bool = False
+        try:
+            await self._vouch_ping(credential)
+            outcome = True
+            gate.forget(key)
+        except AuthRefused as refusal:
+            outcome = fresh(refusal)
+            gate.remember(key, refusal)
+            raise
+        finally:
+            if gate.pending.get(key) is mine:
+                del gate.pending[key]
+            mine.set_result(outcome)
+
+    async def _vouch_ping(self, credential: str | None) -> None:
         ping = {"jsonrpc": "2.0", "id": "vouch", "method": "ping"}
         timeout_s = self.request_timeout_s if self.request_timeout_s is not None else VOUCH_TIMEOUT_S
         try:

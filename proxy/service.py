@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from proxy.auth.vouch import VouchGate
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.lifecycle import InFlight
 from proxy.relay import Relay, ToolCallHandler, ToolCatalog
@@ -530,7 +531,9 @@ class Service:
             client=client,
             **self._relay_limits(),
         )
-        relay.pass_auth_refusals = settings.auth == "passthrough"
+        if settings.auth == "passthrough":
+            relay.pass_auth_refusals = True
+            relay.vouch_gate = VouchGate(settings.vouch_pings_burst, settings.vouch_pings_per_s)
         self.sessions[session_id] = relay
         if client is not None:
             self._session_clients[session_id] = client

@@ -178,6 +178,16 @@ class Settings(BaseSettings):
         None,
         description="passthrough: the key of the credential hash (principal ids); replicas that share state share it",
     )
+    vouch_pings_burst: int = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="passthrough: pings at once that may ask the upstream about a credential it has not accepted"
+        " on a session",
+    )
+    vouch_pings_per_s: float = Field(
+        1.0, gt=0, le=1000, description="passthrough: such pings a second per session after the burst (then 429)"
+    )
     admin_token_file: Path | None = Field(
         None, description="a bearer token for /metrics and /policies on the admin port"
     )

@@ -120,6 +120,8 @@ BOUND_SETTINGS = {
     "stderr_burst_lines": ("5", 100),
     "stderr_lines_per_s": ("0.5", 20.0),
     "stdio_start_timeout_s": ("45", 10.0),  # issue 16: what broke first at a load of ~20
+    "vouch_pings_burst": ("2", 5),  # passthrough: proxy/auth/vouch.py
+    "vouch_pings_per_s": ("0.5", 1.0),
 }
 
 
@@ -147,6 +149,8 @@ def test_the_stream_replay_and_stderr_bounds_are_settings_with_their_defaults(
         ({"stderr_burst_lines": -1}, "stderr_burst_lines"),
         ({"stderr_lines_per_s": -1}, "stderr_lines_per_s"),
         ({"stdio_start_timeout_s": 0}, "stdio_start_timeout_s"),
+        ({"vouch_pings_burst": 0}, "vouch_pings_burst"),
+        ({"vouch_pings_per_s": 0}, "vouch_pings_per_s"),
     ],
 )
 def test_the_bounds_are_validated(values: dict[str, int], wrong: str) -> None:

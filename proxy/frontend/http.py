@@ -27,6 +27,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -56,6 +57,7 @@ from proxy.auth.challenge import (
     rewrite_challenge,
     rewrite_metadata,
 )
+from proxy.auth.vouch import VouchLimited
 from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.hostcheck import (
@@ -315,6 +317,13 @@ class _Replay:
 # `--replay-stream-bytes` and `--replay-total-bytes`.
 REPLAY_STREAM_BYTES: int = Settings.model_fields["replay_stream_bytes"].default
 REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
+
+
+def _replay_key(n: int) -> str:
+    """The key of a resumable stream's event ids (`<key>:<seq>`): 128 random bits, so nobody
+    derives another stream's ids from their own (they were `r1`, `r2`, ...), and the counter in
+    hex after them, so two keys never collide. At most 22 + 16 characters, never a `:`."""
+    return f"{secrets.token_urlsafe(16)}{n:x}"
 
 
 class _Replays:
@@ -587,19 +596,39 @@ class McpHttpApp:
         return relay
 
     async def _vouched(
-        self, send: Send, relay: Relay, headers: dict[str, str], method: str, request_id: Any = None
+        self,
+        send: Send,
+        relay: Relay,
+        headers: dict[str, str],
+        method: str,
+        principal: Principal | None,
+        request_id: Any = None,
     ) -> bool:
         """passthrough: the caller may act on the session without a request the upstream judges
         (`Relay.vouch`: the listen stream, a resumed answer, DELETE, a cancellation, an answer to
         the server's request). False once the refusal was answered: the upstream's 404 (another
-        principal's session), 401 or 403, or 502 when the upstream could not be asked. Without
-        passthrough, the session lookup (`_session`) already decided."""
+        principal's session), 401 or 403 (remembered a while per principal: a repeat is answered
+        the same without asking again), 429 with `Retry-After` when the session's budget of such
+        questions is spent (proxy/auth/vouch.py), or 502 when the upstream could not be asked.
+        Without passthrough, the session lookup (`_session`) already decided."""
         if not self._forward_credentials:
             return True
         try:
-            await relay.vouch(_forwarded(headers, True))
+            await relay.vouch(_forwarded(headers, True), principal.id if principal is not None else None)
         except AuthRefused as refused:
             await self._refuse(send, refused, method, request_id)
+            return False
+        except VouchLimited as limited:
+            # 429, not 503: the caller's credential is what is unverified, not the proxy that is
+            # unwell; the owner's accepted credential never gets here.
+            SHED.count("http_refused", "vouch_rate")
+            log.info("%s refused: too many credentials the upstream has not accepted on the session", method)
+            body = jsonrpc.error(
+                request_id,
+                jsonrpc.INTERNAL_ERROR,
+                "too many credentials the upstream has not accepted were put to it on this session; retry later",
+            )
+            await _respond_json(send, 429, body, [(b"retry-after", limited.retry_after_header.encode())])
             return False
         except (UpstreamFailure, TimeoutError):
             log.info("%s refused: the upstream could not be asked whether the credential holds the session", method)
@@ -1020,7 +1049,7 @@ class McpHttpApp:
             # A cancellation is acted on here (the request's task is cancelled), not judged by the
             # upstream; any other notification goes upstream with the caller's own credential.
             if message.get("method") == "notifications/cancelled" and not await self._vouched(
-                send, relay, headers, "POST"
+                send, relay, headers, "POST", principal
             ):
                 return
             credentials = _forwarded(headers, True) if self._forward_credentials else None
@@ -1032,7 +1061,7 @@ class McpHttpApp:
             await _respond(send, 202)
         else:
             # An answer to the server's request goes upstream as the session's own message.
-            if not await self._vouched(send, relay, headers, "POST"):
+            if not await self._vouched(send, relay, headers, "POST", principal):
                 return
             await relay.handle_response(message)
             await _respond(send, 202)
@@ -1175,7 +1204,7 @@ class McpHttpApp:
         """A 2025 SSE response whose events carry ids, so a client that lost it can resume it
         (resumability and event ids are in every 2025 revision); `prime`: it opens with the
         2025-11-25 priming event."""
-        replay = self._replays.new(f"r{next(self._replay_ids)}", session_id, down_id)
+        replay = self._replays.new(_replay_key(next(self._replay_ids)), session_id, down_id)
         replay.target = send
         ok = False
         try:
@@ -1280,12 +1309,23 @@ class McpHttpApp:
         if relay is None:
             await _respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
             return
-        if not await self._vouched(send, relay, headers, "GET"):
+        if not await self._vouched(send, relay, headers, "GET", principal):
             return
         last_event = headers.get("last-event-id", "")
         key, _, seq = last_event.partition(":")
         replay = self._replays.get(key)
-        if replay is not None and replay.session_id == session_id and seq.isdigit():
+        # Only this session's own stream resumes. Another session's key, a forged, malformed or
+        # forgotten one are all alike: the GET opens the listen stream (or gets its 409), so the
+        # answer never tells whether a key exists elsewhere. `seq` in ASCII digits and bounded:
+        # `isdigit` alone takes `²` (a latin-1 header byte) and thousands of digits, on which
+        # `int` raises (a 500 and a traceback per request).
+        if (
+            replay is not None
+            and replay.session_id == session_id
+            and seq.isascii()
+            and seq.isdigit()
+            and len(seq) <= 18
+        ):
             await self._resume(send, receive, replay, int(seq))
             return
         if self._shutting_down:
@@ -1331,7 +1371,7 @@ class McpHttpApp:
             await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
             return
         relay = self._session(session_id, principal)
-        if relay is not None and not await self._vouched(send, relay, headers, "DELETE"):
+        if relay is not None and not await self._vouched(send, relay, headers, "DELETE", principal):
             return
         if relay is not None and await self.service.close_session(session_id):
             await _respond(send, 200)

@@ -24,7 +24,8 @@ Contract:
     `sessions_per_client` (429: the client holds its share of sessions), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
     many requests waiting), `shutdown` (503: a new session, request or listen stream while the
-    proxy shuts down).
+    proxy shuts down), `vouch_rate` (429: passthrough, a session's budget of pings asking the
+    upstream about credentials it has not accepted is spent; proxy/auth/vouch.py).
   - `mcp_recovery_relayed_timeouts_total`: relayed requests (not `tools/call`, which its policy
     bounds) the upstream did not answer within the request timeout, answered -32001. No method
     label: a method name is the caller's text, not a closed set.
@@ -71,6 +72,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "sessions_per_client",
             "upstream_share",
             "shutdown",
+            "vouch_rate",
         ),
     ),
     "relayed_timeouts": ("Relayed requests the upstream did not answer within the request timeout.", None, ()),

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
@@ -62,9 +63,13 @@ def modern_call(name: str, arguments: dict[str, Any], token: str | None = None) 
     return headers, json.dumps(body).encode()
 
 
-async def open_session(http: httpx.AsyncClient, url: str, token: str) -> dict[str, str]:
-    """A raw 2025 session opened with `token` (initialize, then initialized); its headers."""
-    opened = await http.post(url, json=INIT, headers={**ACCEPT, **bearer(token)})
+async def open_session(
+    http: httpx.AsyncClient, url: str, token: str, capabilities: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """A raw 2025 session opened with `token` (initialize, then initialized); its headers.
+    `capabilities`: the client's (none by default)."""
+    init = INIT if capabilities is None else {**INIT, "params": {**INIT["params"], "capabilities": capabilities}}
+    opened = await http.post(url, json=init, headers={**ACCEPT, **bearer(token)})
     assert opened.status_code == 200, opened.text
     session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
     note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
@@ -79,6 +84,50 @@ def answer_of(response: httpx.Response) -> dict[str, Any]:
         data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
         return json.loads(data[-1])
     return response.json()
+
+
+async def sse_messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an event stream as they arrive (events without data skipped)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data:") and line[5:].strip():
+            yield json.loads(line[5:])
+
+
+async def answer_the_servers_request(
+    http: httpx.AsyncClient, url: str, owner: str, intruders: list[tuple[str | None, int]], bound_s: float
+) -> tuple[list[httpx.Response], str]:
+    """`owner` opens a session (with elicitation) and calls the fixture's `ask` tool, whose server
+    asks it a question (`elicitation/create`) mid-call. While the call waits for the answer, each
+    intruder (a token, or None for no credential) posts an answer to that request on the owner's
+    session, then the owner answers. Returns the intruders' responses (their `expect`ed status is
+    checked here, with the body of each) and the call's result text: whose answer reached the
+    server. The session is deleted by its owner at the end."""
+    session = await open_session(http, url, owner, {"elicitation": {}})
+    mine = {**ACCEPT, **session, **bearer(owner)}
+    refused: list[httpx.Response] = []
+    with anyio.fail_after(bound_s):
+        async with http.stream("POST", url, json=tool_call("ask", {"question": "who?"}, 7), headers=mine) as call:
+            assert call.headers["content-type"].startswith("text/event-stream"), call.headers
+            messages = sse_messages(call)
+            asked = await anext(messages)
+            assert asked.get("method") == "elicitation/create", asked
+            for token, expect in intruders:
+                credential = bearer(token) if token is not None else {}
+                forged = {"jsonrpc": "2.0", "id": asked["id"], "result": answer_by(f"from {token}")}
+                answer = await http.post(url, json=forged, headers={**ACCEPT, **session, **credential})
+                assert answer.status_code == expect, (token, answer.status_code, answer.text)
+                refused.append(answer)
+            own = {"jsonrpc": "2.0", "id": asked["id"], "result": answer_by("from the owner")}
+            accepted = await http.post(url, json=own, headers=mine)
+            assert accepted.status_code == 202, accepted.text
+            result = [m async for m in messages if m.get("id") == 7]
+    await http.delete(url, headers={**session, **bearer(owner)})
+    assert len(result) == 1 and "result" in result[0], result
+    return refused, str(result[0]["result"]["content"][0]["text"])
+
+
+def answer_by(text: str) -> dict[str, Any]:
+    return {"action": "accept", "content": {"answer": text}}
 
 
 @contextlib.contextmanager

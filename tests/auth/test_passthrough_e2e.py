@@ -31,7 +31,16 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.auth.rig import ACCEPT, INIT, answer_of, bearer, open_session, protected_server, tool_call
+from tests.auth.rig import (
+    ACCEPT,
+    INIT,
+    answer_of,
+    answer_the_servers_request,
+    bearer,
+    open_session,
+    protected_server,
+    tool_call,
+)
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port
 from tests.proxy_process import ProxyProcess
 
@@ -46,7 +55,7 @@ WEAK = "weak-token-2c7e9f4b81"
 REVOKED = "revoked-token-6a0d3f8c27"
 POLICIES = {
     "defaults.yaml": "attempts: 3\ndeadline: 5s\nattempt_timeout: 2s\nbackoff: {initial: 10ms, max: 20ms}\n",
-    "hold.yaml": "tools: [hold]\nattempts: 1\ndeadline: 40s\nattempt_timeout: 35s\nidle_timeout: 35s\n",
+    "hold.yaml": "tools: [hold, ask]\nattempts: 1\ndeadline: 40s\nattempt_timeout: 35s\nidle_timeout: 35s\n",
 }
 
 
@@ -377,3 +386,24 @@ async def test_another_credential_cannot_listen_on_answer_for_cancel_on_or_delet
     seen = rig.requests()[before:]
     assert {r["rpc"] for r in seen if r["client"] in (BOB[:8], None)} == {"ping"}, seen  # asked, refused
     assert rig.clients(f"{tag}-h") == [ALICE[:8]]
+
+
+async def test_an_answer_to_the_servers_request_from_another_credential_is_refused_and_the_owners_counts(
+    rig: Rig,
+) -> None:
+    """The server asks alice a question mid-call (`elicitation/create`, on her call's stream);
+    bob, then a caller without a credential, answer it on her session first. Each gets the
+    upstream's refusal (404, 401), and the proxy keeps its record of the request, so alice's own
+    answer is the one the server gets."""
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        before = len(rig.requests())
+        refused, result = await answer_the_servers_request(
+            http, rig.proxy.url, ALICE, [(BOB, 404), (None, 401)], BOUND_S
+        )
+    assert result == "from the owner"
+    assert refused[0].json()["error"]["message"] == "Session not found"
+    assert f'resource_metadata="{rig.metadata_url}"' in refused[1].headers["www-authenticate"]
+    seen = await rig.requests_through_delete(before)
+    assert [(r["client"], r["rpc"]) for r in seen if r["client"] != ALICE[:8]] == [(BOB[:8], "ping"), (None, "ping")]
+    answers = [r["client"] for r in seen if r["method"] == "POST" and r["rpc"] is None]
+    assert answers == [ALICE[:8]], seen  # one answer upstream: alice's

@@ -27,7 +27,16 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.auth.rig import ACCEPT, INIT, answer_of, bearer, open_session, protected_server, tool_call
+from tests.auth.rig import (
+    ACCEPT,
+    INIT,
+    answer_of,
+    answer_the_servers_request,
+    bearer,
+    open_session,
+    protected_server,
+    tool_call,
+)
 from tests.fixtures.helpers import free_port
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
@@ -252,3 +261,26 @@ async def test_a_credential_refused_on_the_session_is_not_what_its_own_messages_
             tg.cancel_scope.cancel()  # alice's POST of the call: ended by the proxy, or cut here
         assert [r["client"] for r in sent] == ["alice"], sent
         await http.delete(rig.proxy.url, headers={**session, **bearer(ALICE)})
+
+
+async def test_an_answer_to_the_servers_request_from_another_credential_is_refused_and_the_owners_counts(
+    rig: Rig,
+) -> None:
+    """The server asks alice a question mid-call (`elicitation/create`); bob, then a caller
+    without a credential, post an answer to it on her session. Each gets the upstream's refusal
+    (404, 401) and their answer goes no further: the proxy's record of the request stays, so
+    alice's own answer, posted after theirs, is the one the server gets (the last session's
+    note feared a 202 that used the record up, over this transport)."""
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        before = len(rig.requests())
+        refused, result = await answer_the_servers_request(
+            http, rig.proxy.url, ALICE, [(BOB, 404), (None, 401)], BOUND_S
+        )
+    assert result == "from the owner"
+    assert refused[0].json()["error"]["message"] == "Session not found"
+    assert f'resource_metadata="{rig.metadata_url}"' in refused[1].headers["www-authenticate"]
+    seen = rig.requests()[before:]
+    # bob and the anonymous caller reached the upstream only as the pings that asked about them
+    assert [(r["client"], r.get("rpc")) for r in seen if r["client"] != "alice"] == [("bob", "ping"), (None, "ping")]
+    answers = [r["client"] for r in seen if r["method"] == "POST" and r.get("rpc") is None]
+    assert answers == ["alice"], seen  # one answer upstream: alice's

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +129,80 @@ async def test_a_client_of_an_earlier_revision_gets_no_priming_event(proxy: Prox
     assert not any("retry" in e for e in streamed)
     assert all("id" in e for e in streamed), "resumable: every event has an id"
     assert any(json.loads(e["data"]).get("id") == 2 for e in streamed)
+
+
+async def open_2025(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    r = await http.post(url, json=init, headers=HEADERS)
+    session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post(url, json=note, headers={**HEADERS, **session})).status_code == 202
+    return session
+
+
+async def streamed_call(http: httpx.AsyncClient, url: str, session: dict[str, str], id_: int) -> list[dict[str, Any]]:
+    """A call whose answer streams (progress first); its events, read to the end."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": id_,
+        "method": "tools/call",
+        "params": {"name": "slow_progress", "arguments": {"steps": 2, "delay_s": 0.01}, "_meta": {"progressToken": 1}},
+    }
+    lines: list[str] = []
+    async with http.stream("POST", url, json=call, headers={**HEADERS, **session}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            lines.append(line)
+    return events([*lines, ""])
+
+
+async def test_event_ids_are_unguessable_and_another_sessions_or_a_forged_one_resumes_nothing(
+    proxy: ProxyProcess,
+) -> None:
+    """Event ids were `r1:0`, `r2:0`, ...: whoever saw one of theirs could name everyone's. Now
+    each stream's key holds 128 random bits. A GET naming another session's real event id, a
+    forged one, or its own key with a malformed sequence (`²`, thousands of digits: `int` raised
+    on both, a 500) is answered as an unknown id: here, with the session's listen stream already
+    open, the same 409 and body for all, so the answer says nothing of what exists elsewhere."""
+    async with httpx.AsyncClient(timeout=20) as http:
+        mine, theirs = await open_2025(http, proxy.url), await open_2025(http, proxy.url)
+        my_events = await streamed_call(http, proxy.url, mine, 2)
+        their_events = await streamed_call(http, proxy.url, theirs, 3)
+        my_key, their_key = (e[0]["id"].partition(":")[0] for e in (my_events, their_events))
+        for key in (my_key, their_key):
+            assert re.fullmatch(r"[A-Za-z0-9_-]{22}[0-9a-f]+", key), key
+        assert my_key[:22] != their_key[:22]
+        assert {e["id"].partition(":")[0] for e in my_events if "id" in e} == {my_key}
+
+        # the owner resumes its own stream from its first event: the rest, answer included
+        resumed: list[str] = []
+        get = {**HEADERS, **mine, "last-event-id": f"{my_key}:0"}
+        async with http.stream("GET", proxy.url, headers=get) as again:
+            assert again.status_code == 200
+            async for line in again.aiter_lines():
+                resumed.append(line)
+        replayed = [json.loads(e["data"]) for e in events([*resumed, ""]) if e.get("data")]
+        assert any(m.get("id") == 2 and "result" in m for m in replayed), replayed
+
+        listen = {**HEADERS, **mine}
+        async with http.stream("GET", proxy.url, headers=listen) as held:
+            assert held.status_code == 200  # the session's listen stream, held open meanwhile
+            answers = []
+            for last in (
+                f"{their_key}:0",  # another session's real id
+                f"{their_key}:1",
+                f"{secrets.token_urlsafe(16)}1:0",  # forged
+                "r1:0",  # the old scheme
+                f"{my_key}:\u00b2",  # its own key, a digit `int` does not read (one latin-1 byte)
+                f"{my_key}:{'9' * 5000}",  # its own key, more digits than `int` reads
+            ):
+                named = {**listen, "last-event-id": last.encode("latin-1")}
+                answer = await http.get(proxy.url, headers=named)
+                answers.append((answer.status_code, answer.content))
+        assert answers == [answers[0]] * len(answers), answers
+        assert answers[0][0] == 409

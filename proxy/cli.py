@@ -54,6 +54,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--body-timeout-s", type=float, default=s, help="a request body may stall at most (30; 408)")
     p.add_argument("--max-connections", type=int, default=s, help="open HTTP connections per port (1024; 503)")
     p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=s,
+        help="open HTTP connections per port from one client address (a quarter of --max-connections; 503)",
+    )
+    p.add_argument(
         "--request-timeout-s", type=float, default=s, help="relayed requests other than tools/call (60; then an error)"
     )
     p.add_argument(

@@ -40,7 +40,9 @@ log = logging.getLogger("proxy.clients")
 
 
 @functools.lru_cache(maxsize=4096)
-def _address_key(host: str) -> str:
+def address_key(host: str) -> str:
+    """The key of a client address (see the module contract); also what the HTTP servers count
+    connections per client by (proxy/frontend/uvicorn_h1.py)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -75,4 +77,4 @@ class ClientIdentity:
                 "for the per-client limits"
             )
         client = scope.get("client")
-        return _address_key(str(client[0])) if client else None
+        return address_key(str(client[0])) if client else None

@@ -3,6 +3,12 @@
 Every line, whichever logger wrote it (ours, uvicorn's, a library's) and including tracebacks
 and `extra` fields, passes one formatter that removes the proxy's own credentials by exact match
 (proxy/secret_values.py) from the finished line: the one place that sees all log text.
+
+The same formatter keeps a message to one bounded line: its control characters (line breaks
+included) are written as escapes and it is cut at `MAX_MESSAGE_CHARS`, whatever a peer put in
+the text a log call quotes (a method or tool name, an upstream's error). A caller's method name
+holding a line break and a forged log line used to be written as two lines, the forged one
+looking like the proxy's own. A traceback (the record's exception) keeps its lines.
 """
 
 from __future__ import annotations
@@ -34,14 +40,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+MAX_MESSAGE_CHARS = 16 * 1024
+# Every C0 control character but the tab, and DEL, as an escape (`str.translate`: C speed).
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F) if i != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+
+
+def one_line(text: str) -> str:
+    """`text` as one bounded line: control characters escaped, cut at `MAX_MESSAGE_CHARS`."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = SECRETS.head(text, MAX_MESSAGE_CHARS - 1) + "…"  # never a secret's prefix at the cut
+    return text.translate(_ESCAPES)
+
+
 class SecretScrubbingFormatter(logging.Formatter):
-    """Formats with `inner`, then removes the registered secret values from the whole line."""
+    """Formats with `inner` a record whose message is `one_line`, then removes the registered
+    secret values from the whole line."""
 
     def __init__(self, inner: logging.Formatter) -> None:
         super().__init__()
         self.inner = inner
 
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        safe = one_line(message)
+        if safe != message:
+            record = logging.makeLogRecord({**record.__dict__, "msg": safe, "args": None})
         return SECRETS.scrub(self.inner.format(record))
 
 

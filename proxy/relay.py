@@ -926,7 +926,7 @@ class Relay:
                 # passthrough: the upstream did not accept it from this caller, which must hear so
                 # (an HTTP error status instead of 202, the spec's answer to a refused notification)
                 raise upstream_refusal(failure) from None
-            log.info("could not relay %s upstream: %s", message.get("method"), failure)
+            log.info("could not relay %s upstream: %s", bounded(str(message.get("method")), 80), failure)
 
     async def handle_response(self, message: Message) -> None:
         """The client's answer to a server-to-client request."""

@@ -73,6 +73,8 @@ def http_limits(settings: Settings) -> HttpLimits:
         head_timeout_s=settings.head_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_connections=settings.max_connections,
+        max_connections_per_client=settings.max_connections_per_client,
+        trusted_peers=tuple(settings.forwarded_allow_ips),
     )
 
 

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     head_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive within this; else 408")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body may stall this long; else 408")
     max_connections: int = Field(1024, ge=1, description="open HTTP connections per port; beyond it: 503")
+    max_connections_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="open HTTP connections per port from one client address, proxies of --forwarded-allow-ips "
+        "excepted (default: a quarter of --max-connections, at least 4); beyond it: 503",
+    )
     request_timeout_s: float = Field(
         60.0, gt=0, description="every relayed request other than tools/call; then an error, cancelled upstream"
     )
@@ -252,6 +258,9 @@ class Settings(BaseSettings):
             # all of a smaller --max-sessions), so a small proxy still serves one client's
             # several sessions (docs/security.md).
             self.max_sessions_per_client = max(min(4, self.max_sessions), self.max_sessions // 4)
+        if self.max_connections_per_client is None:
+            # The same reasoning for connections: one address cannot hold every one of them.
+            self.max_connections_per_client = max(min(4, self.max_connections), self.max_connections // 4)
         if self.upstream and self.max_upstream_per_client <= self.max_sessions_per_client:
             raise ValueError(
                 f"max_upstream_per_client ({self.max_upstream_per_client}) must exceed max_sessions_per_client "

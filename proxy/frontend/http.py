@@ -90,6 +90,8 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
+# Headers a request may carry once only: a second one is answered 400 (`McpHttpApp._http`).
+_SINGLE_HEADERS = (b"host", b"origin", b"mcp-session-id", b"authorization", b"last-event-id", b"content-type")
 RETRY_MS = 1000
 # What one response or listen stream may hold for a client that does not read (its writer waits
 # on the socket meanwhile). A single message is always taken when nothing is queued, so any
@@ -772,11 +774,16 @@ class McpHttpApp:
         # ASGI servers give header names in lower case already.
         raw = scope["headers"]
         headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in raw}
-        if len(headers) < len(raw) and (duplicated(raw, b"host") or duplicated(raw, b"origin")):
-            # Two Hosts or Origins: which one a check read and which one a later hop reads may
-            # differ (RFC 9112 asks for 400 on a second Host).
-            await _respond(send, 400, b"Duplicate Host or Origin header", [(b"content-type", b"text/plain")])
-            return
+        if len(headers) < len(raw):
+            twice = next((name for name in _SINGLE_HEADERS if duplicated(raw, name)), None)
+            if twice is not None:
+                # A header that names one thing, given twice: which one a check read and which one
+                # a later hop (an ingress, a gateway, the upstream) reads may differ, so the request
+                # is refused rather than judged on either (RFC 9112 asks for 400 on a second Host).
+                # The 2026 routing headers are the SDK ladder's (-32020, `_check_modern_headers`).
+                text = b"Duplicate " + twice + b" header"
+                await _respond(send, 400, text, [(b"content-type", b"text/plain")])
+                return
         host = headers.get("host", "")
         if self.allowed_hosts is not None and not self.allowed_hosts(host):
             await _respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])

@@ -4,9 +4,12 @@ One client on stdin/stdout, newline-delimited JSON-RPC. `initialize` opens a leg
 its own upstream link; requests carrying the 2026-07-28 envelope go to the shared modern relay
 (a dual-era client probes with `server/discover` first, and falls back to `initialize` when the
 upstream does not speak 2026). Malformed lines get a JSON-RPC error; nothing a client writes
-stops the proxy. stdout carries only MCP messages; logs go to stderr. A client that does not read
-its stdout gets no more notifications once `STDOUT_BUFFER_BYTES` wait in the pipe (counted);
-answers are always written.
+stops the proxy: a line longer than the message limit (16 MiB) gets one JSON-RPC error and is
+skipped up to its end, and the lines after it are served. stdout carries only MCP messages; logs
+go to stderr. A client that does not read its stdout gets no more notifications once
+`STDOUT_BUFFER_BYTES` wait in the pipe (counted); answers are always written, and while that much
+waits no further line is read from stdin (backpressure: a client that keeps writing requests and
+never reads cannot grow the proxy's buffer without bound).
 
 Shutdown: stdin closing is the client's way to stop a stdio server, so it is a graceful shutdown,
 like SIGTERM (proxy/server.py): requests in flight may finish within `--shutdown-grace-s`, the
@@ -76,15 +79,35 @@ class StdioFrontend:
 
     async def run(self, reader: asyncio.StreamReader, writer: Any) -> None:
         out = _StdoutOutbox(writer)
+        skipping = False  # the rest of a line past the size limit is still to come
         try:
             while True:
+                await self._await_reader(writer)
                 try:
-                    line = await reader.readline()
-                except ValueError:
-                    out.send(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, "message exceeds the size limit"))
-                    break
-                if not line:
-                    break
+                    line = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as end:
+                    line = end.partial  # stdin ended: its last line had no newline (or nothing came)
+                    if not line:
+                        break
+                except asyncio.LimitOverrunError as over:
+                    # Drop what was read of the line and go on to its end; one error per line. (A
+                    # readline() here discards the buffer and raises ValueError, after which the
+                    # line's tail is read as a line of its own; the frontend used to stop there,
+                    # ending the session over one bad line.)
+                    await reader.readexactly(over.consumed)
+                    if not skipping:
+                        skipping = True
+                        out.send(
+                            jsonrpc.error(
+                                None,
+                                jsonrpc.INVALID_REQUEST,
+                                f"message exceeds the size limit of {self.max_message_bytes} bytes",
+                            )
+                        )
+                    continue
+                if skipping:
+                    skipping = False  # the end of the oversized line
+                    continue
                 if line.strip():
                     await self._handle_line(line, out)
             # stdin closed: the client is done; what it asked for may still finish
@@ -97,6 +120,23 @@ class StdioFrontend:
             out.close()
             if self._session_id is not None:
                 await self.service.close_session(self._session_id)
+
+    async def _await_reader(self, writer: Any) -> None:
+        """Backpressure: while more than `STDOUT_BUFFER_BYTES` wait in the stdout pipe for a client
+        that does not read, read no further request (each would add an answer that is always
+        written). Waits for the pipe to drain, or for shutdown to start (SIGTERM: the lines still
+        to come are then read, and refused, as the module docstring says); the check is once a
+        second meanwhile."""
+        transport = getattr(writer, "transport", None)
+        if transport is None:
+            return
+        while transport.get_write_buffer_size() > STDOUT_BUFFER_BYTES and not self.service.draining:
+            try:
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except TimeoutError:
+                continue
+            except Exception:  # stdout is gone: nothing waits in it any more
+                return
 
     async def _handle_line(self, line: bytes, out: _StdoutOutbox) -> None:
         try:
@@ -160,7 +200,8 @@ async def serve_stdio(service: Service, stop: asyncio.Event | None = None) -> No
     """Serve the client on stdin/stdout until stdin closes or `stop` is set (SIGTERM): either way
     a graceful shutdown (module docstring)."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=16 * 1024 * 1024)
+    frontend = StdioFrontend(service)
+    reader = asyncio.StreamReader(limit=frontend.max_message_bytes)
     read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout.buffer)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
@@ -180,7 +221,7 @@ async def serve_stdio(service: Service, stop: asyncio.Event | None = None) -> No
 
     stopper = asyncio.create_task(stop_reading()) if stop is not None else None
     try:
-        await StdioFrontend(service).run(reader, writer)
+        await frontend.run(reader, writer)
     finally:
         if stopper is not None:
             stopper.cancel()

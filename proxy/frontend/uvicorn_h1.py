@@ -12,7 +12,7 @@ everything else passes straight through.
 
 `LimitedHttpToolsProtocol` (what both of the proxy's ports run) adds the bounds on what a peer
 can hold before its request runs: head size (431), head and body read time (408), connections
-(503); see there.
+in all and per client address (503); see there.
 
 Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
 (true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
@@ -22,11 +22,13 @@ proxy with it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.clients import address_key
 from proxy.telemetry.shed import SHED
 
 
@@ -113,6 +115,10 @@ class HttpLimits:
     head_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 1024
+    # None: no cap per client address. `trusted_peers` (`--forwarded-allow-ips`: proxies that
+    # carry many clients' connections) are not capped per address.
+    max_connections_per_client: int | None = None
+    trusted_peers: tuple[str, ...] = ()
 
 
 def _refusal(status: int, reason: bytes, text: bytes) -> bytes:
@@ -129,6 +135,10 @@ def _refusal(status: int, reason: bytes, text: bytes) -> bytes:
 
 # Each refusal with the `mcp_recovery_http_refused_total` reason it is counted under.
 _TOO_MANY = (_refusal(503, b"Service Unavailable", b"too many connections"), "connections")
+_TOO_MANY_FROM_CLIENT = (
+    _refusal(503, b"Service Unavailable", b"too many connections from this client"),
+    "connections_per_client",
+)
 _HEAD_TOO_LARGE = (_refusal(431, b"Request Header Fields Too Large", b"request head too large"), "head_too_large")
 _HEAD_TIMEOUT = (_refusal(408, b"Request Timeout", b"request head not received in time"), "head_timeout")
 _BODY_TIMEOUT = (_refusal(408, b"Request Timeout", b"request body stalled"), "body_timeout")
@@ -148,7 +158,12 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       because the app has not read what it has) answers 408 and closes; the app sees a disconnect.
     - **Connections**: past `max_connections` open connections on this server, a new one is
       answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
-      event streams included, and keeps the refused connection open).
+      event streams included, and keeps the refused connection open). Past
+      `max_connections_per_client` from one client address (`proxy.clients.address_key`: an
+      IPv6 client by its /64), likewise: without it, one address holding every connection
+      (idle ones, half-sent heads, each renewed before its timeout) had the port answer 503 to
+      everyone else. Peers in `trusted_peers` (the ingresses `--forwarded-allow-ips` names) carry
+      many clients' connections and are not capped per address.
 
     Each refusal is counted in `mcp_recovery_http_refused_total{reason}` (proxy/telemetry/shed.py).
 
@@ -157,9 +172,14 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     """
 
     limits: HttpLimits = HttpLimits()
+    # Per server (each `with_limits` class has its own): open connections by client address, and
+    # the networks not counted so.
+    _by_client: ClassVar[dict[str, int]] = {}
+    _trusted: ClassVar[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]] = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._client_key: str | None = None  # counted in `_by_client` under this key
         self._in_head = True  # the next bytes belong to a request head
         self._head_started = False  # ... and some of them arrived
         self._in_body = False
@@ -172,17 +192,47 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     @classmethod
     def with_limits(cls, limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
         """A protocol class for uvicorn's `http` setting, bound to `limits`."""
-        return type(cls.__name__, (cls,), {"limits": limits})
+        trusted = tuple(ipaddress.ip_network(entry, strict=False) for entry in limits.trusted_peers)
+        return type(cls.__name__, (cls,), {"limits": limits, "_by_client": {}, "_trusted": trusted})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(_TOO_MANY)
             return
+        cap = self.limits.max_connections_per_client
+        if cap is not None and self.client is not None:
+            key = self._counted_key(str(self.client[0]))
+            if key is not None:
+                held = self._by_client.get(key, 0)
+                if held >= cap:
+                    self._refuse(_TOO_MANY_FROM_CLIENT)
+                    return
+                self._by_client[key] = held + 1
+                self._client_key = key
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
+
+    def _counted_key(self, host: str) -> str | None:
+        """The key this peer's connections count under; None for a trusted proxy (not counted)."""
+        if self._trusted:
+            try:
+                ip = ipaddress.ip_address(host)
+            except ValueError:
+                ip = None
+            if ip is not None and any(ip in network for network in self._trusted):
+                return None
+        return address_key(host)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        key = self._client_key
+        if key is not None:
+            self._client_key = None
+            left = self._by_client[key] - 1
+            if left:
+                self._by_client[key] = left
+            else:
+                del self._by_client[key]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -18,6 +18,10 @@ its own report (the `data` of an upstream's JSON-RPC error): a copy in which eve
 an argument value has it replaced by `[argument]`, and a number equal to a numeric argument is
 `[argument]`; keys and structure are kept. Nesting past 32 levels is cut to `[argument]` too, as
 it cannot be checked.
+
+The work is bounded whatever the caller sends (`ArgumentValues`): the values are prepared once
+per report, and a text whose check would take the report's scrubbing past `WORK_BUDGET` is
+replaced whole by `WITHHELD` rather than passed unchecked.
 """
 
 from __future__ import annotations
@@ -86,23 +90,99 @@ def _leaves(value: Any, depth: int = 0) -> Iterator[str]:
             return
 
 
-def _argument_leaves(arguments: Mapping[str, Any]) -> list[str]:
-    # Longest first, so that a value containing another is replaced whole.
-    return sorted(set(_leaves(arguments)), key=len, reverse=True)
+# Up to this many argument values, a text is searched for each of them; past it, only the values
+# that can occur in the text are (see `ArgumentValues.replace`).
+_FEW = 32
+_KEY = 4  # every value is at least this long: its first characters index it
+_INDEXED_TEXT = 64 * 1024  # a longer text is not indexed (its windows would cost more than they save)
+# The scrubbing work one report may do, in characters searched (a value tried against a text costs
+# the text's length): some tens of milliseconds. Past it the remaining texts are withheld whole.
+WORK_BUDGET = 32 * 1024 * 1024
+WITHHELD = "[withheld: the call's arguments hold too many values to check this text against]"
 
 
-def _replace_leaves(text: str, leaves: list[str]) -> str:
-    for leaf in leaves:
-        text = text.replace(leaf, ARGUMENT)
-    return text
+class ArgumentValues:
+    """The values of one call's arguments, prepared once for every text scrubbed of them.
+
+    A caller chooses how many values its arguments hold (a 4 MiB body carries ~400 000): trying
+    each against every text was their count times the text's length, per text, and an unresolved
+    report scrubs one text per attempt plus every string of the error's data. That held the event
+    loop (every other caller) for seconds per call. Now the values are walked once per report and
+    indexed by their first `_KEY` characters; a text with many values to look for is searched
+    only for those whose first and last `_KEY` characters both appear in it. Values chosen to
+    pass that test anyway (all alike, against a text made of the same) defeat the index, so the
+    work is also bounded (`WORK_BUDGET`): a text that would take the report past it is withheld
+    whole (fail closed: never a value left in).
+    """
+
+    __slots__ = ("_by_key", "_few", "_values", "spent")
+
+    def __init__(self, arguments: Mapping[str, Any]) -> None:
+        self._values = frozenset(_leaves(arguments))
+        # Few values: each is tried, longest first (so that a value containing another is
+        # replaced whole). Many: indexed on first use (`replace`).
+        self._few = sorted(self._values, key=len, reverse=True) if len(self._values) <= _FEW else None
+        self._by_key: dict[str, list[str]] | None = None
+        self.spent = 0  # characters searched so far, against WORK_BUDGET
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    @property
+    def leaves(self) -> list[str]:
+        """Every value, longest first."""
+        return self._few if self._few is not None else sorted(self._values, key=len, reverse=True)
+
+    def holds(self, text: str) -> bool:
+        """Whether `text` is one of the values (a number's text)."""
+        return text in self._values
+
+    def replace(self, text: str) -> str:
+        """`text` with every value in it replaced by `[argument]`, longest first; `WITHHELD`
+        when that would take the work past its budget."""
+        leaves = self._few
+        if leaves is None:
+            if len(text) > _INDEXED_TEXT:
+                candidates: list[str] | None = None
+                count = len(self._values)
+            else:
+                self.spent += len(text)  # its windows
+                by_key = self._by_key
+                if by_key is None:
+                    by_key = self._by_key = {}
+                    for leaf in self._values:
+                        by_key.setdefault(leaf[:_KEY], []).append(leaf)
+                windows = {text[i : i + _KEY] for i in range(len(text) - _KEY + 1)}
+                # its first and its last characters must both occur in the text (a set lookup each)
+                candidates = [leaf for w in windows if w in by_key for leaf in by_key[w] if leaf[-_KEY:] in windows]
+                count = len(candidates)
+        else:
+            candidates, count = leaves, len(leaves)
+        cost = count * len(text)
+        if self.spent + cost > WORK_BUDGET:
+            self.spent = WORK_BUDGET
+            return WITHHELD
+        self.spent += cost
+        if candidates is None:
+            candidates = list(self._values)
+        if leaves is None:
+            candidates.sort(key=len, reverse=True)
+        for leaf in candidates:
+            text = text.replace(leaf, ARGUMENT)
+        return text
 
 
-def scrub_arguments(value: Any, arguments: Mapping[str, Any] | None) -> Any:
+def argument_values(arguments: Mapping[str, Any] | ArgumentValues | None) -> ArgumentValues | None:
+    """`arguments` prepared for scrubbing (None: nothing to scrub); prepare once per report."""
+    if arguments is None or isinstance(arguments, ArgumentValues):
+        return arguments
+    return ArgumentValues(arguments) if arguments else None
+
+
+def scrub_arguments(value: Any, arguments: Mapping[str, Any] | ArgumentValues | None) -> Any:
     """A copy of the JSON value `value` without the string or numeric values of `arguments`."""
-    if not arguments:
-        return value
-    leaves = _argument_leaves(arguments)
-    if not leaves:
+    values = argument_values(arguments)
+    if not values:
         return value
 
     def walk(item: Any, depth: int) -> Any:
@@ -112,9 +192,9 @@ def scrub_arguments(value: Any, arguments: Mapping[str, Any] | None) -> Any:
             case bool() | None:
                 return item
             case str():
-                return _replace_leaves(item, leaves)
+                return values.replace(item)
             case int() | float():
-                return ARGUMENT if str(item) in leaves else item
+                return ARGUMENT if values.holds(str(item)) else item
             case Mapping():
                 return {key: walk(v, depth + 1) for key, v in item.items()}
             case list() | tuple():
@@ -132,13 +212,15 @@ def bound(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | None = None) -> str:
-    """A single-line, bounded, secret-free and argument-free version of `text`."""
+def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | ArgumentValues | None = None) -> str:
+    """A single-line, bounded, secret-free and argument-free version of `text`. `arguments`: the
+    call's arguments, or `argument_values` of them when several texts are redacted for one call."""
     # Work on a bounded prefix: a megabyte of upstream text must not cost megabytes of regex work.
     # Exact secrets first: a plain prefix cut could leave the start of one behind.
     out = SECRETS.head(text, max(limit * 8, 4096))
-    if arguments:
-        out = _replace_leaves(out, _argument_leaves(arguments))
+    values = argument_values(arguments)
+    if values:
+        out = values.replace(out)
     for pattern, replacement in _PATTERNS:
         out = pattern.sub(replacement, out)
     out = _SPACE.sub(" ", out).strip()

@@ -58,7 +58,7 @@ from proxy.recovery.outcome import (
     outcome_name,
 )
 from proxy.recovery.reasons import BUDGET_EXHAUSTED, StopReason
-from proxy.recovery.redact import bound, redact, scrub_arguments
+from proxy.recovery.redact import ArgumentValues, argument_values, bound, redact, scrub_arguments
 
 MESSAGE_LIMIT: Final = 1200
 PARTIAL_TEXT_LIMIT: Final = 1000
@@ -124,7 +124,7 @@ def _ms(seconds: float | None) -> int | None:
     return max(0, round(seconds * 1000))
 
 
-def outcome_detail(outcome: Outcome, arguments: Mapping[str, Any] | None = None) -> str:
+def outcome_detail(outcome: Outcome, arguments: Mapping[str, Any] | ArgumentValues | None = None) -> str:
     """A redacted, bounded one-line account of what an attempt produced."""
     match outcome:
         case Success():
@@ -138,7 +138,7 @@ def outcome_detail(outcome: Outcome, arguments: Mapping[str, Any] | None = None)
     return redact(str(text), arguments=arguments)
 
 
-def _step(record: AttemptRecord, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+def _step(record: AttemptRecord, arguments: ArgumentValues | None) -> dict[str, Any]:
     c = record.classified
     return {
         "number": record.number,
@@ -515,6 +515,7 @@ def unresolved_result(
       contract); it always goes into `_meta`.
     """
     last = attempts[-1] if attempts else None
+    values = argument_values(arguments) if attempts else None  # walked once for every detail below
     classified = last.classified if last is not None else None
     if classified is not None and classified.category is not None:
         category, evidence, defaulted = classified.category, classified.evidence, classified.defaulted
@@ -551,7 +552,7 @@ def unresolved_result(
         "maxAttempts": policy.attempts,
         "elapsedMs": _ms(elapsed_s) or 0,
         "deadlineMs": _ms(deadline_s) or 0,
-        "attemptedSteps": [_step(record, arguments) for record in attempts],
+        "attemptedSteps": [_step(record, values) for record in attempts],
         "partialResults": partials,
         "unresolvedSources": [bound(s, 200) for s in (unresolved_sources or [policy.tool])],
         "outcomeUnknown": outcome_unknown,
@@ -578,7 +579,7 @@ def unresolved_result(
                 upstream_result = {"content": rendered["content"]}
                 # The report is the proxy's: the error's text and data repeat no argument value
                 # (the content block after the summary is the upstream's own, relayed as is).
-                report["jsonrpcError"] = scrub_arguments(rendered["structuredContent"]["jsonrpcError"], arguments)
+                report["jsonrpcError"] = scrub_arguments(rendered["structuredContent"]["jsonrpcError"], values)
             case _:
                 upstream_result = None
     upstream_content: list[Any] = []

@@ -19,7 +19,8 @@ Contract:
   - `mcp_recovery_http_refused_total{reason}`: connections and requests the limits refused or
     closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
-    connection cap), `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
+    connection cap), `connections_per_client` (503, the port's cap per client address),
+    `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
     `sessions_per_client` (429: the client holds its share of sessions), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
     many requests waiting), `shutdown` (503: a new session, request or listen stream while the
@@ -66,6 +67,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "head_timeout",
             "body_timeout",
             "connections",
+            "connections_per_client",
             "sessions",
             "sessions_per_client",
             "upstream_share",

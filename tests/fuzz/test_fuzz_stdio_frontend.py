@@ -37,12 +37,12 @@ class _Lines:
         self._lines = list(lines)
         self._frontend = frontend
 
-    async def readline(self) -> bytes:
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
         if self._lines:
             return self._lines.pop(0)
         while self._frontend._tasks:
             await asyncio.wait(set(self._frontend._tasks))
-        return b""
+        raise asyncio.IncompleteReadError(b"", None)  # what a StreamReader raises at the end
 
 
 class _Out:

@@ -528,3 +528,97 @@ def test_scrub_arguments_removes_argument_values_from_a_json_value_and_keeps_its
         "ok": True,
     }
     assert scrub_arguments(data, None) is data
+
+
+def _replace_calls(work: Any) -> int:
+    """How many times `work()` calls `str.replace` (a deterministic count of the scrubbing work,
+    where a timing would flake on a busy machine)."""
+    import sys
+
+    calls = 0
+
+    def profile(_frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if (
+            event == "c_call"
+            and getattr(arg, "__name__", "") == "replace"
+            and getattr(arg, "__self__", None).__class__ is str
+        ):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_call_with_very_many_argument_values_costs_its_report_the_texts_length_not_their_number(
+    assert_schema_valid,
+):
+    """A caller picks how many values its arguments hold (a 4 MiB body carries ~400 000). Each was
+    tried against every detail of the report and every string of the error's data: 50 000 values
+    and three attempts made 150 000 searches and more (seconds of the event loop, every other
+    caller waiting). The values are now indexed once per report, and a text is searched only for
+    those that can occur in it."""
+    args = {f"key{i}": f"{i:06d}-value" for i in range(50_000)}
+    args["secret"] = "wombat-Pq7Zr"
+    failing = tool_error("failed for wombat-Pq7Zr and 000123-value, see 049999-value")
+    error = RpcError({"code": -32602, "message": "bad 000007-value", "data": {"echo": ["000008-value", 31337]}})
+    results: list[dict[str, Any]] = []
+
+    def work() -> None:
+        results.append(build(policy(), StopReason.ATTEMPTS_EXHAUSTED, failing, failing, error, arguments=args))
+
+    assert _replace_calls(work) < 5_000
+    result = results[0]
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    text = str(s["attemptedSteps"]) + str(s["jsonrpcError"])
+    for leaked in ("wombat-Pq7Zr", "000123-value", "049999-value", "000007-value", "000008-value"):
+        assert leaked not in text
+    assert s["attemptedSteps"][0]["detail"].count("[argument]") == 3
+
+
+def test_values_chosen_to_defeat_the_index_cost_a_bounded_amount_and_are_withheld_not_leaked(
+    assert_schema_valid,
+):
+    """Values that all share their first and last characters (and so all look worth trying)
+    against a long error text made of them: the report's scrubbing stops at its work budget, and what it could not check
+    is withheld whole, never passed on unchecked."""
+    from proxy.recovery.redact import WITHHELD
+
+    args = {f"key{i}": f"abcd{i:06d}abcd" for i in range(50_000)}
+    echoed = "abcd000123abcd " + "abcd " * 960  # 4800 characters; every value starts and ends as it
+    failing = tool_error(echoed)
+    error = RpcError({"code": -32602, "message": echoed, "data": {"echo": [echoed, "abcd049999abcd"]}})
+    results: list[dict[str, Any]] = []
+
+    def work() -> None:
+        results.append(build(policy(), StopReason.ATTEMPTS_EXHAUSTED, failing, error, arguments=args))
+
+    assert _replace_calls(work) < 20_000  # trying each value on each text: over 200 000
+    result = results[0]
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    text = str(s["attemptedSteps"]) + str(s["jsonrpcError"])
+    assert "abcd000123abcd" not in text and "abcd049999abcd" not in text
+    assert WITHHELD[:40] in text
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["few-values", "many-values"])
+def test_indexed_scrubbing_replaces_exactly_what_trying_every_value_does(many: bool) -> None:
+    """The index is only a shortcut: the same text comes out as from trying each value, longest
+    first (overlapping values, a value inside another, numbers)."""
+    from proxy.recovery.redact import ArgumentValues
+
+    args: dict[str, Any] = {"a": "abcdef", "b": "cdefgh", "c": "abcdefgh", "d": "zzzz", "n": 123456, "e": "xyz"}
+    if many:
+        args.update({f"pad{i}": f"unused-{i:05d}" for i in range(100)})
+    values = ArgumentValues(args)
+    for text in ("abcdefgh cdefgh abcdef abc zzzzz 1234567 xyz", "", "abc", "no match here", "zzzzzzzz"):
+        naive = text
+        for leaf in values.leaves:
+            naive = naive.replace(leaf, "[argument]")
+        assert values.replace(text) == naive, text

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator  # (collections is loaded already: ctypes imports it)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,27 +90,31 @@ def _reap() -> None:
         pass
 
 
-def _my_children() -> list[int]:
-    """The live processes whose parent is the guard: once the group is gone, only those that left
-    it (an orphan is re-parented to the guard, its subreaper)."""
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Each live process other than the guard, with the fields of its /proc/PID/stat after the
+    command name (state, ppid, pgrp, session, ...). Raises OSError when /proc cannot be listed."""
     me = os.getpid()
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
-        except OSError:
+        except OSError:  # it exited meanwhile
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
+        if len(fields) > 2 and fields[0] != b"Z":
+            yield int(entry), fields
+
+
+def _my_children() -> list[int]:
+    """The live processes whose parent is the guard: once the group is gone, only those that left
+    it (an orphan is re-parented to the guard, its subreaper)."""
+    me = os.getpid()
+    try:
+        return [pid for pid, fields in _processes() if int(fields[1]) == me]
+    except OSError:
+        return []
 
 
 def _end_escaped() -> None:
@@ -136,22 +141,10 @@ def _end_escaped() -> None:
 
 
 def _group_is_only_me(pgid: int) -> bool:
-    me = os.getpid()
     try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-                return False
+        return not any(int(fields[2]) == pgid for _, fields in _processes())
     except OSError:
         return False
-    return True
 
 
 def _let_go_of_the_pipes() -> None:

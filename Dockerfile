@@ -36,21 +36,24 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip setuptools wheel
+RUN python3 -m venv /opt/venv
 
 WORKDIR /src
 
-# Dependencies first, in their own layer: it is rebuilt only when pyproject.toml changes.
-COPY pyproject.toml ./
-RUN /opt/venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && /opt/venv/bin/pip install -r /tmp/requirements.txt
+# Dependencies first, in their own layer (rebuilt only when the lock changes): exactly the versions
+# the tests passed with, each file checked against its hash (requirements/runtime.txt, exported
+# from uv.lock by scripts/lock.sh).
+COPY requirements/runtime.txt ./requirements/runtime.txt
+RUN /opt/venv/bin/pip install --require-hashes -r requirements/runtime.txt
 
-# Then the project itself, built as a wheel and installed without touching the dependencies.
+# Then the project itself, built as a wheel (its build tools stay in pip's isolated build
+# environment) and installed without touching the dependencies. The venv's own setuptools (3.11's
+# venv brings one) goes: the image holds the lock's pins, the project and pip.
+COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-RUN /opt/venv/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheels . \
+RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
  && /opt/venv/bin/pip install --no-deps /tmp/wheels/*.whl \
- && /opt/venv/bin/pip uninstall -y setuptools wheel \
+ && (/opt/venv/bin/pip uninstall -y setuptools >/dev/null 2>&1 || true) \
  && /opt/venv/bin/mcp-recovery-proxy --help >/dev/null
 
 COPY policies /src/policies

@@ -445,6 +445,13 @@ docker image inspect "$image" >/dev/null 2>&1 || { fail "image $image is missing
 user=$(docker image inspect -f '{{.Config.User}}' "$image")
 [[ -n $user && $user != root && $user != 0* ]] && pass "image runs as non-root user $user" \
   || fail "image user is '$user' (expected non-root)"
+if out=$(timeout 60 docker run --rm --network=host --entrypoint /opt/venv/bin/python \
+    -v "$repo/requirements/runtime.txt:/tmp/runtime.txt:ro" -v "$repo/scripts/check-installed.py:/tmp/check.py:ro" \
+    "$image" /tmp/check.py --exact /tmp/runtime.txt 2>&1); then
+  pass "the image's packages are the lock's pins: $out"
+else
+  fail "the image's packages differ from requirements/runtime.txt:"; echo "$out" | sed 's/^/    /'
+fi
 if out=$(timeout 60 docker run --rm --network=host "$image" policies check /etc/mcp-recovery/policies 2>&1); then
   pass "shipped policies in /etc/mcp-recovery/policies: $out"
 else

@@ -170,3 +170,14 @@ def test_the_smoke_test_builds_the_node_variant_and_both_examples() -> None:
     assert "--build-arg VARIANT=node" in smoke
     assert '"$repo/deploy/examples/node-everything"' in smoke
     assert '"$repo/deploy/examples/python-time"' in smoke
+
+
+def test_the_image_installs_the_runtime_lock_with_hashes_and_nothing_else_unpinned() -> None:
+    # the image's packages are the versions the tests passed with (docs/contributing.md); the
+    # project goes in with --no-deps, so nothing outside the lock is resolved at build time
+    builder = _stage(DOCKERFILE, "builder")
+    runs = [rest for word, rest in builder if word == "RUN"]
+    assert any("--require-hashes -r requirements/runtime.txt" in run for run in runs)
+    installs = [part for run in runs for part in run.split("&&") if " install " in part]
+    assert all("--require-hashes" in part or "--no-deps" in part for part in installs), installs
+    assert "!requirements/runtime.txt" in (REPO / ".dockerignore").read_text().splitlines()

@@ -24,3 +24,61 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     missing = [tool for tool in ("prometheus", "promtool") if shutil.which(tool) is None]
     if missing:
         raise pytest.UsageError(f"MCP_PROMETHEUS_REQUIRED is set but {', '.join(missing)} is not installed")
+
+
+# --- tiers -----------------------------------------------------------------------------------
+# `pytest` alone runs the fast tier: tests that start no process (pyproject.toml's addopts
+# deselect the `slow` marker). `.ci/run` runs every tier (`-m ""`). A test outside the slow tier
+# that starts a process (a subprocess, asyncio's, a fork) fails at once with the reason, so the
+# fast tier stays fast: mark its module `pytest.mark.slow`.
+_FAST_TIER_TEST: list[str] = []  # the nodeid of the unmarked test running now (empty: none)
+
+
+class StartedAProcess(RuntimeError):
+    """Raised where an unmarked (fast-tier) test starts a process."""
+
+
+def _guard_process_starts() -> None:
+    import os
+    import subprocess
+
+    def refuse(what: str) -> None:
+        if _FAST_TIER_TEST:
+            raise StartedAProcess(
+                f"{_FAST_TIER_TEST[0]} started a process ({what}) but is not marked slow: "
+                "add pytest.mark.slow to its module's pytestmark"
+            )
+
+    original_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(self: subprocess.Popen[bytes], args: object, *rest: object, **kw: object) -> object:
+        refuse(f"subprocess {str(args)[:80]}")
+        return original_execute_child(self, args, *rest, **kw)
+
+    subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+    for name in ("fork", "posix_spawn", "posix_spawnp"):
+        original = getattr(os, name, None)
+        if original is None:
+            continue
+
+        def guarded(*args: object, _original: object = original, _name: str = name, **kw: object) -> object:
+            refuse(f"os.{_name}")
+            return _original(*args, **kw)  # type: ignore[operator]
+
+        setattr(os, name, guarded)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _guard_process_starts()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    fast = item.get_closest_marker("slow") is None
+    if fast:
+        _FAST_TIER_TEST.append(item.nodeid)
+    try:
+        yield
+    finally:
+        if fast:
+            _FAST_TIER_TEST.clear()

@@ -11,6 +11,8 @@ import pytest
 from proxy.settings import Settings
 from tests.fixtures.helpers import REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     import os

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import REQUEST_TIMEOUT
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 20.0
 

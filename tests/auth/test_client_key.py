@@ -22,6 +22,8 @@ from proxy.clients import ClientIdentity
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.proxy_process import ProxyProcess
 
+pytestmark = pytest.mark.slow
+
 BOUND_S = 30.0
 ALICE = "alice-token-51c7e0d29a3f"
 BOB = "bob-token-0c4e7a92d1b6"

@@ -34,7 +34,7 @@ from tests.fixtures.authserver import AuthServer, sdk_oauth_provider, serve_in_t
 from tests.fixtures.helpers import free_port
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 ERAS = ["legacy", "2026-07-28"]
 BOUND_S = 40.0
 CREDENTIAL = "proxy-own-credential-" + "c" * 24

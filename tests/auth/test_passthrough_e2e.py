@@ -44,7 +44,7 @@ from tests.auth.rig import (
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 # The upstream's principal is a token's first 8 characters: FRESH is GOOD refreshed (one user).
 GOOD = "good-token-4f1a9c2e7b"

@@ -41,7 +41,7 @@ from tests.fixtures.helpers import free_port
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 ALICE = "alice-sse-token-3e9c1a7f52"
 BOB = "bob-sse-token-8b2d6f0e41"

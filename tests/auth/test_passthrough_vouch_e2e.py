@@ -29,7 +29,7 @@ from tests.fixtures.helpers import free_port
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 ALICE = "alice-00-token-5b7d1e93"
 BOB = "bob-0000-token-0c4a8f62"

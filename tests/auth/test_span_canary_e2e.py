@@ -30,7 +30,7 @@ from tests.fixtures.helpers import free_port
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 from tests.telemetry.test_otlp import Receiver, attributes
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 BOUND_S = 30.0
 
 

@@ -28,7 +28,7 @@ from proxy import jsonrpc
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 ALICE = "alice-token-7c1f0e9a4b2d"
 BOB = "bob-token-93ad61f2c0e4"

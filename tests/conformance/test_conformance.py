@@ -26,6 +26,7 @@ LEGS = tuple(LEG_OPTIONS)
 KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {}
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.conformance,
     pytest.mark.timeout(SUITE_TIMEOUT + 3 * STARTUP_TIMEOUT + 60),
 ]

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 HOST_NETWORK = REPO / "deploy" / "compose.host-network.yml"

@@ -24,7 +24,7 @@ from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "proxy" / "schemas" / "unresolved-result.schema.json").read_text()
 )

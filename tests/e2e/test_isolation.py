@@ -24,7 +24,7 @@ import pytest
 
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 20.0
 
 SERVER = textwrap.dedent(

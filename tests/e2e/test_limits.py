@@ -26,7 +26,7 @@ from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(90)]
 BOUND_S = 30.0
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 INIT = {

@@ -21,6 +21,8 @@ import pytest
 
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 RUN_BOUND_S = 900
 
 

@@ -33,7 +33,7 @@ from mcp.types import TextContent
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, pid_alive, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 60.0
 
 

@@ -19,6 +19,8 @@ from tests.e2e.interop_env import mcp19_python
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 BOUND_S = 60.0
 

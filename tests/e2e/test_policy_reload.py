@@ -23,7 +23,7 @@ from mcp import Client
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 DEFAULTS = """
 retry_on: [transient]

@@ -26,7 +26,7 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, pid_alive, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 
 

@@ -20,7 +20,7 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, pid_alive, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 ERAS = ["legacy", "2026-07-28"]
 BOUND_S = 20.0
 

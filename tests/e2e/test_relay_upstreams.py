@@ -19,7 +19,7 @@ from mcp.types import CreateMessageResult, TextContent
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 
 

@@ -22,7 +22,7 @@ from mcp.types import TextContent
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 40.0
 
 

@@ -29,7 +29,7 @@ from mcp.types import CreateMessageResult, LoggingMessageNotificationParams, Res
 from tests.e2e.test_shared_sessions import servers_under
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 60.0
 SERVER = Path(__file__).with_name("shared_server.py")
 

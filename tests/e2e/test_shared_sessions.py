@@ -27,7 +27,7 @@ import pytest
 from tests.e2e.test_isolation import SERVER
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 20.0
 BASE = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
 

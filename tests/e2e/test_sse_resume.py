@@ -15,7 +15,7 @@ import pytest
 
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 

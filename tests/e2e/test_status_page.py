@@ -30,6 +30,8 @@ from mcp import Client
 from tests.fixtures.helpers import PYTHON
 from tests.proxy_process import ProxyProcess
 
+pytestmark = pytest.mark.slow
+
 ARG_CANARY = "argcanary-Vb93k"  # in every argument of every call
 TOKEN = "admintoken-canary-Hx72q"
 BOUND_S = 60.0

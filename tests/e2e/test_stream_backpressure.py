@@ -31,7 +31,7 @@ from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(120)]
 BOUND_S = 60.0
 MIB = 1024 * 1024
 COUNT, SIZE = 1000, 16 * 1024

@@ -33,7 +33,7 @@ from tests.fixtures.tls import Pki, make_pki
 from tests.proxy_process import ProxyProcess
 from tests.telemetry.test_otlp import Receiver
 
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 BOUND_S = 30.0
 NAME = "mcp-upstream.test"
 PASSWORD = "egress-canary-Hw3k9"

@@ -27,7 +27,7 @@ from proxy.settings import Settings
 from tests.fixtures.helpers import free_port
 from tests.proxy_process import scripted_stdio_command
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 def _refused(port: int) -> bool:

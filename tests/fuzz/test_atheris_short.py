@@ -19,10 +19,13 @@ import pytest
 FUZZ = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
 RUNS = 2000
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("atheris") is None,
-    reason="atheris is not installed for this Python (pip install atheris; it ships Linux wheels for CPython 3.11+)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("atheris") is None,
+        reason="atheris is not installed for this Python (pip install atheris: Linux wheels for CPython 3.11+)",
+    ),
+]
 
 
 @pytest.mark.parametrize("target", ["jsonrpc", "sse", "host", "policy"])

@@ -27,6 +27,8 @@ from proxy import jsonrpc
 from tests.fuzz.rig import Response, Rig, modern_call, proxy_rig
 from tests.fuzz.strategies import JSON, client_requests, jsonrpc_shaped, modern_request
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:

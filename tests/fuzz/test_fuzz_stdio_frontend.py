@@ -22,6 +22,8 @@ from proxy.frontend.stdio import StdioFrontend
 from tests.fuzz.rig import Rig, modern_call, proxy_rig
 from tests.fuzz.strategies import JSON, client_requests, jsonrpc_shaped, modern_request
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:

@@ -25,6 +25,8 @@ from tests.fixtures.helpers import PYTHON
 from tests.fuzz.rig import Rig, modern_call, proxy_rig
 from tests.fuzz.strategies import IDS, JSON, jsonrpc_shaped
 
+pytestmark = pytest.mark.slow
+
 MIRROR = Path(__file__).resolve().with_name("mirror_upstream.py")
 _PLACEHOLDER = "@ID@"
 

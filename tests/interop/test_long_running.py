@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.interop.harness import Prerequisites, started
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.anyio, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.interop]
 TOOL = "trigger-long-running-operation"
 BOUND_S = 58.0  # under the SDK clients' 60 s default request timeout, as a user's call would be
 

@@ -51,7 +51,7 @@ from tests.interop.harness import (
 )
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
 CLIENTS = ("ts", "py")
 TAG = "{tag}"  # replaced in call arguments by a per-run tag; answers have it replaced back
 

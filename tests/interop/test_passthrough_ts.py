@@ -27,7 +27,7 @@ from tests.fixtures.helpers import free_port
 from tests.interop.harness import Call, Prerequisites, Target, TsClient, TsConnectFailed, started
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.anyio, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.interop]
 BOUND_S = 30.0
 ALICE = "alice-00-ts-token-5e2a7c"
 BOB = "bob-0000-ts-token-91d3f4"

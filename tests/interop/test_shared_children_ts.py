@@ -18,8 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.interop.harness import Call, Prerequisites, Reply, Target, TsClient, started
 from tests.proxy_process import ProxyProcess
+
+pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).resolve().parent.parent / "e2e" / "shared_server.py"
 

@@ -20,7 +20,7 @@ import pytest
 from tests.interop.harness import Call, Prerequisites, Target, run_py, started
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
 START_TIMEOUT_S = 5
 # Longer than the start timeout, well within its stretch (30 s): the server's own start after it
 # took 8-17 s at a load of ~10 here.

@@ -51,7 +51,7 @@ from tests.interop.harness import (
 )
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
 HERE = Path(__file__).resolve().parent
 TS2_CLIENT = HERE / "ts2_client.mjs"

@@ -52,7 +52,7 @@ from tests.interop.harness import (
 from tests.proxy_process import ProxyProcess
 from tests.recovery.test_recovery_report import TABLE_KEYS
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
 TS2_SERVER = HERE / "ts2_server.mjs"
 UPSTREAMS = ("stdio", "http")
 CLIENTS = ("py-legacy", "py-2026", "ts")

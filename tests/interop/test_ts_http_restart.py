@@ -27,7 +27,7 @@ from tests.fixtures.helpers import free_port
 from tests.interop.harness import Call, Prerequisites, Process, Target, TsClient, started, ts_http_server
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.anyio, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.interop]
 BOUND_S = 60.0
 READY_BOUND_S = 20.0
 

@@ -24,7 +24,7 @@ from proxy.upstream.stdio import StdioUpstream
 from tests.fixtures.journal import Journal
 from tests.proxy_process import pid_alive, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 
 class Answers:

@@ -15,7 +15,7 @@ from proxy.upstream.stdio import StdioUpstream
 from tests.fixtures.journal import Journal
 from tests.proxy_process import scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 INIT: Message = {
     "jsonrpc": "2.0",

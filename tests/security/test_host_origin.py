@@ -14,6 +14,8 @@ import pytest
 
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
+pytestmark = pytest.mark.slow
+
 BOUND_S = 20.0
 INIT = json.dumps(
     {

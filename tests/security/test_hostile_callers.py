@@ -30,6 +30,8 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.fuzz.rig import Rig, proxy_rig
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
+pytestmark = pytest.mark.slow
+
 BOUND_S = 60.0
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 INIT = {

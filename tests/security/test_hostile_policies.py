@@ -19,6 +19,8 @@ from proxy.recovery.classify import classify
 from proxy.recovery.outcome import outcome_from_response
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 DEFAULTS = "attempts: 3\n"
 CATASTROPHIC = "tools: [echo]\nrules:\n  - name: stall\n    category: transient\n    text: '(a+)+b'\n"
 # The 500-byte "billion laughs": nine levels of nine aliases, 9^9 leaves once expanded.

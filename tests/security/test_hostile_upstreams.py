@@ -29,7 +29,7 @@ from proxy.upstream.http import HttpUpstream
 from proxy.upstream.stdio import StdioUpstream
 from tests.fixtures.hostile_http import BOMB_GATE, gzip_bomb, hostile_http
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HOSTILE_STDIO = str(FIXTURES / "hostile_stdio.py")

@@ -22,7 +22,7 @@ from mcp import Client
 from tests.fixtures.helpers import PYTHON
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 HOSTILE_STDIO = str(Path(__file__).resolve().parents[1] / "fixtures" / "hostile_stdio.py")
 BOUND_S = 60.0

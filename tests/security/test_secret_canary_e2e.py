@@ -26,6 +26,8 @@ from proxy import jsonrpc
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate, wait_port
 from tests.proxy_process import ProxyProcess
 
+pytestmark = pytest.mark.slow
+
 AUTH_CANARY = "Custom opaque-canary-Qm7vX2"  # no pattern knows the scheme "Custom"
 KEY_CANARY = "zebra.canary.Lk4"  # too short and too plain for the base64/hex patterns
 CANARIES = ("opaque-canary-Qm7vX2", "zebra.canary.Lk4")

@@ -10,7 +10,11 @@ import signal
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
+
+pytestmark = pytest.mark.slow
 
 BOUND_S = 20.0
 INIT = {

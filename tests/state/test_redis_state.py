@@ -23,7 +23,7 @@ from proxy.recovery.reasons import StopReason
 from proxy.state.shared import RedisState, describe
 from tests.state.redis_server import RedisServer
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 10.0
 TIMEOUT_S = 0.25
 

@@ -27,7 +27,7 @@ from tests.fixtures.helpers import free_port
 from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles
 from tests.state.test_tls_cluster_valkey import exhaust_locally, started, two_replicas_share_one_approval, until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 
 def serve(env: dict[str, str], *args: str, timeout_s: float = 90) -> tuple[int, str]:

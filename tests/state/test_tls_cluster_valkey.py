@@ -28,7 +28,7 @@ from proxy.state.shared import RedisState, client_url, describe
 from tests.fixtures.helpers import free_port
 from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 
 

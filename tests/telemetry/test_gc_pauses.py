@@ -25,7 +25,7 @@ from proxy.telemetry.metrics import MetricsObserver
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 BOUND_S = 30.0
 
 SITECUSTOMIZE = textwrap.dedent(

@@ -24,7 +24,7 @@ from proxy.telemetry.loop_lag import LAG, WAIT, LoopLag
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 HAS_SCHEDSTAT = Path(f"/proc/self/task/{os.getpid()}/schedstat").exists()
 
 

@@ -33,6 +33,7 @@ from tests.proxy_process import ProxyProcess, scripted_stdio_command
 from tests.telemetry import promql
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(
         promql.prometheus() is None or promql.promtool() is None,
         reason="prometheus/promtool not found: install Debian's `prometheus` package (apt-get install -y prometheus)",

@@ -13,6 +13,8 @@ from proxy.telemetry.metrics import MetricsObserver
 from proxy.telemetry.setup import build_telemetry
 from tests.telemetry import promql, scenarios
 
+pytestmark = pytest.mark.slow
+
 NEEDS_PROMTOOL = pytest.mark.skipif(
     promql.promtool() is None,
     reason="promtool not found: install Debian's `prometheus` package (apt-get install -y prometheus)",

@@ -22,6 +22,7 @@ from tests.telemetry.scenarios import CALLER_SPAN_ID, CALLER_TRACE_ID, CALLER_TR
 from tests.telemetry.test_otlp import Receiver, attributes
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.anyio,
     pytest.mark.timeout(90),
 ]

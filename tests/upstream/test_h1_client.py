@@ -41,7 +41,7 @@ from proxy.upstream.h1 import (
 
 from .servers import serve
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 WAIT = 5.0
 SECRET = "s3cr3t-token-value"
 

@@ -30,7 +30,7 @@ from proxy.upstream.http import (
 
 from .servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
 
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
 
 MODERN_META = {

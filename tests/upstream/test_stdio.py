@@ -15,7 +15,7 @@ from proxy.errors import FailureKind, UpstreamFailure
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 CHILD = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 NOTES = 400
 NOTE_BYTES = 64 * 1024  # 25 MiB in all: six times the stream's bound

@@ -18,7 +18,7 @@ import pytest
 
 from proxy.upstream.stdio import _ChildProtocol
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 NOT_READING = "import time; time.sleep(120)"  # never reads its stdin: the pipe fills
 

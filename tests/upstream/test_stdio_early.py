@@ -16,7 +16,7 @@ from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 from tests.upstream.test_stdio import CHILD, _call
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 COMMAND = [sys.executable, "-c", CHILD]
 

@@ -23,7 +23,7 @@ from proxy.upstream.stdio import StdioUpstream
 
 from .health import WAIT_S, Gauges
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 
 # Answers every request; exits at once, before reading anything, while the file BROKEN exists.

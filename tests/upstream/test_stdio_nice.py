@@ -25,7 +25,7 @@ from proxy.settings import Settings
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 
 # Answers any request with what the kernel says of its own priority and of a grandchild's.
 REPORTING_CHILD = textwrap.dedent(

@@ -23,7 +23,7 @@ from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 from proxy.upstream.stdio_shared import SessionLink
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 
 # Holds a `tools/call` named "hold" until the same child reads one named "release"; "ask" sends a

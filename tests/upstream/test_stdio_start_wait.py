@@ -32,7 +32,7 @@ from proxy.settings import Settings
 from proxy.upstream.startwait import STRETCH
 from proxy.upstream.stdio import StdioUpstream
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(120)]
 
 # Writes its pid to argv[2], then spends argv[1] seconds busy on a CPU, then answers every request.
 BUSY_THEN_SERVE = textwrap.dedent(

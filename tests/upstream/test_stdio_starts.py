@@ -25,7 +25,7 @@ from proxy.errors import UpstreamFailure
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 
 BOOTING_CHILD = textwrap.dedent(
     """

@@ -34,7 +34,7 @@ from tests.fixtures.tls import Pki, make_pki
 
 from .servers import Journal, serve, sse_app, streamable_app
 
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
 NAME = "mcp-upstream.test"  # known to the egress proxy only
 PROXY_PASSWORD = "egress-canary-Zt81q"

@@ -67,17 +67,19 @@ class TooDeep(ValueError):
     """A JSON value nested deeper than `MAX_DEPTH` levels."""
 
 
+def _brackets(data: bytes | str) -> int:
+    if isinstance(data, bytes):
+        return data.count(b"[") + data.count(b"{")
+    return data.count("[") + data.count("{")
+
+
 def loads(data: bytes | str) -> Any:
     """Parse JSON; raises ValueError (orjson.JSONDecodeError, or `TooDeep`) on malformed input.
 
     Every parsed message can be serialised again: one nested deeper than `MAX_DEPTH` is refused."""
     value = orjson.loads(data)
     # Counting brackets is a C-speed scan; only a text with that many brackets needs the walk.
-    if (
-        value.__class__ in (dict, list)
-        and data.count(b"[" if isinstance(data, bytes) else "[") + data.count(b"{" if isinstance(data, bytes) else "{")
-        > MAX_DEPTH
-    ):
+    if value.__class__ in (dict, list) and _brackets(data) > MAX_DEPTH:
         if _deeper_than(value, MAX_DEPTH):
             raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value

@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -112,7 +112,7 @@ def _uvicorn_config(
     host: str,
     port: int,
     *,
-    lifespan: str,
+    lifespan: Literal["auto", "on", "off"],
     limits: HttpLimits,
     forwarded_allow_ips: list[str] | None = None,
 ) -> uvicorn.Config:
@@ -173,7 +173,9 @@ async def run(settings: Settings) -> int:
         bundle.metrics.watch_in_flight(service.tool_calls.in_flight_by_tool)
     if service.state is not None:
         from proxy.state.metrics import StateCollector
+        from proxy.state.shared import RedisState
 
+        assert isinstance(service.state, RedisState)  # the one shared store there is
         bundle.registry.register(StateCollector(service.state))
     if settings.policies is not None:
         await policies.start()
@@ -261,7 +263,11 @@ def _on_sigterm(on_signal: Callable[[], None]) -> Callable[[], None]:
         on_signal()
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def undo() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return undo
 
 
 async def _serve(

@@ -25,7 +25,7 @@ _OPTIONS.log_errors = False  # RE2 would print each refused pattern on stderr; t
 
 def compile_rule_text(pattern: str) -> TextPattern:
     try:
-        return re2.compile(pattern, _OPTIONS)  # type: ignore[no-any-return]
+        return re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         if any(token in pattern for token in ("(?=", "(?!", "(?<=", "(?<!")) or (

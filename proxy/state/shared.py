@@ -585,7 +585,7 @@ class RedisState:
         the script object loads itself where a promoted replica does not know it yet."""
         with contextlib.suppress(StoreUnavailable):
             for op, budget in spends:
-                args = [budget, self.channel, self._message("a", op, b=budget), os.urandom(8).hex()]
+                args: list[str | bytes] = [budget, self.channel, self._message("a", op, b=budget), os.urandom(8).hex()]
                 await self._call("reconcile", self._approve(keys=[self._key(op)], args=args))
             log.warning(
                 "shared state %s had lost %d spent approval(s) (a failover?): written back",
@@ -719,7 +719,7 @@ class RedisState:
                         "reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH, target_nodes=node)
                     )
                     cursors, keys = replies  # a cluster's SCAN answers {node name: cursor}, keys
-                    yield list(keys)
+                    yield _as_bytes(keys)
                     cursor = int(next(iter(cursors.values()), 0)) if isinstance(cursors, dict) else int(cursors)
                     if not cursor:
                         break
@@ -727,7 +727,7 @@ class RedisState:
         cursor = 0
         while True:
             cursor, keys = await self._call("reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH))
-            yield list(keys)
+            yield _as_bytes(keys)
             if not cursor:
                 break
 
@@ -839,3 +839,8 @@ class RedisState:
 def _glob_escape(text: str) -> str:
     """A literal text inside a SCAN MATCH pattern."""
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def _as_bytes(keys: list[bytes | str]) -> list[bytes]:
+    """SCAN's keys: bytes from this client (no decode_responses), whatever its stubs allow."""
+    return [key if isinstance(key, bytes) else key.encode() for key in keys]

@@ -186,7 +186,11 @@ class StatusObserver:
             tools.update(rows)
         out = []
         for tool in sorted(tools):
-            calls, failed, mean_ms, max_ms, retries = [], [], [], [], []
+            calls: list[float] = []
+            failed: list[float] = []
+            mean_ms: list[float | None] = []
+            max_ms: list[float | None] = []
+            retries: list[float] = []
             for bucket in range(first, last + 1):
                 row = by_bucket.get(bucket, {}).get(tool)
                 if row is None:

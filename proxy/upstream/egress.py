@@ -48,9 +48,10 @@ def route_for(url: str) -> ProxyRoute | None:
     port = parts.port or (443 if scheme == "https" else 80)
     literal = f"[{host}]" if ":" in host else host
     # Both forms: a bare host entry matches any port, a `host:port` entry only that port.
-    if urllib.request.proxy_bypass_environment(host, proxies) or urllib.request.proxy_bypass_environment(
-        f"{literal}:{port}", proxies
-    ):
+    # proxy_bypass_environment is urllib's own NO_PROXY matcher (public in the module, absent from
+    # typeshed): the same rules as every urllib-based tool the operator already configured.
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if bypass(host, proxies) or bypass(f"{literal}:{port}", proxies):
         return None
     return _parse(value, _variable(scheme))
 

@@ -150,6 +150,7 @@ def _leg_result(reply: Reply) -> tuple[bool, str]:
     return reply.ok and not (reply.result or {}).get("isError"), reply.texts
 
 
+@pytest.mark.timeout(300)  # four legs at once: FastMCP and proxy starts (seconds each on a loaded host) and 35 s
 def test_a_read_silent_for_35s_succeeds_once_through_the_shipped_defaults_over_http_and_stdio_in_both_eras(
     prereq: Prerequisites, fastmcp_python: str, tmp_path: Path
 ) -> None:

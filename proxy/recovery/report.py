@@ -441,7 +441,7 @@ def _message(
         if isinstance(earlier.get("attemptCount"), int):
             previous += f" after {earlier['attemptCount']} attempt(s)"
         why += f" The earlier call's cause: {previous}"
-        why += f": {earlier['lastError']}." if earlier.get("lastError") else "."
+        why += f": {bound(earlier['lastError'], 200)}." if earlier.get("lastError") else "."
     if retry_after_ms is not None:
         if reason is StopReason.LEDGER_EXHAUSTED:
             why += (

@@ -205,7 +205,20 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcp-recovery-proxy", description="A recovery proxy for MCP tool servers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the proxy in front of an upstream MCP server")
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy in front of an upstream MCP server",
+        usage="%(prog)s [flags] [--upstream URL | -- COMMAND [ARG ...]]",
+        description="Run the proxy in front of an upstream MCP server: a Streamable HTTP or SSE server\n"
+        "(--upstream URL), or a stdio server it spawns and supervises: the command after `--`.",
+        epilog="examples:\n"
+        "  mcp-recovery-proxy serve --listen http://127.0.0.1:8080/mcp -- npx -y some-mcp-server\n"
+        "  mcp-recovery-proxy serve --listen stdio --upstream http://127.0.0.1:3001/mcp\n"
+        "  MCP Inspector CLI (it strips the first `--`, so put the proxy after its own flags and `--`):\n"
+        "  npx @modelcontextprotocol/inspector --cli --method tools/list \\\n"
+        "      -- mcp-recovery-proxy serve --listen stdio -- npx -y some-mcp-server",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _serve_flags(serve)
     demo = sub.add_parser("demo", help="run the proxy in front of a bundled, deliberately flaky demo server")
     _serve_flags(demo, demo=True)
@@ -249,7 +262,19 @@ def _main(argv: list[str]) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1 :]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if args.command in ("serve", "demo") and not command and not extra[0].startswith("-"):
+            # A launcher that strips `--` (the MCP Inspector CLI does) passed the server's command
+            # as arguments of ours: say where it belongs instead of only "unrecognized".
+            hint = (
+                "; a stdio upstream goes after `--` (mcp-recovery-proxy serve [flags] -- COMMAND ...). A launcher"
+                " that strips `--`, like the MCP Inspector CLI, needs its own `--` before the proxy's command:"
+                " inspector --cli --method tools/list -- mcp-recovery-proxy serve --listen stdio -- COMMAND ..."
+            )
+        parser.error(f"unrecognized arguments: {' '.join(extra)[:200]}{hint}")
     if args.command == "policies":
         from proxy.policy import cli as policy_cli
 

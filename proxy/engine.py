@@ -78,7 +78,8 @@ from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.recovery.redact import bound
-from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of
+from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of, unreachable_s
+from proxy.recovery.timers import cut_by
 from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.state import SharedState
 from proxy.telemetry.events import (
@@ -259,7 +260,7 @@ class Engine:
                 )
             # untraced: the failure's frames hold the exchange that holds the failure (a cycle)
             except TimeoutError as timeout:
-                first: Outcome = _timed_out(1, timeout_s, untraced(timeout))
+                first: Outcome = _timed_out(1, timeout_s, untraced(timeout), policy, policy.deadline_s)
             except UpstreamFailure as failure:
                 first = TransportError.from_failure(untraced(failure))
             except asyncio.CancelledError:
@@ -586,7 +587,7 @@ class _Call:
                     try:
                         response = await waiting
                     except TimeoutError as timeout:  # untraced: see `_direct`
-                        outcome = _timed_out(number, timeout_s, untraced(timeout))
+                        outcome = _timed_out(number, timeout_s, untraced(timeout), policy, state.deadline_s)
                     except UpstreamFailure as failure:
                         outcome = TransportError.from_failure(untraced(failure))
                     else:
@@ -752,9 +753,11 @@ class _Call:
         approved = self.approved_id
         if approved is not None:
             self.e.clear(self.op)
-            result = with_attempts_meta(outcome.result, n, approved)  # RECOVERY §4: the approval shows
+        if approved is not None or n > 1:
+            # the approval shows, and how long the upstream was unreachable before it answered
+            result = with_attempts_meta(outcome.result, n, approved, unreachable_s(self.attempts))
         else:
-            result = with_attempts_meta(outcome.result, n) if n > 1 else outcome.result
+            result = outcome.result
         self._finished("recovered" if n > 1 else "success", None, None, False)
         return {"jsonrpc": "2.0", "id": self.request["id"], "result": result}
 
@@ -900,10 +903,13 @@ def _is_success(response: Message) -> bool:
     )
 
 
-def _timed_out(number: int, timeout_s: float, timeout: TimeoutError) -> TransportError:
+def _timed_out(
+    number: int, timeout_s: float, timeout: TimeoutError, policy: ToolPolicy, deadline_s: float
+) -> TransportError:
     """A timed-out attempt: not sent (the send deadline), silent past the idle timer, or
     unanswered. The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
-    counts as sent (dispatch unknown), the side that never repeats a state-changing call."""
+    counts as sent (dispatch unknown), the side that never repeats a state-changing call. The
+    detail names the timer that cut it, its value and the policy key that changes it."""
     was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
     if not was_sent:
         return TransportError(
@@ -912,14 +918,8 @@ def _timed_out(number: int, timeout_s: float, timeout: TimeoutError) -> Transpor
             f"attempt {number}: the upstream was not ready to take the request before the deadline",
         )
     idle_s = timeout.idle_s if isinstance(timeout, AttemptTimedOut) else None
-    if idle_s is not None:
-        return TransportError(
-            FailureKind.TIMEOUT,
-            Dispatch.UNKNOWN,
-            f"attempt {number}: nothing from the upstream (no progress) for {idle_s:.3g}s (idle timeout)",
-        )
     return TransportError(
-        FailureKind.TIMEOUT, Dispatch.UNKNOWN, f"attempt {number} got no answer within {timeout_s:.3g}s"
+        FailureKind.TIMEOUT, Dispatch.UNKNOWN, cut_by(policy, timeout_s, idle_s, deadline_s).detail(number)
     )
 
 

@@ -50,6 +50,8 @@ META_PREFIX: Final = "io.mcp-recovery-proxy/"
 META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
 META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
 META_ATTEMPTS: Final = META_PREFIX + "attempts"
+# on a success after attempts that could not reach the upstream: how long it was unreachable (ms)
+META_UNREACHABLE_MS: Final = META_PREFIX + "unreachableMs"
 META_APPROVED_BUDGET: Final = META_PREFIX + "approvedBudgetId"  # on a success that used an approval
 META_UNRESOLVED: Final = META_PREFIX + "unresolved"  # the unresolved report, on every result the proxy gives up on
 # Revisions whose CallToolResult has `structuredContent` (2025-06-18 introduced it).

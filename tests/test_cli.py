@@ -186,3 +186,32 @@ def test_sessions_per_client_default_to_a_quarter_and_the_upstream_share_must_ex
     assert Settings(max_sessions=2).max_sessions_per_client == 2, "or all of a smaller total"
     with pytest.raises(ValidationError, match="max_upstream_per_client"):
         Settings(upstream="http://127.0.0.1:1/mcp", max_sessions_per_client=48, max_upstream_per_client=48)
+
+
+def test_serve_help_shows_the_stdio_upstream_form_and_the_inspector_cli_form(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from proxy.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mcp-recovery-proxy serve [flags] [--upstream URL | -- COMMAND [ARG ...]]")
+    assert "-- mcp-recovery-proxy serve --listen stdio -- npx -y some-mcp-server" in out
+
+
+def test_a_server_command_without_its_double_dash_is_refused_saying_where_it_goes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What a launcher that strips `--` (the MCP Inspector CLI) makes of `serve --listen stdio -- npx …`."""
+    from proxy.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--listen", "stdio", "npx", "-y", "some-mcp-server"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: npx -y some-mcp-server" in err
+    assert "goes after `--`" in err and "--cli --method tools/list -- mcp-recovery-proxy serve" in err
+    with pytest.raises(SystemExit):
+        main(["serve", "--listen", "stdio", "--no-such-flag"])
+    assert "goes after" not in capsys.readouterr().err  # a mistyped flag is only that

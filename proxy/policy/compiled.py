@@ -45,6 +45,11 @@ class Backoff:
     max_s: float = 2.0
     multiplier: float = 2.0
     jitter: Literal["full", "none"] = "full"
+    # The first wait after the upstream could not be reached at all (connection refused or reset,
+    # a process that is not running or died in flight): multiplied each retry like `initial_s`,
+    # capped by the policy's retry_after_cap, with equal jitter (between half and all of it), so
+    # that the retries reach across a restart instead of spending every attempt within it.
+    reconnect_s: float = 1.5
 
 
 class TextPattern(Protocol):

@@ -20,6 +20,7 @@ _DURATIONS = frozenset(
         "idle_timeout_s",
         "backoff.initial_s",
         "backoff.max_s",
+        "backoff.reconnect_s",
         "retry_after_cap_s",
         "ledger_window_s",
         "anti_storm.breaker_cooldown_s",

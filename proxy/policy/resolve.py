@@ -8,7 +8,9 @@ Contract, for EACH setting separately (a file only overrides the settings it wri
    state_changing, as the MCP spec's defaults say);
 4. the defaults file;
 5. the built-in defaults (the `ToolPolicy` dataclass defaults; side_effect: state_changing).
-`min_attempt_time` that no layer sets is derived: a quarter of the effective attempt_timeout.
+`attempt_timeout` that no layer sets is the effective deadline (an attempt is cut only by the
+deadline unless a policy asks for a shorter timer); `min_attempt_time` that no layer sets is
+derived: a quarter of the effective attempt_timeout.
 Invariants broken by a combination of globs the loader could not foresee are clamped (and the
 source says so) rather than raised: the request path never fails on policy.
 Stdlib only, so `PolicySet.resolve` stays cheap to import; results are cached per set.
@@ -39,6 +41,7 @@ SETTINGS: tuple[tuple[str, str], ...] = (
     ("backoff.max_s", "backoff.max"),
     ("backoff.multiplier", "backoff.multiplier"),
     ("backoff.jitter", "backoff.jitter"),
+    ("backoff.reconnect_s", "backoff.reconnect"),
     ("retry_after_cap_s", "retry_after_cap"),
     ("rules", "rules"),
     ("trust_annotations", "trust.annotations"),
@@ -73,10 +76,11 @@ def _attr(obj: object, dotted: str) -> Any:
 _BUILTIN_POLICY = ToolPolicy(
     tool="",
     side_effect=SideEffect.STATE_CHANGING,
-    deadline_s=50.0,
-    attempt_timeout_s=45.0,
-    min_attempt_s=45.0 / 4,
-    idle_timeout_s=30.0,
+    deadline_s=58.0,
+    attempt_timeout_s=58.0,  # follows the effective deadline unless a file sets it (below)
+    min_attempt_s=58.0 / 4,
+    idle_timeout_s=None,
+    backoff=Backoff(reconnect_s=3.5),
 )
 BUILTIN_VALUES: Mapping[str, Any] = MappingProxyType({k: _attr(_BUILTIN_POLICY, k) for k, _ in SETTINGS})
 
@@ -140,13 +144,10 @@ def effective_values(
                 values[key], sources[key] = values["attempt_timeout_s"] / 4, "derived:attempt_timeout/4"
             else:
                 values[key], sources[key] = BUILTIN_VALUES[key], BUILT_IN
-    if sources["attempt_timeout_s"] == BUILT_IN and values["attempt_timeout_s"] > values["deadline_s"]:
-        # A folder that sets only a deadline (shorter than the built-in attempt timeout, as the
-        # first shipped defaults were) keeps working: the built-in attempt timeout follows it.
-        values["attempt_timeout_s"], sources["attempt_timeout_s"] = (
-            values["deadline_s"],
-            "built-in (capped to deadline)",
-        )
+    if sources["attempt_timeout_s"] == BUILT_IN:
+        # No file sets an attempt timeout: an attempt may use whatever the deadline leaves (a
+        # silent tool is never cut while the deadline allows it to finish).
+        values["attempt_timeout_s"], sources["attempt_timeout_s"] = values["deadline_s"], "derived:deadline"
         if sources["min_attempt_s"] in (BUILT_IN, "derived:attempt_timeout/4"):
             values["min_attempt_s"], sources["min_attempt_s"] = values["deadline_s"] / 4, "derived:attempt_timeout/4"
     return values, {key: sources[key] for key, _ in SETTINGS}, origin
@@ -206,6 +207,7 @@ def build_policy(tool: str, values: Mapping[str, Any], sources: Mapping[str, str
             max_s=values["backoff.max_s"],
             multiplier=values["backoff.multiplier"],
             jitter=values["backoff.jitter"],
+            reconnect_s=values["backoff.reconnect_s"],
         ),
         retry_after_cap_s=values["retry_after_cap_s"],
         rules=values["rules"],

@@ -90,6 +90,7 @@ class BackoffModel(_Strict):
     max: PositiveDuration = 2.0
     multiplier: float = 2.0
     jitter: Literal["full", "none"] = "full"
+    reconnect: PositiveDuration = 1.5
 
     @field_validator("multiplier", mode="before")
     @classmethod

@@ -5,6 +5,11 @@ Contract:
   `retry_index` is 0 for the first retry. It never overflows and never goes negative.
 - `backoff_delay_s(backoff, retry_index, rand)`: full jitter, `rand() * cap` (AWS's "full jitter";
   `rand()` is clamped into [0, 1]); with `jitter: none`, the cap itself.
+- `reconnect_delay_s(backoff, retry_index, cap_s, rand)`: the wait after the upstream could not be
+  reached (`UNREACHABLE`: connection refused or reset, a process not running or dead in flight):
+  `backoff.reconnect_s * multiplier ** retry_index`, capped by `cap_s`, with equal jitter (between
+  half and all of it; `jitter: none`, all of it). Unlike full jitter it has a floor, so the
+  retries reach across a restart of the upstream (2-5 s) instead of all landing within it.
 - `parse_retry_after(value, now_epoch_s)`: an HTTP `Retry-After` (RFC 9110 §10.2.3), either
   delta-seconds or an HTTP date, as seconds from now. Garbage, negative or non-finite numbers give
   None; a date already in the past gives 0.0 (the server says "now").
@@ -24,6 +29,8 @@ from typing import Any
 
 from proxy.policy.compiled import Backoff
 
+# The transport failures that mean "the upstream is not there right now" (FailureKind values).
+UNREACHABLE: frozenset[str] = frozenset({"connect_failed", "not_running", "spawn_failed", "closed"})
 _DELTA_SECONDS = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
 
 
@@ -48,6 +55,18 @@ def backoff_delay_s(backoff: Backoff, retry_index: int, rand: Callable[[], float
     if not math.isfinite(r):
         r = 1.0
     return cap * min(1.0, max(0.0, r))
+
+
+def reconnect_delay_s(backoff: Backoff, retry_index: int, cap_s: float, rand: Callable[[], float]) -> float:
+    """The delay before retry `retry_index` (0-based) after the upstream was unreachable."""
+    step = Backoff(initial_s=backoff.reconnect_s, max_s=max(backoff.reconnect_s, cap_s), multiplier=backoff.multiplier)
+    cap = backoff_cap_s(step, retry_index)
+    if backoff.jitter == "none":
+        return cap
+    r = rand()
+    if not math.isfinite(r):
+        r = 1.0
+    return cap * (0.5 + 0.5 * min(1.0, max(0.0, r)))
 
 
 def parse_retry_after(value: str, now_epoch_s: float) -> float | None:

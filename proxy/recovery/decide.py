@@ -7,6 +7,9 @@ Contract (RECOVERY.md §2; Envoy's two stages, "would we retry" then "may we ret
   cancelled; success → `Deliver`; eligibility (not_retryable, upstream_declined,
   outcome_unknown); budget (attempts_exhausted, deadline_exhausted); admission (retry_budget,
   circuit_open, or whatever `Refused` reason the admission returns).
+- The backoff is the policy's (full jitter) after an answer or a timeout, and its reconnect wait
+  (`backoff.reconnect`, equal jitter) after a failure to reach the upstream at all, so that the
+  attempts reach across a restart.
 - Only `transient` failures listed in `policy.retry_on` are retryable; a defaulted (unclassified)
   failure and a failure matched by a rule with `retryable=False` never are.
 - `decide_first_attempt(...)` runs before attempt 1: cancelled, ledger_exhausted (unless an
@@ -27,9 +30,9 @@ from typing import Any, NamedTuple
 
 from proxy.errors import Dispatch
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
-from proxy.recovery.backoff import backoff_delay_s
+from proxy.recovery.backoff import UNREACHABLE, backoff_delay_s, reconnect_delay_s
 from proxy.recovery.ledger import ExhaustedEntry
-from proxy.recovery.outcome import Classified
+from proxy.recovery.outcome import Classified, EvidenceSource
 from proxy.recovery.reasons import StopReason
 
 __all__ = [
@@ -188,7 +191,12 @@ def decide(
     # Budget: may we retry within the attempts and the deadline?
     if state.attempts_made >= policy.attempts:
         return GiveUp(StopReason.ATTEMPTS_EXHAUSTED, known_wait)
-    delay = backoff_delay_s(policy.backoff, state.retry_index, rand)
+    evidence = classified.evidence
+    if evidence.source is EvidenceSource.TRANSPORT and evidence.code in UNREACHABLE:
+        # Nobody answered: wait for a restart (equal jitter, a floor), not a few hundred ms.
+        delay = reconnect_delay_s(policy.backoff, state.retry_index, policy.retry_after_cap_s, rand)
+    else:
+        delay = backoff_delay_s(policy.backoff, state.retry_index, rand)
     if known_wait is not None:
         if known_wait > policy.retry_after_cap_s:
             return GiveUp(StopReason.DEADLINE_EXHAUSTED, known_wait)

@@ -10,11 +10,16 @@ Contract:
   that collides with one of ours, `RESERVED_KEYS`, moves under `upstream`, as does a value that is
   not an object). With `structured=False` the upstream's own `structuredContent`, if any, is kept
   exactly as it came, and nothing of ours is added to it.
-- `content` holds one short text a model can act on (what failed, why retrying stopped, what is
-  preserved, what to do next) and the upstream's own content blocks of the last attempt. The text
-  comes first, except when the proxy neither retried nor stopped anything (one attempt, stopped
-  because the failure is not retryable or the upstream declined): then the upstream's blocks come
-  first, unchanged, and the text follows.
+- `content` holds the upstream's own content blocks of the last attempt, first and unchanged (many
+  clients show only the first block: FastMCP's `ToolError` does, and it must carry the tool's own
+  words), then one short text a model can act on (what failed and why, why retrying stopped, what
+  is preserved, what to do next). Without upstream content (a transport failure, a refusal before
+  attempt 1) the text is the only block, and it quotes the cause: the last attempt's detail (which
+  names the timer that cut it, where one did), or for a ledger refusal the earlier call's.
+- `isRetryable` false beside a transient category means "the proxy already retried; do not repeat
+  the call now", and the text says so in those words (`RETRIED_ALREADY`).
+- The time the upstream could not be reached at all (`unreachable_s`: the last run of attempts
+  that failed to connect, found it not running, or lost it in flight) is said in the text.
 - An unclassified failure (`defaulted`) says so: the text and the suggested action point at the
   tool's own message; never "temporary" or "try again later".
 - `outcomeUnknown` is true only for a state-changing tool with an attempt classified transient that
@@ -40,8 +45,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from proxy.errors import Dispatch
-from proxy.jsonrpc import META_APPROVE_BUDGET, META_APPROVED_BUDGET, META_ATTEMPTS, META_UNRESOLVED
+from proxy.errors import Dispatch, FailureKind
+from proxy.jsonrpc import (
+    META_APPROVE_BUDGET,
+    META_APPROVED_BUDGET,
+    META_ATTEMPTS,
+    META_UNREACHABLE_MS,
+    META_UNRESOLVED,
+)
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import tool_error_text
 from proxy.recovery.decide import GiveUp
@@ -63,10 +74,13 @@ from proxy.recovery.redact import ArgumentValues, argument_values, bound, redact
 MESSAGE_LIMIT: Final = 1200
 PARTIAL_TEXT_LIMIT: Final = 1000
 SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttempts", "elapsedMs")
+LAST_ERROR_LIMIT: Final = 300
+RETRIED_ALREADY: Final = (
+    "isRetryable is false because the proxy already retried this call within its budget, not because the"
+    " failure is permanent: do not repeat the same call now."
+)
 
 _MISSING: Final = object()
-# Stop reasons that end a call on its first answer without the proxy holding anything back.
-_FIRST_ANSWER_REASONS: Final = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 
 _CATEGORY_VALUES: Final = frozenset(c.value for c in Category)
 _SOURCE_VALUES: Final = frozenset(s.value for s in EvidenceSource)
@@ -169,15 +183,21 @@ def rpc_error_as_result(error: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def with_attempts_meta(
-    result: Mapping[str, Any], attempts: int, approved_budget_id: str | None = None
+    result: Mapping[str, Any],
+    attempts: int,
+    approved_budget_id: str | None = None,
+    unreachable_s: float | None = None,
 ) -> dict[str, Any]:
-    """The same result with `_meta["io.mcp-recovery-proxy/attempts"] = attempts` added, and the
-    approved budget it ran under (`approvedBudgetId`), if any: all a success ever gains."""
+    """The same result with `_meta["io.mcp-recovery-proxy/attempts"] = attempts` added, the
+    approved budget it ran under (`approvedBudgetId`), if any, and how long the upstream could not
+    be reached before it answered (`unreachableMs`), if it could not: all a success ever gains."""
     out = dict(result)
     meta = result.get("_meta")
     ours: dict[str, Any] = {META_ATTEMPTS: attempts}
     if approved_budget_id is not None:
         ours[META_APPROVED_BUDGET] = approved_budget_id
+    if unreachable_s is not None:
+        ours[META_UNREACHABLE_MS] = _ms(unreachable_s)
     out["_meta"] = {**(meta if isinstance(meta, dict) else {}), **ours}
     return out
 
@@ -203,6 +223,9 @@ def ledger_summary(structured: Mapping[str, Any]) -> dict[str, Any]:
     summary = {key: structured[key] for key in SUMMARY_KEYS if key in structured}
     if isinstance(structured.get("classification"), dict):
         summary["classification"] = dict(structured["classification"])
+    steps = structured.get("attemptedSteps")
+    if isinstance(steps, list) and steps and isinstance(steps[-1], dict) and isinstance(steps[-1].get("detail"), str):
+        summary["lastError"] = bound(steps[-1]["detail"], LAST_ERROR_LIMIT)  # redacted already (`_step`)
     return summary
 
 
@@ -390,6 +413,9 @@ def _message(
     outcome_unknown: bool,
     retry_after_ms: int | None,
     actions: Sequence[Mapping[str, Any]],
+    cause: str | None = None,
+    earlier: Mapping[str, Any] | None = None,
+    unreachable: float | None = None,
 ) -> str:
     if defaulted:
         # Nothing recognised the failure: the category is only the policy's label, so the text
@@ -404,17 +430,38 @@ def _message(
             f"Tool '{bound(policy.tool, 100)}' did not complete: {category.value} failure "
             f"({_evidence_phrase(evidence, category, defaulted)}) after {attempts} attempt(s) in {elapsed_s:.1f} s."
         )
+    parts = [what]
+    if cause:
+        parts.append(f"Cause: {cause}.")
+    if unreachable is not None:
+        parts.append(f"The upstream could not be reached for {unreachable:.1f} s.")
     why = _why(reason, policy, classified, attempts, deadline_s)
+    if earlier is not None:
+        previous = f"{earlier.get('errorCategory', 'unknown')} failure, {earlier.get('stopReason')}"
+        if isinstance(earlier.get("attemptCount"), int):
+            previous += f" after {earlier['attemptCount']} attempt(s)"
+        why += f" The earlier call's cause: {previous}"
+        why += f": {bound(earlier['lastError'], 200)}." if earlier.get("lastError") else "."
     if retry_after_ms is not None:
-        why += f" Earliest sensible retry: in {retry_after_ms} ms."
+        if reason is StopReason.LEDGER_EXHAUSTED:
+            why += (
+                f" This refusal ends in {retry_after_ms / 1000:.0f} s, or at once for a call that approves"
+                " a fresh budget."
+            )
+        else:
+            why += f" Earliest sensible retry: in {retry_after_ms} ms."
+    parts.append(why)
+    if category is Category.TRANSIENT and not defaulted and reason in BUDGET_EXHAUSTED | {StopReason.LEDGER_EXHAUSTED}:
+        parts.append(RETRIED_ALREADY)
     preserved = f"Preserved: {attempts} attempt(s) in attemptedSteps"
     if partials:
         preserved += f", {partials} partial result(s) in partialResults"
     preserved += "."
     if outcome_unknown:
         preserved += " The outcome is unknown: the change may have been applied."
-    next_steps = " ".join(str(a["description"]) for a in actions[:2])
-    return bound(" ".join(part for part in (what, why, preserved, f"Next: {next_steps}") if part), MESSAGE_LIMIT)
+    parts.append(preserved)
+    parts.append(f"Next: {' '.join(str(a['description']) for a in actions[:2])}")
+    return bound(" ".join(part for part in parts if part), MESSAGE_LIMIT)
 
 
 # --- the unresolved result -----------------------------------------------------------------------
@@ -439,6 +486,35 @@ def _failed_attempt_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str
     return partials
 
 
+_UNREACHABLE_KINDS: Final = frozenset(
+    {FailureKind.CONNECT_FAILED, FailureKind.NOT_RUNNING, FailureKind.SPAWN_FAILED, FailureKind.CLOSED}
+)
+
+
+def unreachable_s(attempts: Sequence[AttemptRecord]) -> float | None:
+    """How long the upstream could not be reached, as the last run of attempts that failed to reach
+    it saw it: from the end of the run's first attempt (the upstream was found gone) to the start
+    of the attempt after the run (it answered then), or to the end of the run's last attempt. None
+    when no attempt failed that way."""
+    end = len(attempts)
+    answered = bool(end) and not _unreachable(attempts[end - 1])
+    if answered:
+        end -= 1  # a success (or another failure) after the outage
+    first = end
+    while first > 0 and _unreachable(attempts[first - 1]):
+        first -= 1
+    if first == end:
+        return None
+    gone = attempts[first].started_s + attempts[first].duration_s
+    back = attempts[end].started_s if answered else attempts[end - 1].started_s + attempts[end - 1].duration_s
+    return max(0.0, back - gone)
+
+
+def _unreachable(record: AttemptRecord) -> bool:
+    outcome = record.outcome
+    return isinstance(outcome, TransportError) and outcome.kind in _UNREACHABLE_KINDS
+
+
 def _is_outcome_unknown(policy: ToolPolicy, attempts: Sequence[AttemptRecord]) -> bool:
     """A state-changing call may have taken effect: some attempt failed transiently after it may
     have reached the tool. A refusal, even one that executed (dispatch yes), changed nothing; an
@@ -461,6 +537,9 @@ def _earlier_budget(earlier: ExhaustedEntry) -> dict[str, Any]:
         value = earlier.summary.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= (1 if key == "maxAttempts" else 0):
             out[key] = value
+    last = earlier.summary.get("lastError")
+    if isinstance(last, str) and last:
+        out["lastError"] = redact(last, LAST_ERROR_LIMIT)  # from a shared store too: bounded again
     return out
 
 
@@ -592,6 +671,9 @@ def unresolved_result(
         upstream_structured = upstream_result.get("structuredContent", _MISSING)
         upstream_meta = upstream_result.get("_meta")
 
+    cause = None
+    if last is not None and isinstance(last.outcome, TransportError):
+        cause = outcome_detail(last.outcome, values)
     text = _message(
         policy=policy,
         reason=stop.reason,
@@ -606,15 +688,14 @@ def unresolved_result(
         outcome_unknown=outcome_unknown,
         retry_after_ms=retry_after_ms,
         actions=actions,
+        cause=cause,
+        earlier=report.get("earlierBudget"),
+        unreachable=unreachable_s(attempts),
     )
     summary = {"type": "text", "text": text}
-    # The proxy neither retried nor stopped anything: the tool's own answer is what the caller
-    # would have got without the proxy, so it leads, unchanged, and our note follows it.
-    untouched = len(attempts) == 1 and stop.reason in _FIRST_ANSWER_REASONS and bool(upstream_content)
-    out: dict[str, Any] = {
-        "isError": True,
-        "content": [*upstream_content, summary] if untouched else [summary, *upstream_content],
-    }
+    # The tool's own words lead, unchanged: a client that shows one block (FastMCP's ToolError)
+    # shows them; our summary follows (module contract).
+    out: dict[str, Any] = {"isError": True, "content": [*upstream_content, summary]}
     if structured:
         out["structuredContent"] = merge_upstream_structured(report, upstream_structured)
     elif upstream_structured is not _MISSING:

@@ -7,10 +7,10 @@ each step when the request carries a progress token. The three calls run at once
 session, so the test takes as long as the longest (about 50 s):
 
 - its default arguments (10 s, 5 steps) succeed, executed once;
-- 40 s with progress every 5 s succeed: the client asked for no progress, so the progress token
-  the proxy adds upstream is what keeps the attempt alive past the idle timer;
-- 150 s in one step (silent for longer than any timer) is answered with the structured
-  unresolved result before the SDK clients' 60 s default request timeout.
+- 40 s with progress every 5 s succeed (the client asked for no progress; no timer of the
+  shipped defaults cuts an attempt the deadline still allows);
+- 150 s in one step (silent past the deadline) is answered with the structured unresolved result
+  before the SDK clients' 60 s default request timeout.
 """
 
 from __future__ import annotations

@@ -150,11 +150,13 @@ def test_shipped_defaults_say_what_recovery_md_promises() -> None:
     read_only = ps.resolve("lookup", {"readOnlyHint": True})
     assert read_only.side_effect.value == "read_only"
     assert ps.resolve("lookup", {}).side_effect.value == "state_changing"
-    # RECOVERY.md §6: a deadline below the SDK clients' 60 s request timeout, attempts long enough
-    # for tools that run tens of seconds, progress keeping an attempt alive (an idle timer)
-    assert (read_only.attempts, read_only.deadline_s, read_only.attempt_timeout_s) == (3, 50.0, 45.0)
-    assert read_only.idle_timeout_s == 30.0 and read_only.deadline_s < 60.0
-    assert (read_only.min_attempt_s, read_only.retry_after_cap_s, read_only.ledger_window_s) == (11.25, 30.0, 60.0)
+    # Do no harm: a deadline below the SDK clients' 60 s request timeout (with room for the answer),
+    # and no timer that cuts an attempt before it: a tool silent for 55 s answers in one attempt
+    assert (read_only.attempts, read_only.deadline_s, read_only.attempt_timeout_s) == (3, 58.0, 58.0)
+    assert read_only.idle_timeout_s is None and 55.0 < read_only.deadline_s <= 58.0
+    assert (read_only.min_attempt_s, read_only.retry_after_cap_s, read_only.ledger_window_s) == (14.5, 30.0, 60.0)
+    # connection failures: the last of 3 attempts starts 5.25-10.5 s after the first failure
+    assert read_only.backoff.reconnect_s == 3.5
     assert read_only.backoff.initial_s == 0.2 and read_only.backoff.max_s == 2.0
     assert read_only.backoff.multiplier == 2.0 and read_only.backoff.jitter == "full"
     assert read_only.trust_annotations and read_only.trust_error_category

@@ -97,25 +97,27 @@ def test_builtin_defaults_without_any_file() -> None:
     assert policy.side_effect is SideEffect.READ_ONLY
     assert (policy.attempts, policy.deadline_s, policy.attempt_timeout_s, policy.min_attempt_s) == (
         3,
-        50.0,
-        45.0,
-        11.25,
+        58.0,
+        58.0,
+        14.5,
     )
-    assert policy.idle_timeout_s == 30.0
+    assert policy.idle_timeout_s is None
+    assert policy.backoff.reconnect_s == 3.5
     assert policy.sources["attempts"] == "built-in"
+    assert policy.sources["attempt_timeout_s"] == "derived:deadline"
     assert policy.sources["min_attempt_s"] == "derived:attempt_timeout/4"
 
 
-def test_a_folder_that_sets_only_a_short_deadline_stays_valid_and_the_built_in_attempt_timeout_follows_it(
-    policies,
-) -> None:
-    """Folders written for the first defaults (10 s deadline, 4 s attempts) set a deadline shorter
-    than today's built-in attempt timeout: the built-in one is capped, not an error."""
+def test_without_an_attempt_timeout_an_attempt_may_use_the_whole_deadline_whatever_sets_it(policies) -> None:
+    """No timer of the proxy cuts an attempt the deadline still allows, unless a policy asks for one:
+    a deadline set anywhere (longer or shorter than the built-in one) carries the attempt timeout."""
     ps = policies({"defaults.yaml": "deadline: 10s\n", "a.yaml": "tools: [a]\nattempt_timeout: 4s\n"})
     other = ps.resolve("other")
     assert (other.deadline_s, other.attempt_timeout_s, other.min_attempt_s) == (10.0, 10.0, 2.5)
-    assert other.sources["attempt_timeout_s"] == "built-in (capped to deadline)"
+    assert other.sources["attempt_timeout_s"] == "derived:deadline"
     assert (ps.resolve("a").attempt_timeout_s, ps.resolve("a").min_attempt_s) == (4.0, 1.0)
+    long = policies({"report.yaml": "tools: [report]\ndeadline: 5m\n"}).resolve("report")
+    assert (long.deadline_s, long.attempt_timeout_s, long.idle_timeout_s) == (300.0, 300.0, None)
 
 
 def test_min_attempt_time_follows_attempt_timeout_unless_set(policies) -> None:

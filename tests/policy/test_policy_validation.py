@@ -17,7 +17,7 @@ CASES = [
         "unknown nested key",
         "tools: [a]\nbackoff:\n  maximum: 2s\n",
         "policies/t.yaml:3: backoff.maximum: unknown key; did you mean 'max'? "
-        "allowed here: initial, max, multiplier, jitter",
+        "allowed here: initial, max, multiplier, jitter, reconnect",
     ),
     (
         "retry_on lists a category that cannot be retried",

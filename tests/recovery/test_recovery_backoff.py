@@ -96,3 +96,13 @@ def test_parse_retry_after_rejects_non_strings():
 def test_retry_after_ms(value, seconds, negative):
     assert retry_after_ms_s(value) == (pytest.approx(seconds) if seconds is not None else None)
     assert is_negative_pushback(value) is negative
+
+
+def test_reconnect_delay_has_a_floor_of_half_its_step_and_is_capped():
+    from proxy.recovery.backoff import reconnect_delay_s
+
+    b = Backoff(initial_s=0.2, max_s=2.0, multiplier=2.0, reconnect_s=3.5)
+    assert [reconnect_delay_s(b, i, 30.0, lambda: 0.0) for i in range(4)] == [1.75, 3.5, 7.0, 14.0]
+    assert [reconnect_delay_s(b, i, 30.0, lambda: 1.0) for i in range(4)] == [3.5, 7.0, 14.0, 28.0]
+    assert reconnect_delay_s(b, 9, 30.0, lambda: 1.0) == 30.0  # capped by the longest wait honoured
+    assert reconnect_delay_s(Backoff(reconnect_s=2.0, jitter="none"), 1, 30.0, lambda: 0.0) == 4.0

@@ -283,3 +283,36 @@ def test_call_state_start_and_attempt_timeout():
     assert attempt_timeout_s(p, s, 60.0) == 0.0
     assert s.deadline_left_s(60.0) == 0.0
     assert s.attempted().retried() == CallState(1, 50.0, 55.0, 1)
+
+
+def unreachable(kind: str, dispatched: Dispatch = NO) -> Classified:
+    return Classified(T, dispatched, Evidence(EvidenceSource.TRANSPORT, code=kind))
+
+
+@pytest.mark.parametrize("kind", ["connect_failed", "not_running", "spawn_failed", "closed"])
+def test_an_unreachable_upstream_is_retried_across_a_restart_not_within_it(kind):
+    """The shipped defaults (3 attempts, reconnect 3.5 s, equal jitter): whatever the jitter draws,
+    attempt 2 starts 1.75-3.5 s and attempt 3 5.25-10.5 s after the first failure, across a restart
+    of 2-5 s, well inside the 58 s deadline; a failure with an answer keeps the short backoff."""
+    p = ToolPolicy(
+        tool="t",
+        side_effect=RO,
+        deadline_s=58.0,
+        attempt_timeout_s=58.0,
+        min_attempt_s=14.5,
+        backoff=Backoff(reconnect_s=3.5),
+    )
+    for r, (first, second) in ((0.0, (1.75, 3.5)), (1.0, (3.5, 7.0))):
+        waits = []
+        s = CallState.start(p, now_s=0.0)
+        now = 0.0
+        for _ in range(2):
+            s = s.attempted()
+            d = decide(p, s, unreachable(kind, UNKNOWN if kind == "closed" else NO), now_s=now, rand=lambda r=r: r)
+            assert isinstance(d, Retry), d
+            waits.append(d.delay_s)
+            now += d.delay_s
+            s = s.retried()
+        assert waits == [pytest.approx(first), pytest.approx(second)]
+    answered = decide(p, CallState.start(p, now_s=0.0).attempted(), failed(T), now_s=0.0, rand=lambda: 1.0)
+    assert isinstance(answered, Retry) and answered.delay_s == pytest.approx(0.2)

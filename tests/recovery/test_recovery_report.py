@@ -12,7 +12,7 @@ from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import classify
 from proxy.recovery.decide import GiveUp, StopReason
 from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger, operation_digest
-from proxy.recovery.outcome import Outcome, RpcError, ToolError, TransportError
+from proxy.recovery.outcome import Outcome, RpcError, Success, ToolError, TransportError
 from proxy.recovery.redact import redact
 from proxy.recovery.report import (
     RESERVED_KEYS,
@@ -21,6 +21,7 @@ from proxy.recovery.report import (
     ledger_summary,
     merge_upstream_structured,
     rpc_error_as_result,
+    unreachable_s,
     unresolved_result,
     with_attempts_meta,
 )
@@ -69,7 +70,7 @@ def build(p: ToolPolicy, reason: StopReason, *outcomes: Outcome, **kw: Any) -> d
 
 
 def summary(result: dict[str, Any]) -> str:
-    """The proxy's own text block (first, or last after an untouched first answer)."""
+    """The proxy's own text block (the last one: the upstream's own blocks lead)."""
     texts = [b["text"] for b in result["content"] if b.get("type") == "text" and b["text"].startswith("Tool '")]
     assert len(texts) == 1, result["content"]
     return texts[0]
@@ -216,12 +217,16 @@ def test_classification_evidence_is_reported():
     assert s["classification"] == {"source": "default", "code": None, "rule": None, "defaulted": True}
 
 
-def test_upstream_content_follows_the_message():
+@pytest.mark.parametrize("reason", [StopReason.ATTEMPTS_EXHAUSTED, StopReason.DEADLINE_EXHAUSTED])
+def test_the_upstreams_own_content_leads_unchanged_after_retries_and_the_summary_follows(reason):
+    """A client that shows only the first block (FastMCP's ToolError) shows the tool's own words."""
     p = policy()
     upstream = tool_error("archive is down", {"errorCategory": "transient"})
     upstream.result["content"].append({"type": "image", "data": "AAAA", "mimeType": "image/png"})
-    result = build(p, StopReason.ATTEMPTS_EXHAUSTED, upstream)
-    assert result["content"][1:] == upstream.result["content"]
+    result = build(p, reason, upstream)
+    assert result["content"][:-1] == upstream.result["content"]
+    assert result["content"][0]["text"] == "archive is down"
+    assert result["content"][-1]["text"] == summary(result)
 
 
 def test_upstream_structured_keys_are_kept_and_collisions_moved(assert_schema_valid):
@@ -313,8 +318,8 @@ def test_partial_results_and_unresolved_sources(assert_schema_valid):
     assert actions == ["retry_later", "approve_budget", "use_alternative", "accept_partial"]
     assert s["suggestedActions"][2]["tool"] == "archive_mirror"
     assert META_APPROVE_BUDGET in s["suggestedActions"][1]["description"]
-    assert "2 partial result" not in result["content"][0]["text"]  # three are reported
-    assert "3 partial result(s)" in result["content"][0]["text"]
+    assert "2 partial result" not in summary(result)  # three are reported
+    assert "3 partial result(s)" in summary(result)
 
 
 @pytest.mark.parametrize(
@@ -358,7 +363,7 @@ def test_outcome_unknown_suggests_the_status_check_and_says_so():
             "description": "Do not repeat this call unchanged: it could apply the change twice.",
         },
     ]
-    assert "may have taken effect" in result["content"][0]["text"]
+    assert "may have taken effect" in summary(result)
 
 
 @pytest.mark.parametrize(
@@ -429,8 +434,53 @@ def test_ledger_exhausted_points_at_the_earlier_budget(assert_schema_valid):
         "attemptCount": 3,
         "maxAttempts": 3,
         "elapsedMs": 4000,
+        "lastError": "http_status (HTTP 503): service unavailable",
     }
     assert "approve_budget" in [a["action"] for a in s["suggestedActions"]]
+    # the refusal's own words carry the cause and when it ends (it is the only content block)
+    (only,) = result["content"]
+    assert "transient failure, attempts_exhausted after 3 attempt(s): http_status (HTTP 503)" in only["text"]
+    assert "This refusal ends in 40 s" in only["text"] and "approveBudget" in only["text"]
+    assert "already retried" in only["text"]
+
+
+def test_a_transient_failure_given_up_on_says_isretryable_false_means_retried_already():
+    for reason in (StopReason.ATTEMPTS_EXHAUSTED, StopReason.DEADLINE_EXHAUSTED):
+        result = build(policy(), reason, HTTP503, HTTP503, HTTP503)
+        assert result["structuredContent"]["isRetryable"] is False
+        assert "isRetryable is false because the proxy already retried" in summary(result)
+        assert "do not repeat the same call now" in summary(result)
+    # not said where it would be wrong: a validation failure is not "retried already"
+    refusal = build(policy(), StopReason.NOT_RETRYABLE, tool_error("bad", {"errorCategory": "validation"}))
+    assert "already retried" not in summary(refusal)
+
+
+def test_a_transport_failure_is_quoted_in_the_text_with_how_long_the_upstream_was_unreachable():
+    refused = TransportError(FailureKind.CONNECT_FAILED, Dispatch.NO, "connection refused")
+    p = policy()
+    attempts = [
+        AttemptRecord(1, 0.0, 0.01, refused, classify(refused, p), 2.0),
+        AttemptRecord(2, 2.01, 0.01, refused, classify(refused, p), 4.0),
+        AttemptRecord(3, 6.02, 0.01, refused, classify(refused, p), None),
+    ]
+    result = unresolved_result(
+        p,
+        GiveUp(StopReason.ATTEMPTS_EXHAUSTED),
+        attempts=attempts,
+        elapsed_s=6.03,
+        deadline_s=58.0,
+        arguments_digest=DIGEST,
+        budget_id="b",
+    )
+    (only,) = result["content"]
+    assert "Cause: connect_failed: connection refused." in only["text"]
+    assert "could not be reached for 6.0 s" in only["text"]
+    assert unreachable_s(attempts) == pytest.approx(6.02)
+    # a success after the outage: up to the attempt that answered
+    ok = Success({"content": []})
+    answered = [*attempts[:2], AttemptRecord(3, 6.02, 0.5, ok, classify(ok, p), None)]
+    assert unreachable_s(answered) == pytest.approx(6.01)
+    assert unreachable_s(answered[2:]) is None
 
 
 def test_an_approved_budget_shows_in_the_new_result(assert_schema_valid):

@@ -220,6 +220,11 @@ async def test_an_attempt_that_reports_no_progress_stops_after_the_idle_timeout(
     assert step["outcome"] == "transport_error" and step["dispatched"] == "unknown", step
     assert step["durationMs"] < 1500, step
     assert link.cancelled == [link.sent[0]["id"]]
+    # the timer that cut it, its value and the key (and file) that changes it: in the report and
+    # in the answer's own words
+    assert "cut by idle_timeout 0.3s" in step["detail"] and "read.yaml:idle_timeout" in step["detail"], step
+    (text,) = [b["text"] for b in answer["result"]["content"]]
+    assert "Cause: timeout: attempt 1: no answer and no progress for 0.3s: cut by idle_timeout 0.3s" in text, text
 
 
 async def test_without_a_caller_token_progress_still_feeds_the_idle_timer_and_is_not_relayed(tmp_path: Path) -> None:

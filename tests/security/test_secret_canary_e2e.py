@@ -194,8 +194,8 @@ def _proxy_parts(result: Any) -> list[tuple[str, str]]:
     meta = dumped.get("_meta") or dumped.get("meta") or {}
     parts = [(f"_meta[{key!r}]", json.dumps(value)) for key, value in meta.items() if key.startswith("io.mcp-recovery")]
     content = dumped.get("content") or []
-    if content:
-        parts.append(("the summary block", json.dumps(content[0])))
+    if content:  # the proxy's summary is the last block (the upstream's own lead, as they came)
+        parts.append(("the summary block", json.dumps(content[-1])))
     return parts
 
 

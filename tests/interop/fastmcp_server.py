@@ -1,0 +1,68 @@
+"""A FastMCP (PyPI `fastmcp`, pinned by scripts/setup-fastmcp.sh) server for the "do no harm"
+tests: run with the python of that venv, never imported by pytest.
+
+Usage: fastmcp_server.py JOURNAL stdio | fastmcp_server.py JOURNAL http PORT [--on-stdin-line]
+With --on-stdin-line an HTTP server is a warm spare: loaded, it binds PORT only when a line arrives
+on stdin (a restart whose time the test sets, not this machine's import time).
+JOURNAL: a file each tool appends one line to when it starts ("start TOOL TAG") and when it
+returns ("end TOOL TAG"): how many times the upstream executed a call. `exit_once` creates
+JOURNAL.marker before it ends its process (the next run answers).
+
+Tools (all read-only by their annotations, as a search or a lookup would be):
+- `slow_read(seconds, tag)`: silent (no progress) for `seconds`, then "read {tag} after {seconds}s".
+- `flaky_db(tag)`: fails with the tool's own message "database timed out after 5s".
+- `exit_once(tag)`: the first call ends the server process with the call in flight; later runs
+  answer "back {tag}".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
+
+READ_ONLY = {"readOnlyHint": True}
+mcp = FastMCP("do-no-harm")
+
+
+def journal(line: str) -> None:
+    with open(sys.argv[1], "a") as f:
+        f.write(line + "\n")
+
+
+@mcp.tool(annotations=READ_ONLY)
+async def slow_read(seconds: float, tag: str) -> str:
+    journal(f"start slow_read {tag}")
+    await asyncio.sleep(seconds)
+    journal(f"end slow_read {tag}")
+    return f"read {tag} after {seconds:g}s"
+
+
+@mcp.tool(annotations=READ_ONLY)
+async def flaky_db(tag: str) -> str:
+    journal(f"start flaky_db {tag}")
+    raise ToolError("database timed out after 5s")
+
+
+@mcp.tool(annotations=READ_ONLY)
+def exit_once(tag: str) -> str:
+    journal(f"start exit_once {tag}")
+    marker = Path(sys.argv[1] + ".marker")
+    if not marker.exists():
+        marker.write_text("exited once\n")
+        os._exit(3)  # the process ends with the call in flight, as a crash would
+    journal(f"end exit_once {tag}")
+    return f"back {tag}"
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "http":
+        if "--on-stdin-line" in sys.argv:
+            sys.stdin.readline()
+        mcp.run(transport="http", host="127.0.0.1", port=int(sys.argv[3]), show_banner=False, log_level="warning")
+    else:
+        mcp.run(transport="stdio", show_banner=False)

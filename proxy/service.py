@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from proxy.auth.vouch import VouchGate
+from proxy.catalog import Catalogs
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.lifecycle import InFlight
-from proxy.relay import Relay, ToolCallHandler, ToolCatalog
+from proxy.relay import Relay, ToolCallHandler
 from proxy.settings import Settings
 from proxy.shares import ClientShares
 from proxy.state import SharedState
@@ -187,7 +188,10 @@ class Service:
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
         self.health.on_report = self._health_reported
-        self.catalog = ToolCatalog()
+        # The upstream's tools, listed when it is first reached (proxy/catalog.py); one per
+        # principal as well with --auth passthrough, whose callers may be listed other tools.
+        self.catalogs = Catalogs(per_principal=settings.auth == "passthrough")
+        self.catalog = self.catalogs.upstream
         self.tool_calls = tool_calls
         self.capabilities: Capabilities | None = None
         self.probe_error: str | None = "not probed yet"
@@ -479,7 +483,7 @@ class Service:
             shared = self.settings.listen != "stdio"
             self._modern = Relay(
                 link,
-                catalog=self.catalog,
+                catalogs=self.catalogs,
                 tool_calls=self.tool_calls,
                 shared=shared,
                 shares=self.shares,
@@ -488,6 +492,7 @@ class Service:
             )
             self._modern.on_protocol_mismatch = self.renegotiate
             self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
+            self._modern.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
         return self._modern
 
     def legacy_supported(self) -> bool:
@@ -527,7 +532,7 @@ class Service:
         session_id = secrets.token_hex(16)
         relay = Relay(
             link,  # type: ignore[arg-type]
-            catalog=self.catalog,
+            catalogs=self.catalogs,
             tool_calls=self.tool_calls,
             session_id=session_id,
             requests=self.requests,

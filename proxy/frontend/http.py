@@ -899,7 +899,7 @@ class McpHttpApp:
             await _respond(send, 202)
             return
         try:
-            relay = await self.service.modern_relay()
+            relay = await self.service.modern_relay_for(message)  # a tools/call: always one
         except UpstreamFailure as failure:
             await _respond_error(send, 503, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
             return

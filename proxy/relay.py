@@ -402,6 +402,7 @@ class Relay:
         if catalog is not None:
             self.catalogs.upstream = catalog
         self.catalog = self.catalogs.upstream
+        self._session_catalog: ToolCatalog | None = None  # passthrough: a 2025 session opener's
         # The revision this 2025 session's initialize negotiated (what the result shapes may use);
         # None until then, and for the 2026 relay (each request names its own 2026 revision).
         self.protocol_version: str | None = None
@@ -843,10 +844,14 @@ class Relay:
             raise
 
     def catalog_of(self, principal: Principal | None) -> ToolCatalog:
-        """The catalog of the tools `principal` is listed (the upstream's own but with passthrough)."""
-        if principal is None or not self.catalogs.per_principal:
+        """The catalog of the tools `principal` is listed (the upstream's own but with passthrough).
+        With passthrough, a 2025 session's catalog is its opener's: the upstream binds the session
+        to that credential, and lists (and runs) what comes through it as that caller's."""
+        if not self.catalogs.per_principal:
             return self.catalog
-        return self.catalogs.of(principal.id)
+        if self._session_catalog is not None:
+            return self._session_catalog
+        return self.catalog if principal is None else self.catalogs.of(principal.id)
 
     async def lookup_tool(
         self,
@@ -875,8 +880,11 @@ class Relay:
         """The upstream was reached: list its tools now, unless the catalog has them (a call that
         comes later then knows its tool whatever its deadline). With passthrough only for a caller
         whose credential is at hand (`headers`)."""
-        if self.catalogs.per_principal and principal is None:
-            return
+        if self.catalogs.per_principal:
+            if principal is None:
+                return
+            if self.session_id is not None and self._session_catalog is None:
+                self._session_catalog = self.catalogs.of(principal.id)  # the session's opener
         catalog = self.catalog_of(principal)
         if not catalog.listed.is_set():
             catalog.refresh(self.lister(catalog, None, headers))

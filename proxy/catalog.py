@@ -46,6 +46,7 @@ class ToolCatalog:
         self._param_headers: dict[str, bool] = {}
         self._parent = parent
         self._task: asyncio.Task[None] | None = None
+        self._changed = False  # a list_changed arrived while a listing ran: it lists again
 
     def observe(self, result: Any, *, complete: bool | None = None) -> None:
         """One page of a `tools/list` result. `complete`: whether the listing is whole with this
@@ -66,6 +67,7 @@ class ToolCatalog:
         """The upstream said its tools changed: the next `ready` (or `refresh`) lists again."""
         self.listed.clear()
         self._param_headers.clear()
+        self._changed = True
 
     def refresh(self, lister: Lister) -> asyncio.Task[None]:
         """The listing in flight, or a new one made with `lister` (never cancelled by a waiter)."""
@@ -77,7 +79,12 @@ class ToolCatalog:
     async def _list(self, lister: Lister) -> None:
         try:
             async with asyncio.timeout(LIST_TIMEOUT_S):
-                await lister()
+                for _ in range(3):  # a change announced during a listing may not be in it
+                    self._changed = False
+                    await lister()
+                    if not self._changed:
+                        break
+                    self.listed.clear()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # an upstream failure or timeout: the next call lists again

@@ -328,6 +328,9 @@ async def test_a_redirect_is_reported_as_not_run_and_not_retried(tmp_path: Path,
             assert step["dispatched"] == "no"
             assert "redirected the request to http://127.0.0.1:9/moved/mcp" in step["detail"], step
             assert "not-for-logs" not in json.dumps(report)
+            # the answer says what happened: not the caller's input, the upstream's address
+            assert "HTTP " + status + ": a redirect, the request was not run" in result.content[0].text
+            assert [a["action"] for a in report["suggestedActions"]] == ["fix_upstream"]
         assert len(target.journal.events(event="http_refused")) == 1
 
 

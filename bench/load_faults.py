@@ -12,14 +12,16 @@ Legs, each with its own proxy (`python -m proxy serve`, stopped by SIGTERM to it
    `mode="legacy"` and `mode="2026-07-28"`), one call in flight each, share `--calls` calls of a
    mix of idempotent reads and state-changing `charge` calls (the journal records each charge's
    effect before anything can fail). Faults: scripted transient errors (isError and JSON-RPC),
-   non-transient refusals, hangs (cancelled at the attempt timeout), slow answers, `charge` that
-   fails after its effect or hangs, scripted process crashes mid-call, external SIGKILLs of the
-   upstream (a stdio child of the proxy; the HTTP server, which the bench restarts on its port),
-   HTTP only: answers cut mid-way (`reset_read`: the connection is dropped after half an answer)
-   and a 503 for every 40th tools/call, and one policy file rewritten mid-run (hot reload:
-   `always_fail` from 3 attempts to 2). Printed: calls answered (exactly one answer, and the
-   right one), duplicate executions of `charge`, attempts beyond the policy's budget and repeats of
-   ineligible failures, deadline overshoot (caller-observed time minus the policy deadline, for
+   non-transient refusals, hangs (cancelled at the attempt timeout), slow answers, `charge` that fails
+   after its effect or hangs, scripted process crashes mid-call, external SIGKILLs of the upstream
+   (a stdio child of the proxy; the HTTP server, which the bench restarts on its port), HTTP only:
+   answers cut mid-way (`reset_read`: the connection is dropped after half an answer) and a 503 for
+   every 40th tools/call, and one policy file rewritten mid-run (hot reload: `always_fail` from 3
+   attempts to 2). Printed: calls answered (exactly one answer, and the right one), duplicate
+   executions of `charge`, attempts beyond the policy's budget and repeats of ineligible failures,
+   per era the tool calls answered outside the engine (a JSON-RPC error or an isError result without
+   the report) and the hanging attempts that ran to their end instead of being cancelled (both must
+   be 0, restarts included), deadline overshoot (caller-observed time minus the policy deadline, for
    calls stopped by their deadline), peak and final proxy RSS, processes and file descriptors left
    after the proxy's shutdown.
 2. **Outage** (HTTP upstream): every tools/call answered 503 for `--outage-s` seconds while
@@ -85,6 +87,9 @@ UNRESOLVED = "io.mcp-recovery-proxy/unresolved"
 # errors the SDK client synthesizes (-32000, CONNECTION_CLOSED) when a response stream ends or
 # breaks without the answer: nobody answered the call
 SDK_MADE_UP = ("SSE stream ended without a response", "SSE stream failed")
+# JSON-RPC errors of a tools/call the engine answers as they came (the 2026 header and version
+# errors, for the client's protocol machinery): anything else as a JSON-RPC error bypassed it
+KEPT_PROTOCOL_ERRORS = ("-32020", "-32021", "-32022")
 OVERSHOOT_TARGET_MS = 50.0
 HANG_S = 8.0
 EXIT_BOUND_S = 14.0  # docs/reliability.md: the proxy never outlives grace + about 14 s
@@ -873,6 +878,36 @@ def judge_calls(
     hang_fates = collections.Counter(f for s in hangs for f in fates.get(s.call_id, ()))
     rep.say(f"    of hanging calls ({len(hangs)}): {dict(hang_fates.most_common())}")
     rep.check(f"{name}: attempts left running upstream", str(fate_counts.get("open", 0)), "0", not fate_counts["open"])
+
+    # 4b. per path (the caller's era over this upstream), through the upstream's restarts (kills,
+    # crashes): tool calls answered outside the engine (a JSON-RPC error other than the 2026
+    # protocol errors the engine keeps as they came, or an isError result without the engine's
+    # report), and attempts the proxy stopped waiting for that were not cancelled upstream (a
+    # hanging attempt outlives every deadline of the mix: one that ran to its end was never
+    # cancelled; one whose process died is `killed`, not counted)
+    outside: dict[str, int] = {mode: 0 for mode in MODES}
+    uncancelled: dict[str, int] = {mode: 0 for mode in MODES}
+    for o in outcomes:
+        kept = o.answer == "jsonrpc_error" and o.detail.split(":", 1)[0] in KEPT_PROTOCOL_ERRORS
+        if (o.answer == "jsonrpc_error" and not kept) or (
+            o.answer == "result" and o.is_error and o.stop_reason is None
+        ):
+            outside[o.mode] += 1
+            rep.say(f"    ANSWERED OUTSIDE THE ENGINE {o.call_id} ({o.mode}, {o.answer}): {o.detail[:160]}")
+        if o.kind in ("hang", "charge_hang"):
+            ran_out = sum(1 for f in fates.get(o.call_id, ()) if f in ("completed", "failed"))
+            uncancelled[o.mode] += ran_out
+            if ran_out:
+                rep.say(f"    NOT CANCELLED {o.call_id} ({o.mode}): {ran_out} attempt(s) ran to their end")
+    data["answered_outside_engine"] = outside
+    data["attempts_not_cancelled"] = uncancelled
+    for mode in MODES:
+        rep.check(
+            f"{name} [{mode}]: tool calls answered outside the engine + attempts not cancelled",
+            f"{outside[mode]} + {uncancelled[mode]}",
+            "0 + 0",
+            not outside[mode] and not uncancelled[mode],
+        )
 
     # 5. deadline overshoot: time after the policy deadline at which a call stopped by it was
     # answered. The check is the probe's (bench/deadline_probe.py: a process of its own, a few

@@ -199,7 +199,10 @@ class Engine:
         arguments = params.get("arguments")
         if not isinstance(name, str) or (arguments is not None and not isinstance(arguments, dict)):
             return relay.forward(request, outbox, headers)  # malformed too
-        tool = relay.catalog.tools.get(name)
+        catalog = (
+            relay.catalog if principal is None or not relay.catalogs.per_principal else relay.catalog_of(principal)
+        )
+        tool = catalog.tools.get(name)
         if tool is None:
             return self._after_lookup(relay, request, outbox, headers, name, principal)
         annotations = tool.get("annotations")
@@ -327,19 +330,23 @@ class Engine:
         name: str,
         principal: Principal | None,
     ) -> Message:
-        """A tool the catalog lacks: list tools first (its annotations decide its side-effect class).
-        `request` was checked by `__call__`: its params are an object with a valid name and arguments.
+        """A tool the catalog lacks: wait for the catalog's listing first (the tool's annotations
+        decide its side-effect class, its output schema where the report may go). `request` was
+        checked by `__call__`: its params are an object with a valid name and arguments.
 
-        The listing is part of the call: counted in its elapsed time, and bounded so that at least
-        the minimum useful attempt time of its deadline is left for attempt 1 (annotations cannot
-        change either: they only decide the side-effect class)."""
+        The listing is the catalog's, started when the upstream was first reached (or now, by
+        this call), and never cut short by this call's deadline (proxy/catalog.py). The wait is part
+        of the call, counted in its elapsed time: at most `LOOKUP_TIMEOUT_S`, and never more than
+        leaves attempt 1 the minimum useful attempt time, or half the deadline when that is shorter
+        than the minimum (a short caller deadline waits too: the listing is usually done)."""
         began = self.clock()
         params = request["params"]
         meta = params.get("_meta")
         caller_ms = meta.get(META_DEADLINE_MS) if isinstance(meta, dict) else None
         policy = self.policy_for(name, None)
         room = CallState.start(policy, now_s=began, caller_deadline_ms=caller_ms).deadline_left_s(began)
-        await relay.lookup_tool(name, request, max(0.0, min(LOOKUP_TIMEOUT_S, room - policy.min_attempt_s)), headers)
+        wait_s = min(LOOKUP_TIMEOUT_S, room - min(policy.min_attempt_s, room / 2))
+        await relay.lookup_tool(name, request, max(0.0, wait_s), headers, principal)
         call = _Call(self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal)
         call.began = began
         return await call.run()
@@ -406,6 +413,7 @@ class _Call:
         "backoff_s",
         "began",
         "call_id",
+        "catalog",
         "e",
         "headers",
         "in_flight",
@@ -444,7 +452,8 @@ class _Call:
         self.name = name
         self.arguments = arguments
         self.call_id = engine.new_call_id()
-        tool = relay.catalog.tools.get(name)
+        self.catalog = catalog = relay.catalog_of(principal)
+        tool = catalog.tools.get(name)
         self.label = name if tool is not None else "other"  # bounded: catalog names only
         if policy is None:
             annotations = tool.get("annotations") if tool is not None else None
@@ -828,9 +837,10 @@ class _Call:
         tool that declares an output schema (clients validate any structuredContent against it,
         errors included: the TypeScript SDK throws), nor for a client whose revision predates
         structuredContent. A 2026 request always has it; a 2025 session's revision is the one its
-        initialize negotiated (unknown: no)."""
-        tool = self.relay.catalog.tools.get(self.name)
-        if tool is not None and tool.get("outputSchema") is not None:
+        initialize negotiated (unknown: no). A tool the catalog does not know (not listed, or the
+        listing failed) may have an output schema: placed as for one that has."""
+        tool = self.catalog.tools.get(self.name)
+        if tool is None or tool.get("outputSchema") is not None:
             return False
         if self.relay.era is Era.MODERN:
             return True

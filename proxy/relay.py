@@ -61,6 +61,7 @@ from typing import Any, Protocol
 from proxy.auth.base import AuthRefused, Principal
 from proxy.auth.challenge import upstream_refusal
 from proxy.auth.vouch import VouchGate, VouchLimited, fresh
+from proxy.catalog import Catalogs, ToolCatalog
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -79,7 +80,7 @@ from proxy.jsonrpc import (
 from proxy.lifecycle import InFlight
 from proxy.shares import ClientShares, SharesFull, Slots
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink
+from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink, discover_request
 
 log = logging.getLogger("proxy.relay")
 
@@ -123,43 +124,6 @@ class _NullOutbox:
 
     def send(self, message: Message) -> None:
         pass
-
-
-class ToolCatalog:
-    """The tools the upstream listed, by name (shared by all sessions of one upstream). Bounded."""
-
-    LIMIT = 2000
-
-    def __init__(self) -> None:
-        self.tools: dict[str, dict[str, Any]] = {}
-        self.listed = asyncio.Event()
-        self._param_headers: dict[str, bool] = {}
-
-    def observe(self, result: Any) -> None:
-        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
-            return
-        self._param_headers.clear()
-        for tool in result["tools"]:
-            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-                if tool["name"] in self.tools or len(self.tools) < self.LIMIT:
-                    self.tools[tool["name"]] = tool
-        self.listed.set()
-
-    def declares_param_headers(self, name: str) -> bool:
-        """Whether the tool's input schema marks any argument `x-mcp-header` (cached per listing)."""
-        known = self._param_headers.get(name)
-        if known is None:
-            from mcp.shared.inbound import x_mcp_header_map
-
-            tool = self.tools.get(name)
-            known = bool(tool and x_mcp_header_map(tool.get("inputSchema")))
-            self._param_headers[name] = known
-        return known
-
-    def annotations(self, name: str) -> dict[str, Any] | None:
-        tool = self.tools.get(name)
-        ann = tool.get("annotations") if tool else None
-        return ann if isinstance(ann, dict) else None
 
 
 class ProgressRelay:
@@ -404,7 +368,8 @@ class Relay:
         self,
         link: UpstreamLink,
         *,
-        catalog: ToolCatalog,
+        catalog: ToolCatalog | None = None,
+        catalogs: Catalogs | None = None,
         tool_calls: ToolCallHandler | None = None,
         session_id: str | None = None,
         shared: bool | None = None,
@@ -431,7 +396,13 @@ class Relay:
             listen_share(functools.partial(shares.of, client))  # its upstream listen stream counts too
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
-        self.catalog = catalog
+        # The upstream's tools (proxy/catalog.py): `catalog` is the upstream's own; `catalogs`
+        # adds one per principal where listings differ per caller (--auth passthrough).
+        self.catalogs = catalogs if catalogs is not None else Catalogs()
+        if catalog is not None:
+            self.catalogs.upstream = catalog
+        self.catalog = self.catalogs.upstream
+        self._session_catalog: ToolCatalog | None = None  # passthrough: a 2025 session opener's
         # The revision this 2025 session's initialize negotiated (what the result shapes may use);
         # None until then, and for the 2026 relay (each request names its own 2026 revision).
         self.protocol_version: str | None = None
@@ -547,6 +518,8 @@ class Relay:
                     log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
                     SHED.count("relayed_timeouts")
                     response = timeout_response(down_id, method, timeout_s)
+                if method == "tools/list" and "result" in response:
+                    self.catalog_of(principal).observe(response["result"])
             outbox.send(response)
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
@@ -615,9 +588,7 @@ class Relay:
         progress = ProgressRelay(token) if token is not None else None
         response = await self.attempt(request, outbox, headers, timeout_s, timeout_s, progress)
         method = request.get("method")
-        if method == "tools/list" and "result" in response:
-            self.catalog.observe(response["result"])
-        elif method == "initialize" and isinstance(response.get("result"), dict):
+        if method == "initialize" and isinstance(response.get("result"), dict):
             version = response["result"].get("protocolVersion")
             self.protocol_version = version if isinstance(version, str) else None
         elif "error" in response:
@@ -872,44 +843,89 @@ class Relay:
                 raise upstream_refusal(failure) from None
             raise
 
-    async def lookup_tool(
-        self, name: str, request: Message, timeout_s: float = 5.0, headers: Mapping[str, str] | None = None
-    ) -> dict[str, Any] | None:
-        """The upstream's definition of `name`, listing tools once (bounded) if the catalog lacks it.
+    def catalog_of(self, principal: Principal | None) -> ToolCatalog:
+        """The catalog of the tools `principal` is listed (the upstream's own but with passthrough).
+        With passthrough, a 2025 session's catalog is its opener's: the upstream binds the session
+        to that credential, and lists (and runs) what comes through it as that caller's."""
+        if not self.catalogs.per_principal:
+            return self.catalog
+        if self._session_catalog is not None:
+            return self._session_catalog
+        return self.catalog if principal is None else self.catalogs.of(principal.id)
 
-        Used for a tool's annotations (its side-effect class) and its `x-mcp-header` schema when a
-        client calls a tool without having listed tools first. A modern request's envelope is
-        reused so the listing is a valid 2026 request. The listing is made for the caller of
-        `request`: with `--auth passthrough` it carries that caller's `Authorization` (of
-        `headers`, the request's forwarded ones), as the request itself does.
+    async def lookup_tool(
+        self,
+        name: str,
+        request: Message | None,
+        timeout_s: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+        principal: Principal | None = None,
+    ) -> dict[str, Any] | None:
+        """The upstream's definition of `name`, waiting at most `timeout_s` for the catalog's
+        listing when it has not arrived yet (proxy/catalog.py: the listing is not the caller's,
+        and is not cut short when the caller stops waiting).
+
+        A modern request's envelope is reused so the listing is a valid 2026 request. With
+        `--auth passthrough` the listing carries the caller's `Authorization` (of `headers`, the
+        request's forwarded ones), as the request itself does, and fills that principal's catalog.
         """
-        tool = self.catalog.tools.get(name)
-        if tool is not None or self.catalog.listed.is_set():
+        catalog = self.catalog_of(principal)
+        tool = catalog.tools.get(name)
+        if tool is not None or catalog.listed.is_set():
             return tool
-        params = request.get("params")
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
-        cursor: Any = None
-        sink = _NullOutbox()
+        await catalog.ready(self.lister(catalog, request, headers), timeout_s)
+        return catalog.tools.get(name)
+
+    def list_tools_soon(self, headers: Mapping[str, str] | None = None, principal: Principal | None = None) -> None:
+        """The upstream was reached: list its tools now, unless the catalog has them (a call that
+        comes later then knows its tool whatever its deadline). With passthrough only for a caller
+        whose credential is at hand (`headers`)."""
+        if self.catalogs.per_principal:
+            if principal is None:
+                return
+            if self.session_id is not None and self._session_catalog is None:
+                self._session_catalog = self.catalogs.of(principal.id)  # the session's opener
+        catalog = self.catalog_of(principal)
+        if not catalog.listed.is_set():
+            catalog.refresh(self.lister(catalog, None, headers))
+
+    def lister(
+        self, catalog: ToolCatalog, request: Message | None, headers: Mapping[str, str] | None
+    ) -> Callable[[], Awaitable[None]]:
+        """A listing of every page of the upstream's tools into `catalog`, through this relay."""
+        if request is not None:
+            params = request.get("params")
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
+        else:
+            envelope = {}
+        if not envelope and self.era is Era.MODERN:
+            envelope = discover_request(0)["params"]["_meta"]
         credential = headers.get("authorization") if headers is not None else None
         credentials = {"authorization": credential} if credential is not None else None
-        try:
-            async with asyncio.timeout(timeout_s):
-                for _ in range(20):
-                    list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
-                    if cursor is not None:
-                        list_params["cursor"] = cursor
-                    listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
-                    response = await self.forward(listing, sink, credentials)
-                    result = response.get("result")
-                    cursor = result.get("nextCursor") if isinstance(result, dict) else None
-                    if name in self.catalog.tools or not isinstance(cursor, str):
-                        break
-        except (UpstreamFailure, TimeoutError):
-            return None
-        return self.catalog.tools.get(name)
 
-    async def handle_notification(self, message: Message, headers: Mapping[str, str] | None = None) -> None:
+        async def list_all() -> None:
+            cursor: Any = None
+            sink = _NullOutbox()
+            for _ in range(20):  # pages, at most
+                list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
+                if cursor is not None:
+                    list_params["cursor"] = cursor
+                listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
+                response = await self.forward(listing, sink, credentials)
+                result = response.get("result")
+                cursor = result.get("nextCursor") if isinstance(result, dict) else None
+                last = not isinstance(cursor, str)
+                catalog.observe(result, complete=last)
+                if last:
+                    return
+            catalog.observe({"tools": []}, complete=True)  # 20 pages: as much as the proxy reads
+
+        return list_all
+
+    async def handle_notification(
+        self, message: Message, headers: Mapping[str, str] | None = None, principal: Principal | None = None
+    ) -> None:
         self.last_activity = time.monotonic()
         self.initialized = True
         if message.get("method") == "notifications/cancelled":
@@ -927,6 +943,9 @@ class Relay:
                 # (an HTTP error status instead of 202, the spec's answer to a refused notification)
                 raise upstream_refusal(failure) from None
             log.info("could not relay %s upstream: %s", bounded(str(message.get("method")), 80), failure)
+        else:
+            if message.get("method") == "notifications/initialized":
+                self.list_tools_soon(headers, principal)  # the session is usable: know its tools
 
     async def handle_response(self, message: Message) -> None:
         """The client's answer to a server-to-client request."""
@@ -990,6 +1009,9 @@ class Relay:
                         return
         elif method == "notifications/progress":
             return  # progress for no request of ours
+        elif method == "notifications/tools/list_changed":
+            self.catalogs.changed()
+            self.list_tools_soon()  # the upstream's own catalog, listed again now
         self.deliver(message)
 
     def _refuse_untied_request(self, message: Message) -> None:

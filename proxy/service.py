@@ -38,9 +38,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from proxy.auth.vouch import VouchGate
+from proxy.catalog import Catalogs
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.jsonrpc import Message
 from proxy.lifecycle import InFlight
-from proxy.relay import Relay, ToolCallHandler, ToolCatalog
+from proxy.reaching import ReachingLink
+from proxy.relay import Relay, ToolCallHandler
 from proxy.settings import Settings
 from proxy.shares import ClientShares
 from proxy.state import SharedState
@@ -187,7 +190,10 @@ class Service:
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
         self.health.on_report = self._health_reported
-        self.catalog = ToolCatalog()
+        # The upstream's tools, listed when it is first reached (proxy/catalog.py); one per
+        # principal as well with --auth passthrough, whose callers may be listed other tools.
+        self.catalogs = Catalogs(per_principal=settings.auth == "passthrough")
+        self.catalog = self.catalogs.upstream
         self.tool_calls = tool_calls
         self.capabilities: Capabilities | None = None
         self.probe_error: str | None = "not probed yet"
@@ -195,6 +201,7 @@ class Service:
         self._session_clients: dict[str, str] = {}  # session id -> the client that opened it (its key)
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
         self._modern: Relay | None = None
+        self._reaching: Relay | None = None  # 2026 tool calls before the upstream is reached
         self._probe_lock = asyncio.Lock()
         # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)
         self.probe_refusal: UpstreamFailure | None = None
@@ -257,13 +264,22 @@ class Service:
             # (proxy/upstream/stdio.py `stop_children`); closing a relay's link after that is
             # quick. Closed one relay after another, the children were stopped one group after
             # another, each with its own bound.
-            relays = [*sessions, *([self._modern] if self._modern is not None else [])]
+            relays = [*sessions, *self._era_relays()]
             await asyncio.gather(*(relay.end_requests() for relay in relays), return_exceptions=True)
             await self.upstream.aclose()
-        await asyncio.gather(*(relay.aclose() for relay in sessions), *closing, return_exceptions=True)
+        await asyncio.gather(
+            *(relay.aclose() for relay in sessions),
+            *((self._reaching.aclose(),) if self._reaching is not None else ()),
+            *closing,
+            return_exceptions=True,
+        )
         await self.upstream.aclose()
         if self.state is not None:
             await self.state.aclose()
+
+    def _era_relays(self) -> list[Relay]:
+        """The relays of the 2026 era: the shared one, and the one of calls before it existed."""
+        return [relay for relay in (self._modern, self._reaching) if relay is not None]
 
     def cut_drain_short(self) -> None:
         """A second stop signal: end what is in flight now instead of at the grace period's end."""
@@ -304,7 +320,7 @@ class Service:
         log.warning("shutdown grace period over: ending %d requests still in flight", len(ended))
         # Each ends at once (its attempt is cancelled, its answer written); bounded all the same.
         await asyncio.wait(ended, timeout=5.0)
-        relays = [*self.sessions.values(), *([self._modern] if self._modern is not None else [])]
+        relays = [*self.sessions.values(), *self._era_relays()]
         await asyncio.gather(*(relay.settle() for relay in relays), return_exceptions=True)
         return len(ended)
 
@@ -479,7 +495,7 @@ class Service:
             shared = self.settings.listen != "stdio"
             self._modern = Relay(
                 link,
-                catalog=self.catalog,
+                catalogs=self.catalogs,
                 tool_calls=self.tool_calls,
                 shared=shared,
                 shares=self.shares,
@@ -488,7 +504,31 @@ class Service:
             )
             self._modern.on_protocol_mismatch = self.renegotiate
             self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
+            self._modern.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
         return self._modern
+
+    async def modern_relay_for(self, request: Message) -> Relay | None:
+        """The relay of a 2026 request. A `tools/call` the 2026 relay cannot take yet (the upstream
+        not reached: not started, crash-looping, refusing) goes to the engine all the same, over a
+        relay whose link reaches the upstream on each attempt (proxy/reaching.py): its failure is
+        an outcome the engine classifies, retries and reports, never a transport error."""
+        try:
+            return await self.modern_relay()
+        except UpstreamFailure:
+            if request.get("method") != "tools/call" or self.tool_calls is None:
+                raise
+        if self._reaching is None:
+            self._reaching = Relay(
+                ReachingLink(self.modern_relay),  # type: ignore[arg-type]
+                catalogs=self.catalogs,
+                tool_calls=self.tool_calls,
+                shared=self.settings.listen != "stdio",
+                shares=self.shares,
+                requests=self.requests,
+                **self._relay_limits(),
+            )
+            self._reaching.pass_auth_refusals = self.settings.auth == "passthrough"
+        return self._reaching
 
     def legacy_supported(self) -> bool:
         return self.capabilities is None or self.capabilities.legacy
@@ -527,7 +567,7 @@ class Service:
         session_id = secrets.token_hex(16)
         relay = Relay(
             link,  # type: ignore[arg-type]
-            catalog=self.catalog,
+            catalogs=self.catalogs,
             tool_calls=self.tool_calls,
             session_id=session_id,
             requests=self.requests,

@@ -899,7 +899,7 @@ class McpHttpApp:
             await _respond(send, 202)
             return
         try:
-            relay = await self.service.modern_relay()
+            relay = await self.service.modern_relay_for(message)  # a tools/call: always one
         except UpstreamFailure as failure:
             await _respond_error(send, 503, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
             return
@@ -922,7 +922,7 @@ class McpHttpApp:
         rejection = self._check_modern_headers(scope, headers, message)
         if rejection is None and message.get("method") == "tools/call":
             claimed = forwarded is not None and any(k.startswith("mcp-param-") for k in forwarded)
-            rejection = await self._check_param_headers(relay, headers, message, claimed)
+            rejection = await self._check_param_headers(relay, headers, message, claimed, principal)
         if rejection is not None:
             await _respond_json(
                 send,
@@ -948,7 +948,9 @@ class McpHttpApp:
         verdict = classify_inbound_request(message, headers=headers)
         return verdict if isinstance(verdict, InboundLadderRejection) else None
 
-    async def _check_param_headers(self, relay: Relay, headers: dict[str, str], message: Message, claimed: bool) -> Any:
+    async def _check_param_headers(
+        self, relay: Relay, headers: dict[str, str], message: Message, claimed: bool, principal: Principal | None
+    ) -> Any:
         """`claimed`: the request carries `Mcp-Param-*` headers."""
         params = message.get("params") or {}
         name = params.get("name")
@@ -960,11 +962,14 @@ class McpHttpApp:
         # a listing the proxy makes for this caller carries its credential (passthrough), nothing else
         credential = headers.get("authorization") if self._forward_credentials else None
         tool = await relay.lookup_tool(
-            name, message, headers={"authorization": credential} if credential is not None else None
+            name,
+            message,
+            headers={"authorization": credential} if credential is not None else None,
+            principal=principal,
         )
         if tool is None:
             return None  # an unknown tool: the upstream owns that answer
-        if not claimed and not relay.catalog.declares_param_headers(name):
+        if not claimed and not relay.catalog_of(principal).declares_param_headers(name):
             return None  # nothing to mirror and nothing claimed: skip the schema walk
         return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
 
@@ -1054,7 +1059,7 @@ class McpHttpApp:
                 return
             credentials = _forwarded(headers, True) if self._forward_credentials else None
             try:
-                await relay.handle_notification(message, credentials)
+                await relay.handle_notification(message, credentials, principal)
             except AuthRefused as refused:  # passthrough: the upstream refused the caller's credential
                 await self._refuse(send, refused, "POST")
                 return

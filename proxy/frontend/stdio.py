@@ -192,7 +192,7 @@ class StdioFrontend:
                 self._session_id, self._legacy = await self.service.new_session()
             return self._legacy
         if jsonrpc.is_modern_request(message):
-            return await self.service.modern_relay()
+            return await self.service.modern_relay_for(message)  # a tools/call: always one
         return self._legacy
 
 

@@ -82,6 +82,14 @@ HTTP_TABLE: Final[dict[int, tuple[Category, Dispatch]]] = {
     413: (Category.VALIDATION, Dispatch.NO),
     415: (Category.VALIDATION, Dispatch.NO),
     422: (Category.VALIDATION, Dispatch.NO),
+    # A redirect: the server did not run the request, it names another URL. The proxy follows
+    # none (a POST's body and credential would go where the operator did not point it), so the
+    # call cannot succeed until --upstream names the new place: not transient, never dispatched.
+    301: (Category.VALIDATION, Dispatch.NO),
+    302: (Category.VALIDATION, Dispatch.NO),
+    303: (Category.VALIDATION, Dispatch.NO),
+    307: (Category.VALIDATION, Dispatch.NO),
+    308: (Category.VALIDATION, Dispatch.NO),
 }
 
 

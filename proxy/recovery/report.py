@@ -251,6 +251,20 @@ _BY_CATEGORY: Final[dict[Category, tuple[str, str]]] = {
 }
 
 
+# An HTTP redirect: the upstream named another URL and did not run the request (the proxy follows
+# none), so the call is not the caller's to change but the operator's upstream to point elsewhere.
+REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
+_REDIRECTED: Final = (
+    "fix_upstream",
+    "The upstream answered with a redirect and did not run the call: the proxy must be pointed at the"
+    " new URL (--upstream) by its operator. The call itself needs no change.",
+)
+
+
+def _redirected(evidence: Evidence) -> bool:
+    return evidence.source is EvidenceSource.HTTP and evidence.code in REDIRECT_STATUSES
+
+
 def _action(action: str, description: str, **extra: Any) -> dict[str, Any]:
     return {"action": action, "description": description, **{k: v for k, v in extra.items() if v is not None}}
 
@@ -265,8 +279,10 @@ def suggested_actions(
     budget_id: str,
     retry_after_ms: int | None,
     has_partials: bool,
+    redirected: bool = False,
 ) -> list[dict[str, Any]]:
-    """Deterministic next steps for a coordinator or a model."""
+    """Deterministic next steps for a coordinator or a model. `redirected`: the failure was an
+    HTTP redirect (the operator's to fix, not the caller's input)."""
     actions: list[dict[str, Any]] = []
     if outcome_unknown:
         actions.append(
@@ -323,6 +339,8 @@ def suggested_actions(
                 "The proxy could not classify this failure: read the tool's own message and decide from it.",
             )
         )
+    elif redirected:
+        actions.append(_action(*_REDIRECTED))
     elif category in _BY_CATEGORY:
         actions.append(_action(*_BY_CATEGORY[category]))
     for alternative in policy.alternatives:
@@ -347,6 +365,8 @@ def _evidence_phrase(evidence: Evidence, category: Category, defaulted: bool) ->
         case EvidenceSource.TRANSPORT:
             return f"transport failure {evidence.code}"
         case EvidenceSource.HTTP:
+            if evidence.code in REDIRECT_STATUSES:
+                return f"HTTP {evidence.code}: a redirect, the request was not run"
             return f"HTTP {evidence.code}"
         case EvidenceSource.JSONRPC:
             return f"JSON-RPC error {evidence.code}"
@@ -620,6 +640,7 @@ def unresolved_result(
         budget_id=budget_id,
         retry_after_ms=retry_after_ms,
         has_partials=bool(partial_results),
+        redirected=_redirected(evidence),
     )
     report: dict[str, Any] = {
         "errorCategory": category.value,

@@ -125,7 +125,8 @@ LAST_EVENT_ID_HEADER: Final = "last-event-id"
 ACCEPT_BOTH: Final = "application/json, text/event-stream"
 
 # Refused before processing (RECOVERY.md §1.2): retrying cannot duplicate an effect.
-NOT_DISPATCHED_STATUSES: Final = frozenset({400, 401, 403, 405, 413, 415, 422, 429, 503})
+NOT_DISPATCHED_STATUSES: Final = frozenset({301, 302, 303, 307, 308, 400, 401, 403, 405, 413, 415, 422, 429, 503})
+REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 MAX_ERROR_BODY: Final = 64 * 1024
 MAX_DETAIL: Final = 300
 # Standalone GET stream / POST stream resumption: bounded reconnects.
@@ -228,6 +229,24 @@ async def status_failure(response: Response, request_id: RequestId | None) -> Up
     return status_failure_of(response, await read_bounded(response), request_id)
 
 
+def redirect_note(location: str | None) -> str:
+    """What a redirect means for the call, naming where it points (scheme, host and path only: a
+    query or user part may hold a secret)."""
+    target = ""
+    if location:
+        parts = urlsplit(location)
+        try:
+            port = f":{parts.port}" if parts.port is not None else ""
+        except ValueError:
+            port = ""
+        host = f"{parts.scheme + '://' if parts.scheme else ''}{parts.hostname or ''}{port}"
+        target = f" to {host}{parts.path}"[:200]
+    return (
+        f": the upstream redirected the request{target}; it was not run there, and the proxy follows no"
+        " redirects (point --upstream at the new URL)"
+    )
+
+
 def status_failure_of(response: Response, raw: bytes, request_id: RequestId | None) -> UpstreamFailure:
     """`status_failure` for an answer whose (bounded) body was already read."""
     status = response.status
@@ -251,6 +270,8 @@ def status_failure_of(response: Response, raw: bytes, request_id: RequestId | No
     if body is not None:
         msg = body["error"].get("message")
         detail += f" (JSON-RPC {body['error'].get('code')}: {msg if isinstance(msg, str) else ''})"
+    if status in REDIRECTS:
+        detail += redirect_note(response.headers.get("location"))
     return UpstreamFailure(
         FailureKind.HTTP_STATUS,
         status_dispatch(status),

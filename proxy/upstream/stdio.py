@@ -716,12 +716,12 @@ class StdioUpstream:
         """The longest `probe` can take, from its parts: a `server/discover` on a new process, then,
         for one that stays silent to it, an `initialize` on another (each a start: the start
         timeout, stretched while the child is busy starting), the probe's second `discover` on the
-        child that answered (one timeout), the shared children's start (one more start, all at
+        child that answered (one more such allowance), the shared children's start (one more start, all at
         once), and a margin for stopping a silent child and spawning. The service bounds the probe
         by this, so the bound never cuts a step short that would still have ended by its own."""
         start_s = STRETCH * self.handshake_timeout_s
         starts = 3 if self.shared_sessions else 2
-        return starts * (start_s + _PROBE_STEP_MARGIN_S) + self.handshake_timeout_s
+        return starts * (start_s + _PROBE_STEP_MARGIN_S) + start_s
 
     def _shared_sessions(self) -> SharedSessions:
         if self._shared is None:
@@ -746,11 +746,11 @@ class StdioUpstream:
             await self._fall_back(f"server/discover: {failure.detail}")
             return Capabilities(legacy=True, modern=False, detail="server/discover unanswered: legacy only")
         try:
-            response = await asyncio.wait_for(ex.response, self.handshake_timeout_s)
-        except TimeoutError:
+            response = await self.answer_of(link, ex)
+        except TimeoutError as timeout:
             await link.cancel(ex)
             await self._drop_modern()
-            await self._fall_back(f"server/discover: no answer within {self.handshake_timeout_s:g} s")
+            await self._fall_back(f"server/discover: {timeout}")
             return Capabilities(legacy=True, modern=False, detail="server/discover timed out: legacy only")
         result = response.get("result")
         if isinstance(result, dict):
@@ -827,6 +827,16 @@ class StdioUpstream:
         says why not, naming the setting, so an operator whose server starts slowly knows what to
         raise."""
         return await first_answer(answer, pid=child.pid, timeout_s=self.handshake_timeout_s)
+
+    async def answer_of(self, link: StdioLink, ex: Exchange) -> Message:
+        """The answer to one of the proxy's own requests (the probe's, a shared child's state) on
+        `link`, with the allowance of a start: the start timeout, stretched while the child is busy
+        (a loaded host delays a request's answer as it delays a start). `TimeoutError` (a
+        `StartTimedOut`, naming the setting) when it does not come."""
+        child = link._child
+        if child is None:
+            return await asyncio.wait_for(ex.response, self.handshake_timeout_s)
+        return await first_answer(ex.response, pid=child.pid, timeout_s=self.handshake_timeout_s)
 
     def _lost(self, child: _Child | None, why: str, *, crashed: bool = False) -> None:
         """A child exited unasked (`crashed`), or none could be started: down unless another live

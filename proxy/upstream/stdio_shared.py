@@ -183,7 +183,7 @@ class SharedChild:
         link = self.link
         ex = await link.send_request({**message, "id": link.new_id()})
         try:
-            return await asyncio.wait_for(ex.response, self.owner.upstream.handshake_timeout_s)
+            return await self.owner.upstream.answer_of(link, ex)  # a start's allowance on a busy host
         except TimeoutError:
             await link.cancel(ex)
             raise UpstreamFailure(

@@ -312,6 +312,28 @@ async def test_http_503_with_retry_after_is_retried_after_the_wait(tmp_path: Pat
         assert target.journal.executions("echo", cid) == 1
 
 
+@pytest.mark.parametrize("status", ["307", "308"])
+async def test_a_redirect_is_reported_as_not_run_and_not_retried(tmp_path: Path, status: str) -> None:
+    server_extra = ("--http-fail-status", status, "--http-fail-times", "1")
+    for target in _http_target(tmp_path, server_extra):
+        cid = call_id()
+        for mode in ("legacy", "2026-07-28"):
+            result = await call(target, mode, "echo", {"text": "ok", "call_id": f"{cid}-{mode}"})
+            if not result.is_error:  # the one scripted refusal went to the other era's call
+                continue
+            report = unresolved(result)
+            assert (report["errorCategory"], report["stopReason"]) == ("validation", "not_retryable")
+            assert report["outcomeUnknown"] is False and report["attemptCount"] == 1
+            (step,) = report["attemptedSteps"]
+            assert step["dispatched"] == "no"
+            assert "redirected the request to http://127.0.0.1:9/moved/mcp" in step["detail"], step
+            assert "not-for-logs" not in json.dumps(report)
+            # the answer says what happened: not the caller's input, the upstream's address
+            assert "HTTP " + status + ": a redirect, the request was not run" in result.content[0].text
+            assert [a["action"] for a in report["suggestedActions"]] == ["fix_upstream"]
+        assert len(target.journal.events(event="http_refused")) == 1
+
+
 async def test_calls_beyond_the_concurrency_limit_are_refused_as_overloaded(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
     policies = write_policies(tmp_path / "policies")

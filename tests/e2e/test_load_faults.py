@@ -4,11 +4,13 @@ run (SIGKILLs, scripted crashes, hangs, transient errors, answers cut mid-way, 5
 a policy reload, an outage, a SIGTERM under load).
 
 It asserts the COUNTS the run takes from the upstream's journal and the callers' results, never a
-duration: every call answered once with its own answer, no state-changing call executed twice,
-no attempt beyond the policy's budget nor a repeat of an ineligible failure, no attempt left
-running upstream, no process or upstream connection left after shutdown, every call in flight at
-the SIGTERM answered (some with stop reason `shutdown`) and its attempts cancelled. Deadline
-overshoot, exit time, RSS and rates are printed by the run, not asserted here.
+duration: every call answered once with its own answer, no state-changing call executed twice, no
+attempt beyond the policy's budget nor a repeat of an ineligible failure, no attempt left running
+upstream, per era through the upstream's restarts no tool call answered outside the engine and no
+attempt the proxy stopped waiting for left uncancelled, no process or upstream connection left after
+shutdown, every call in flight at the SIGTERM answered (some with stop reason `shutdown`) and its
+attempts cancelled. Deadline overshoot, exit time, RSS and rates are printed by the run, not
+asserted here.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ def test_every_call_is_answered_once_without_duplicates_or_retries_beyond_budget
     assert leg["over_budget"] == 0
     assert leg["ineligible_retries"] == 0
     assert leg["attempts_open"] == 0
+    # through the upstream's restarts, on each path (era): every tool call answered by the engine,
+    # every attempt it stopped waiting for cancelled upstream
+    assert leg["answered_outside_engine"] == {"legacy": 0, "2026-07-28": 0}
+    assert leg["attempts_not_cancelled"] == {"legacy": 0, "2026-07-28": 0}
     # the faults happened: a SIGKILL, the scripted crashes, hangs cancelled, the reload applied
     assert leg["kills"] >= 1
     assert leg["attempt_fates"].get("crashing", 0) >= 1

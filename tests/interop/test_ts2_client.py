@@ -251,6 +251,7 @@ def test_output_schema_failures_stay_results(
         "refuse_conforming": ({}, "business"),  # outputSchema, its own conforming structuredContent
         "frobnicate": ({}, "business"),
         "delete_item": ({}, "validation"),  # the SDK's own input-validation failure
+        "query": ({"sql": "select 1"}, "transient"),  # read-only, outputSchema, retried, then reported
     }
 
     def check(client: Ts2Client) -> None:

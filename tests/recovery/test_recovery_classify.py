@@ -113,6 +113,8 @@ def test_transport_error_from_failure_keeps_everything():
         (413, V, NO),
         (415, V, NO),
         (422, V, NO),
+        (307, V, NO),  # a redirect: not run there, and retrying the same URL cannot help
+        (308, V, NO),
     ],
 )
 def test_http_status_table(status, category, dispatched):

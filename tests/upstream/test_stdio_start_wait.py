@@ -139,7 +139,7 @@ def test_the_probes_bound_covers_its_steps() -> None:
             upstream = StdioUpstream(["x"], handshake_timeout_s=timeout_s, shared_sessions=shared)
             starts = 3 if shared else 2  # discover, initialize on a fresh child, the shared children
             service = Service(SETTINGS, upstream)
-            assert service._probe_timeout_s >= starts * STRETCH * timeout_s + timeout_s
+            assert service._probe_timeout_s >= (starts + 1) * STRETCH * timeout_s  # and the second discover
 
 
 async def test_a_probe_that_fails_says_what_each_step_met() -> None:
@@ -153,5 +153,39 @@ async def test_a_probe_that_fails_says_what_each_step_met() -> None:
         assert discover.startswith("server/discover: ") and "idle" in discover, detail
         assert "did not answer initialize" in initialize and "idle" in initialize, detail
         assert upstream.probe_step is None
+    finally:
+        await upstream.aclose()
+
+
+# Answers its first request at once; busy on a CPU for argv[1] seconds before each later one;
+# `server/discover` lists the 2026 revision.
+SERVE_THEN_BUSY = textwrap.dedent(
+    """
+    import json, sys, time
+    first = True
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if "id" not in msg or "method" not in msg:
+            continue
+        if not first:
+            end = time.monotonic() + float(sys.argv[1])
+            while time.monotonic() < end:
+                pass
+        first = False
+        result = {"supportedVersions": ["2026-07-28"]} if msg["method"] == "server/discover" else {}
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+    """
+)
+
+
+async def test_the_probes_second_discover_gets_a_starts_allowance_on_a_busy_host() -> None:
+    # The child answers its readiness `discover`, then is busy 2.5 s before the probe's own one:
+    # past the start timeout of 1.5 s, within its stretch. It was waited for the bare timeout and
+    # served legacy-only, as if it did not speak 2026.
+    command = [sys.executable, "-c", SERVE_THEN_BUSY, "2.5"]
+    upstream = StdioUpstream(command, spares=0, handshake_timeout_s=1.5)
+    try:
+        caps = await upstream.probe()
+        assert caps.modern, caps
     finally:
         await upstream.aclose()

@@ -20,7 +20,7 @@ import pytest
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 MODERN = "2026-07-28"
 REPORT = "io.mcp-recovery-proxy/unresolved"
 BOUND_S = 60.0
@@ -45,12 +45,14 @@ def modern_call(name: str, arguments: dict[str, Any], deadline_ms: int) -> tuple
 
 
 def wait_alive(proxy: ProxyProcess, timeout_s: float = 60.0) -> None:
-    """The proxy answers (not ready: its upstream is down on purpose)."""
+    """The proxy answers on both ports (not ready: its upstream is down on purpose). /healthz can
+    answer before the MCP listener is bound, so the MCP port is asked too (any HTTP answer)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proxy.proc is not None and proxy.proc.poll() is None, proxy.log_tail()
         try:
             if httpx.get(proxy.admin + "/healthz", timeout=1.0).status_code == 200:
+                httpx.get(proxy.url, timeout=1.0)
                 return
         except httpx.HTTPError:
             pass

@@ -21,7 +21,7 @@ from mcp import Client
 from tests.fixtures.helpers import PYTHON
 from tests.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "proxy" / "schemas" / "unresolved-result.schema.json").read_text()
 )

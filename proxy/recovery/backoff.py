@@ -48,25 +48,24 @@ def backoff_cap_s(backoff: Backoff, retry_index: int) -> float:
 
 def backoff_delay_s(backoff: Backoff, retry_index: int, rand: Callable[[], float]) -> float:
     """The delay before retry number `retry_index` (0-based): full jitter under the capped exponential."""
-    cap = backoff_cap_s(backoff, retry_index)
-    if backoff.jitter == "none":
-        return cap
-    r = rand()
-    if not math.isfinite(r):
-        r = 1.0
-    return cap * min(1.0, max(0.0, r))
+    return _jittered(backoff_cap_s(backoff, retry_index), floor=0.0, backoff=backoff, rand=rand)
 
 
 def reconnect_delay_s(backoff: Backoff, retry_index: int, cap_s: float, rand: Callable[[], float]) -> float:
     """The delay before retry `retry_index` (0-based) after the upstream was unreachable."""
     step = Backoff(initial_s=backoff.reconnect_s, max_s=max(backoff.reconnect_s, cap_s), multiplier=backoff.multiplier)
-    cap = backoff_cap_s(step, retry_index)
+    return _jittered(backoff_cap_s(step, retry_index), floor=0.5, backoff=backoff, rand=rand)
+
+
+def _jittered(cap: float, *, floor: float, backoff: Backoff, rand: Callable[[], float]) -> float:
+    """A random delay between `floor` x cap and cap (full jitter with floor 0; equal jitter with
+    0.5); the cap itself with `jitter: none`. A random value outside [0, 1] is clamped."""
     if backoff.jitter == "none":
         return cap
     r = rand()
     if not math.isfinite(r):
         r = 1.0
-    return cap * (0.5 + 0.5 * min(1.0, max(0.0, r)))
+    return cap * (floor + (1.0 - floor) * min(1.0, max(0.0, r)))
 
 
 def parse_retry_after(value: str, now_epoch_s: float) -> float | None:

@@ -292,7 +292,7 @@ class Engine:
                 result = response.get("result")
                 if (  # _is_success, inline
                     result.__class__ is dict
-                    and result.get("isError") is not True  # type: ignore[union-attr]
+                    and result.get("isError") is not True
                     and response.get("error").__class__ is not dict
                 ):
                     ended = self.clock()
@@ -628,14 +628,14 @@ class _Call:
                 if (
                     outcome.__class__ is TransportError
                     and self.relay.pass_auth_refusals
-                    and refuses_the_caller(outcome.kind, outcome.http_status)  # type: ignore[union-attr]
+                    and refuses_the_caller(outcome.kind, outcome.http_status)
                 ):
                     # --auth passthrough: the upstream refused the caller's own credential (or
                     # the session it named). The caller answers that (its OAuth flow, a step-up,
                     # a session of its own), not a retry or a tool result: the relay turns this
                     # into the same HTTP status.
                     self._finished("unresolved", StopReason.NOT_RETRYABLE, classified.category, False)
-                    raise outcome.as_failure()  # type: ignore[union-attr]
+                    raise outcome.as_failure()
                 match decision:
                     case Deliver():
                         return self._deliver(outcome)
@@ -907,9 +907,7 @@ def _is_success(response: Message) -> bool:
     no error object."""
     result = response.get("result")
     return (
-        result.__class__ is dict
-        and result.get("isError") is not True  # type: ignore[union-attr]
-        and response.get("error").__class__ is not dict
+        result.__class__ is dict and result.get("isError") is not True and response.get("error").__class__ is not dict
     )
 
 

@@ -7,7 +7,7 @@ builds model objects. Helpers here never raise on a peer's malformed input excep
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import orjson
 
@@ -123,7 +123,7 @@ def is_response(m: Message) -> bool:
     return "method" not in m and "id" in m and ("result" in m or "error" in m)
 
 
-def valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> TypeGuard[RequestId]:
     return (isinstance(value, str) or isinstance(value, int)) and not isinstance(value, bool)
 
 

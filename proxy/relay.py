@@ -410,9 +410,10 @@ class Relay:
         # An object handler (the engine) is called through its bound __call__: calling the instance
         # goes through its type's tp_call, on Python 3.11 an interpreter frame of its own per call,
         # while a bound method is called like a function.
-        if tool_calls is not None and not isinstance(tool_calls, FunctionType | MethodType):
-            tool_calls = tool_calls.__call__
-        self._tool_calls = tool_calls
+        handler: Any = tool_calls
+        if handler is not None and not isinstance(handler, FunctionType | MethodType):
+            handler = handler.__call__
+        self._tool_calls: ToolCallHandler | None = handler
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
         self._streams: list[Outbox] = []
         self._listen: Outbox | None = None
@@ -494,7 +495,7 @@ class Relay:
         if self.shared and _asks_for_logs(request):
             self._log_streams.add(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
-            outbox.on_pressure = self._pressure  # type: ignore[attr-defined]
+            outbox.on_pressure = self._pressure
         requests = self.requests
         task = asyncio.current_task(self._loop()) if by_id or requests is not None else None
         if by_id:
@@ -642,7 +643,7 @@ class Relay:
         def on_message(message: Message) -> None:
             if timer is not None and timer.idle_s is not None:
                 timer.alive_at = timer_loop.time()  # the attempt is alive: its idle timer starts over
-            params = message.get("params")
+            params: Any = message.get("params")
             meta = params.get("_meta") if isinstance(params, dict) else None
             if isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID) == uid:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
@@ -950,7 +951,7 @@ class Relay:
     async def handle_response(self, message: Message) -> None:
         """The client's answer to a server-to-client request."""
         self.last_activity = time.monotonic()
-        down_id = message.get("id")
+        down_id: Any = message.get("id")
         upstream_id = self._server_requests.pop(down_id, None) if isinstance(down_id, str) else None
         if upstream_id is None:
             log.info("dropped a client response for an unknown request id")

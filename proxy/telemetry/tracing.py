@@ -408,7 +408,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
     ).strip()
     if protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
                 OTLPSpanExporter as GrpcExporter,
             )
         except ImportError:
@@ -420,8 +420,8 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
         # gRPC has no URL path: the endpoint is host and port (an http:// scheme means plaintext).
         grpc_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if env is not os.environ and grpc_endpoint:
-            return GrpcExporter(endpoint=grpc_endpoint)  # type: ignore[no-any-return]
-        return GrpcExporter()  # type: ignore[no-any-return]
+            return GrpcExporter(endpoint=grpc_endpoint)  # type: ignore[no-any-return,unused-ignore]
+        return GrpcExporter()  # type: ignore[no-any-return,unused-ignore]
     if protocol != "http/protobuf":
         log.error("OTLP protocol %r is not supported (http/protobuf, grpc); tracing stays off", protocol)
         return None

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeGuard
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import (
@@ -214,7 +214,7 @@ class NoticeBudget:
 UPSTREAM_NOTICES = NoticeBudget()
 
 
-def ours(value: object) -> bool:
+def ours(value: object) -> TypeGuard[RequestId]:
     """Whether `value` can be an id (or progress token, or subscription id) the proxy sent: a str
     or an int, compared by type as well as value. Python takes `true` and `1.0` for 1 (equal, and
     the same dict key): an upstream answering `"id": true` resolved request 1 of a stdio link, and
@@ -260,7 +260,7 @@ class PendingTable:
 
     def resolve(self, message: Message) -> bool:
         """Deliver a response to its exchange. False if nobody waits for it (late or unknown id)."""
-        upstream_id = message.get("id")
+        upstream_id: Any = message.get("id")
         cls = upstream_id.__class__  # `ours`, inlined: this runs for every answer
         if cls is not int and cls is not str:
             return False  # not one of ours (and maybe not hashable): a peer's malformed answer

@@ -1013,7 +1013,7 @@ class HttpClient:
             conn.close()  # cancelled (or on_write failed): this connection's state is unknown
             raise
         if result.__class__ is Response:
-            return result  # type: ignore[return-value]
+            return result
         raise result  # type: ignore[misc]
 
     @property

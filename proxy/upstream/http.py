@@ -323,7 +323,7 @@ def forgot_session(raw: bytes) -> bool:
 
 
 def content_type(response: Response) -> str:
-    return response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    return (response.headers.get("content-type") or "").partition(";")[0].strip().lower()
 
 
 @dataclass(slots=True)
@@ -487,6 +487,9 @@ class _HttpLink(LinkBase):
             raise
         return ex
 
+    async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
+        raise NotImplementedError  # each era posts a notification its own way
+
     async def send_response(self, message: Message) -> None:
         await self.send_notification(message)
 
@@ -613,15 +616,15 @@ class _HttpLink(LinkBase):
             raise
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             log.exception("upstream exchange task failed")
-            failure = UpstreamFailure(
+            internal = UpstreamFailure(
                 FailureKind.PROTOCOL,
                 Dispatch.UNKNOWN if ex.written else Dispatch.NO,
                 bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
             )
             if not sent.done():
-                sent.set_exception(untraced(failure))
+                sent.set_exception(untraced(internal))
                 sent.exception()
-            self._pending.fail(ex, failure)
+            self._pending.fail(ex, internal)
         finally:
             if not sent.done():
                 sent.set_result(None)
@@ -1036,9 +1039,12 @@ class HttpLegacyLink(_HttpLink):
             if self._handshake.initialized is not None:
                 response = await self._post_small(self._handshake.initialized, self._own_headers(), "handshake replay")
                 if not 200 <= response.status_code < 300:
-                    f = response.failure()
+                    refused = response.failure()
                     raise UpstreamFailure(
-                        f.kind, Dispatch.NO, "replaying notifications/initialized failed", http_status=f.http_status
+                        refused.kind,
+                        Dispatch.NO,
+                        "replaying notifications/initialized failed",
+                        http_status=refused.http_status,
                     )
                 self._start_get_stream()
 
@@ -1161,7 +1167,12 @@ class HttpLegacyLink(_HttpLink):
         loop = asyncio.get_running_loop()
         self._opening = opening = loop.create_future()
         self._get_task = task = loop.create_task(self._get_loop(opening))
-        task.add_done_callback(lambda _: opening.done() or opening.set_result(None))
+
+        def opened(_: object) -> None:
+            if not opening.done():
+                opening.set_result(None)
+
+        task.add_done_callback(opened)
 
     def _stop_get_stream(self) -> None:
         task, self._get_task = self._get_task, None

@@ -217,7 +217,7 @@ class SharedChild:
             return
         if method == "notifications/cancelled":
             params = message.get("params")
-            rid = params.get("requestId") if isinstance(params, dict) else None
+            rid: Any = params.get("requestId") if isinstance(params, dict) else None
             asked = self.owner._server_requests.get((self.index, rid)) if valid_id(rid) else None
             if asked is not None:
                 session, key = asked

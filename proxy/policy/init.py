@@ -7,7 +7,8 @@ Contract:
   `nextCursor`, at most `MAX_PAGES` pages and `MAX_TOOLS` tools). The whole exchange is bounded by
   `timeout_s`; the upstream (a spawned child included) is closed before it returns or raises.
   It raises `InitError` (one line, no traceback material) when the upstream cannot be reached,
-  refuses `initialize` or `tools/list`, or answers something that is not a tool list.
+  refuses `initialize` or `tools/list`, or answers something that is not a tool list; for a stdio
+  server, the line ends with the last line it wrote to stderr (bounded, secrets scrubbed).
 - `draft(tools)` is the folder as `init` would write it: `{file name: text}`. `defaults.yaml` is
   the shipped defaults byte for byte; each tool gets a file of its own naming it exactly, with its
   side-effect class inferred from its annotations (the same rule the proxy applies at run time:
@@ -27,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import hashlib
 import json
@@ -34,6 +36,7 @@ import logging
 import re
 import sys
 import unicodedata
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,7 +50,7 @@ from proxy.policy.compile import DEFAULTS_NAMES, policy_file_names
 from proxy.policy.compiled import SideEffect
 from proxy.policy.resolve import annotation_side_effect, is_glob
 from proxy.policy.source import parse_policy_file
-from proxy.upstream.base import Era, initialize_request
+from proxy.upstream.base import Era, Upstream, initialize_request
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -81,6 +84,47 @@ async def list_tools(settings: Settings, timeout_s: float) -> list[dict[str, Any
         upstream = build_upstream(settings)
     except (ValueError, OSError) as exc:
         raise InitError(_bounded(str(exc))) from None
+    said = _StderrTail()
+    try:
+        return await _list(upstream, timeout_s)
+    except InitError as exc:
+        raise InitError(f"{exc}{said.suffix()}") from None
+    finally:
+        said.close()
+        await upstream.aclose()
+
+
+class _StderrTail(logging.Handler):
+    """The last lines a stdio server wrote to stderr (the adapter logs them, bounded): a server
+    that fails to start usually says why there, so a failure's one line ends with it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: deque[str] = deque(maxlen=1)
+        self.logger = logging.getLogger("proxy.upstream.stderr")
+        self.saved = (self.logger.level, self.logger.propagate)
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            text = record.getMessage()
+            self.lines.append(text.split(": ", 1)[1] if ": " in text else text)  # without the child's name
+
+    def suffix(self) -> str:
+        from proxy.secret_values import SECRETS
+
+        return f"; its stderr said: {_bounded(SECRETS.scrub(self.lines[-1]), 200)}" if self.lines else ""
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.saved[0])
+        self.logger.propagate = self.saved[1]
+        super().close()
+
+
+async def _list(upstream: Upstream, timeout_s: float) -> list[dict[str, Any]]:
     step = "starting"
     try:
         link = await upstream.open(Era.LEGACY)
@@ -126,8 +170,6 @@ async def list_tools(settings: Settings, timeout_s: float) -> list[dict[str, Any
         raise InitError(f"{upstream.description}: {step} failed: {_bounded(failure.detail)}") from None
     except OSError as exc:
         raise InitError(f"{upstream.description}: {step} failed: {_bounded(str(exc))}") from None
-    finally:
-        await upstream.aclose()
 
 
 def _error_text(answer: Mapping[str, Any]) -> str:

@@ -204,17 +204,19 @@ def test_init_failures_are_one_line_and_a_non_zero_exit(prereq: Prerequisites, t
     refused = cli("policies", "init", str(tmp_path / "b"), "--", *PAGED, "--refuse-initialize")
     (tmp_path / "file").write_text("not a folder\n")
     a_file = cli("policies", "init", str(tmp_path / "file"), "--", *server_argv("server-memory", prereq, tmp_path))
-    exited = cli("policies", "init", str(tmp_path / "c"), "--", sys.executable, "-c", "raise SystemExit(3)")
+    no_repo = tmp_path / "no-such-repo"  # mcp-server-git exits at start, saying why on stderr
+    exited = cli("policies", "init", str(tmp_path / "c"), "--", prereq.mcp_server_git, "--repository", str(no_repo))
     for run, says in [
         (unreachable, f"initialize failed: cannot connect to 127.0.0.1:{port}"),
         (refused, "the server refused initialize: this server speaks no 2025 revision (code -32602)"),
         (a_file, f"{tmp_path / 'file'}: is a file, not a folder"),
-        (exited, "initialize failed: upstream process exited"),
+        (exited, "initialize failed: upstream process exited with code "),
     ]:
         assert run.returncode == 2
         assert run.stdout == ""
         [line] = run.stderr.splitlines()
         assert line.startswith("mcp-recovery-proxy: ") and says in line, line
+    assert f"; its stderr said: ERROR:mcp_server_git.server:{no_repo} does not exist" in exited.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert (tmp_path / "file").read_text() == "not a folder\n"
 
@@ -224,8 +226,11 @@ def test_init_follows_every_page_of_tools_list(tmp_path: Path) -> None:
     tools = listed_stdio(argv)
     assert len(tools) == 9  # five pages
     folder = tmp_path / "policies"
-    run = cli("policies", "init", str(folder), "--", *argv)
+    pid_file = tmp_path / "server.pid"
+    run = cli("policies", "init", str(folder), "--", *argv, "--pid-file", str(pid_file), "--linger-s", "300")
     assert run.returncode == 0, run.stderr
+    with pytest.raises(ProcessLookupError):  # the server init started is stopped when init ends
+        os.kill(int(pid_file.read_text()), 0)
     assert run.stdout.splitlines()[0] == "9 tool(s) listed: 3 read_only, 2 idempotent, 4 state_changing"
     assert_drafted(folder, tools)
     texts = {t.name: (folder / f"{t.name}.yaml").read_text() for t in tools}

@@ -245,3 +245,39 @@ def test_a_tools_list_whose_pages_never_end_is_refused(tmp_path: Path) -> None:
     [line] = run.stderr.splitlines()
     assert "repeats an earlier nextCursor; the listing does not end" in line
     assert not (tmp_path / "p").exists()
+
+
+def test_init_over_sse_and_over_mutual_tls_drafts_the_same_folder_as_over_http(tmp_path: Path) -> None:
+    """`sse+http://`, and `https://` with `--upstream-ca` and a client certificate, as `serve` takes
+    them; a missing client certificate is one line and exit 2."""
+    from tests.fixtures.helpers import ScriptedHTTP
+    from tests.fixtures.tls import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    mtls = ["--ssl-certfile", str(pki.server_cert), "--ssl-keyfile", str(pki.server_key), "--ssl-ca-certs", str(pki.ca)]
+    folders = {}
+    with (
+        ScriptedHTTP(tmp_path / "http.jsonl") as http,
+        ScriptedHTTP(tmp_path / "sse.jsonl", transport="sse") as sse,
+        ScriptedHTTP(tmp_path / "tls.jsonl", extra=mtls) as tls,
+    ):
+        tools = anyio.run(_listed, http.url)
+        https = f"https://127.0.0.1:{tls.port}/mcp"
+        client = ["--upstream-client-cert", str(pki.client_cert), "--upstream-client-key", str(pki.client_key)]
+        for name, flags in [
+            ("http", ["--upstream", http.url]),
+            ("sse", ["--upstream", f"sse+{sse.url}"]),
+            ("tls", ["--upstream", https, "--upstream-ca", str(pki.ca), *client]),
+        ]:
+            folders[name] = tmp_path / name
+            run = cli("policies", "init", str(folders[name]), *flags)
+            assert run.returncode == 0, (name, run.stderr)
+        refused = cli("policies", "init", str(tmp_path / "no-cert"), "--upstream", https, "--upstream-ca", str(pki.ca))
+    assert_drafted(folders["http"], tools)
+    for name in ("sse", "tls"):
+        assert {p.name: p.read_bytes() for p in folders[name].iterdir()} == {
+            p.name: p.read_bytes() for p in folders["http"].iterdir()
+        }, name
+    assert refused.returncode == 2 and refused.stdout == ""
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"mcp-recovery-proxy: policies init: http:127.0.0.1:{tls.port}/mcp: initialize failed"), line

@@ -3,9 +3,11 @@
 Contract:
 - `list_tools(settings, timeout_s)` reaches the upstream the settings name (the proxy's own
   adapters: `proxy.service.build_upstream`), opens one 2025 session (`initialize`,
-  `notifications/initialized`), and returns every tool of every `tools/list` page (following
-  `nextCursor`, at most `MAX_PAGES` pages and `MAX_TOOLS` tools). The whole exchange is bounded by
-  `timeout_s`; the upstream (a spawned child included) is closed before it returns or raises.
+  `notifications/initialized`; a server that refuses `initialize` but lists 2026-07-28 in its
+  `server/discover` answer is asked in that revision), and returns every tool of every
+  `tools/list` page (following `nextCursor`, at most `MAX_PAGES` pages and `MAX_TOOLS` tools). The
+  whole exchange is bounded by `timeout_s`; the upstream (a spawned child included) is closed
+  before it returns or raises.
   It raises `InitError` (one line, no traceback material) when the upstream cannot be reached,
   refuses `initialize` or `tools/list`, or answers something that is not a tool list; for a stdio
   server, the line ends with the last line it wrote to stderr (bounded, secrets scrubbed).
@@ -46,11 +48,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from proxy.errors import UpstreamFailure
+from proxy.jsonrpc import LATEST_MODERN
 from proxy.policy.compile import DEFAULTS_NAMES, policy_file_names
 from proxy.policy.compiled import SideEffect
 from proxy.policy.resolve import annotation_side_effect, is_glob
 from proxy.policy.source import parse_policy_file
-from proxy.upstream.base import Era, Upstream, initialize_request
+from proxy.upstream.base import Era, Upstream, UpstreamLink, discover_request, initialize_request
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -125,44 +128,79 @@ class _StderrTail(logging.Handler):
 
 
 async def _list(upstream: Upstream, timeout_s: float) -> list[dict[str, Any]]:
+    """A 2025 session first (every server today answers `initialize`); a server that refuses it
+    and lists 2026-07-28 in its `server/discover` answer is asked in that revision instead."""
     step = "starting"
-    try:
+
+    async def ask(link: UpstreamLink, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        request_id = link.new_id()
+        if method == "initialize":
+            message = initialize_request(request_id)
+        elif method == "server/discover":
+            message = discover_request(request_id)
+        else:
+            message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        ex = await link.send_request(message)
+        return await ex.response
+
+    async def pages(link: UpstreamLink, meta: dict[str, Any] | None) -> list[dict[str, Any]]:
+        nonlocal step
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for page in range(1, MAX_PAGES + 1):
+            step = f"tools/list (page {page})"
+            params: dict[str, Any] = {"cursor": cursor} if cursor is not None else {}
+            if meta is not None:
+                params["_meta"] = meta
+            answer = await ask(link, "tools/list", params)
+            result = answer.get("result")
+            if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+                if "error" in answer:
+                    raise InitError(f"the server refused tools/list: {_error_text(answer)}")
+                raise InitError("the server's tools/list answer has no list of tools")
+            tools += [t for t in result["tools"] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+            if len(tools) > MAX_TOOLS:
+                raise InitError(f"the server lists more than {MAX_TOOLS} tools; init drafts at most that many")
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                return tools
+            if cursor in seen:
+                raise InitError(f"tools/list page {page} repeats an earlier nextCursor; the listing does not end")
+            seen.add(cursor)
+        raise InitError(f"tools/list did not end within {MAX_PAGES} pages")
+
+    async def modern() -> list[dict[str, Any]] | None:
+        """The 2026-07-28 listing, or None when the server does not speak that revision."""
+        nonlocal step
+        step = "server/discover"
+        link = await upstream.open(Era.MODERN)
+        try:
+            answer = await ask(link, "server/discover", {})
+        except UpstreamFailure:
+            return None
+        result = answer.get("result")
+        versions = result.get("supportedVersions") if isinstance(result, dict) else None
+        if not isinstance(versions, list) or LATEST_MODERN not in versions:
+            return None
+        return await pages(link, discover_request(0)["params"]["_meta"])
+
+    async def exchange() -> list[dict[str, Any]]:
+        nonlocal step
+        step = "initialize"
         link = await upstream.open(Era.LEGACY)
+        answer = await ask(link, "initialize", {})
+        if "result" not in answer:
+            refused = f"the server refused initialize: {_error_text(answer)}"
+            await link.aclose()
+            tools = await modern()
+            if tools is None:
+                raise InitError(f"{refused}, and does not list {LATEST_MODERN} in an answer to server/discover")
+            return tools
+        await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return await pages(link, None)
 
-        async def ask(message: dict[str, Any]) -> dict[str, Any]:
-            ex = await link.send_request(message)
-            return await ex.response
-
-        async def exchange() -> list[dict[str, Any]]:
-            nonlocal step
-            step = "initialize"
-            answer = await ask(initialize_request(link.new_id()))
-            if "result" not in answer:
-                raise InitError(f"the server refused initialize: {_error_text(answer)}")
-            await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            tools: list[dict[str, Any]] = []
-            cursor: str | None = None
-            seen: set[str] = set()
-            for page in range(1, MAX_PAGES + 1):
-                step = f"tools/list (page {page})"
-                params = {"cursor": cursor} if cursor is not None else {}
-                answer = await ask({"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/list", "params": params})
-                result = answer.get("result")
-                if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
-                    if "error" in answer:
-                        raise InitError(f"the server refused tools/list: {_error_text(answer)}")
-                    raise InitError("the server's tools/list answer has no list of tools")
-                tools += [t for t in result["tools"] if isinstance(t, dict) and isinstance(t.get("name"), str)]
-                if len(tools) > MAX_TOOLS:
-                    raise InitError(f"the server lists more than {MAX_TOOLS} tools; init drafts at most that many")
-                cursor = result.get("nextCursor")
-                if not isinstance(cursor, str) or not cursor:
-                    return tools
-                if cursor in seen:
-                    raise InitError(f"tools/list page {page} repeats an earlier nextCursor; the listing does not end")
-                seen.add(cursor)
-            raise InitError(f"tools/list did not end within {MAX_PAGES} pages")
-
+    try:
         return await asyncio.wait_for(exchange(), timeout_s)
     except TimeoutError:
         raise InitError(f"{upstream.description}: no answer to {step} within {timeout_s:g} s") from None

@@ -208,7 +208,11 @@ def test_init_failures_are_one_line_and_a_non_zero_exit(prereq: Prerequisites, t
     exited = cli("policies", "init", str(tmp_path / "c"), "--", prereq.mcp_server_git, "--repository", str(no_repo))
     for run, says in [
         (unreachable, f"initialize failed: cannot connect to 127.0.0.1:{port}"),
-        (refused, "the server refused initialize: this server speaks no 2025 revision (code -32602)"),
+        (
+            refused,
+            "the server refused initialize: this server speaks no 2025 revision (code -32602), and does not list"
+            " 2026-07-28 in an answer to server/discover",
+        ),
         (a_file, f"{tmp_path / 'file'}: is a file, not a folder"),
         (exited, "initialize failed: upstream process exited with code "),
     ]:
@@ -281,3 +285,12 @@ def test_init_over_sse_and_over_mutual_tls_drafts_the_same_folder_as_over_http(t
     assert refused.returncode == 2 and refused.stdout == ""
     [line] = refused.stderr.splitlines()
     assert line.startswith(f"mcp-recovery-proxy: policies init: http:127.0.0.1:{tls.port}/mcp: initialize failed"), line
+
+
+def test_a_server_that_speaks_only_2026_is_listed_in_that_revision(tmp_path: Path) -> None:
+    argv = [*PAGED, "--refuse-initialize", "--modern", "--tools", "5", "--page-size", "2"]
+    folder = tmp_path / "policies"
+    run = cli("policies", "init", str(folder), "--", *argv)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "5 tool(s) listed: 2 read_only, 1 idempotent, 2 state_changing"
+    assert set(load_policy_dir(folder).exact) == {f"tool_{i:02d}" for i in range(5)}

@@ -410,11 +410,16 @@ def run(folder: str, values: dict[str, Any], *, dry_run: bool = False, timeout_s
             where = ".".join(str(p) for p in err["loc"]) or "settings"
             print(f"mcp-recovery-proxy: --{where.replace('_', '-')}: {err['msg']}", file=sys.stderr)
         return 2
+    if not timeout_s > 0:
+        print("mcp-recovery-proxy: --timeout-s: must be more than 0 seconds", file=sys.stderr)
+        return 2
     try:
         tools = asyncio.run(list_tools(settings, timeout_s))
     except InitError as exc:
         print(f"mcp-recovery-proxy: policies init: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the server was stopped on the way out (list_tools' finally)
+        return 130
     planned = draft(tools)
     counts = {c: sum(1 for v in planned.classes.values() if v is c) for c in SideEffect}
     print(

@@ -1,4 +1,4 @@
-"""The command line: `serve`, `policies check|explain`, `demo`.
+"""The command line: `serve`, `policies check|explain|init`, `demo`.
 
 Every `serve` flag also reads from `MCP_RECOVERY_<FLAG>` (pydantic-settings); a flag given on the
 command line wins over the environment. A repeatable flag's variable is named after the plural
@@ -26,24 +26,30 @@ if TYPE_CHECKING:
 # rest (pydantic, asyncio, the server) is imported, so that the two overlap.
 
 
+def _upstream_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that name an HTTP/SSE upstream and how to reach it (`serve`, `policies init`)."""
+    s = argparse.SUPPRESS
+    p.add_argument("--upstream", default=s, help="http(s)://HOST:PORT/mcp or sse+http(s)://HOST:PORT/sse")
+    p.add_argument(
+        "--upstream-header",
+        dest="upstream_headers",
+        action="append",
+        default=s,
+        help="'Name: value' sent on every upstream HTTP request (repeatable)",
+    )
+    p.add_argument("--upstream-ca", default=s, help="PEM CA bundle for an https upstream (replaces system roots)")
+    p.add_argument("--upstream-client-cert", default=s, help="PEM client certificate for mTLS to the upstream")
+    p.add_argument("--upstream-client-key", default=s, help="PEM private key of the client certificate")
+    p.add_argument(
+        "--upstream-client-key-password-file", default=s, help="file holding the encrypted client key's passphrase"
+    )
+
+
 def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     s = argparse.SUPPRESS
     p.add_argument("--listen", default=s, help="http://HOST:PORT/PATH (default http://127.0.0.1:8080/mcp) or 'stdio'")
     if not demo:
-        p.add_argument("--upstream", default=s, help="http(s)://HOST:PORT/mcp or sse+http(s)://HOST:PORT/sse")
-        p.add_argument(
-            "--upstream-header",
-            dest="upstream_headers",
-            action="append",
-            default=s,
-            help="'Name: value' sent on every upstream HTTP request (repeatable)",
-        )
-        p.add_argument("--upstream-ca", default=s, help="PEM CA bundle for an https upstream (replaces system roots)")
-        p.add_argument("--upstream-client-cert", default=s, help="PEM client certificate for mTLS to the upstream")
-        p.add_argument("--upstream-client-key", default=s, help="PEM private key of the client certificate")
-        p.add_argument(
-            "--upstream-client-key-password-file", default=s, help="file holding the encrypted client key's passphrase"
-        )
+        _upstream_flags(p)
     p.add_argument("--policies", default=s, help="policy folder (default: the built-in defaults)")
     p.add_argument("--admin", default=s, help="HOST:PORT for /metrics, /healthz, /readyz, /policies")
     p.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=s, help="allowed Host (repeatable)")
@@ -222,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_flags(serve)
     demo = sub.add_parser("demo", help="run the proxy in front of a bundled, deliberately flaky demo server")
     _serve_flags(demo, demo=True)
-    pol = sub.add_parser("policies", help="validate a policy folder or explain one tool's policy")
+    pol = sub.add_parser("policies", help="validate a policy folder, explain one tool's policy, or draft a folder")
     psub = pol.add_subparsers(dest="policies_command", required=True)
     check = psub.add_parser("check", help="validate every file of a policy folder")
     check.add_argument("dir")
@@ -231,6 +237,26 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("tool")
     explain.add_argument("--annotations", help="the tool's MCP annotations as JSON, e.g. '{\"readOnlyHint\": true}'")
     explain.add_argument("--json", action="store_true", help="print JSON")
+    init = psub.add_parser(
+        "init",
+        help="draft a policy folder from a server's tools/list",
+        usage="%(prog)s DIR [flags] [--upstream URL | -- COMMAND [ARG ...]]",
+        description="List the tools of a server (every page) and write a policy folder for a person to\n"
+        "review: the shipped defaults.yaml, and a file per tool with its side-effect class from its\n"
+        "annotations, each inferred value with a comment saying where it came from. An existing\n"
+        "folder is never overwritten: new files are written beside its files, and a file that would\n"
+        "differ is left as it is and printed as a diff (exit status 1).",
+        epilog="examples:\n"
+        "  mcp-recovery-proxy policies init policies/ -- npx -y @modelcontextprotocol/server-memory\n"
+        "  mcp-recovery-proxy policies init policies/ --upstream http://127.0.0.1:3001/mcp --dry-run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("dir")
+    _upstream_flags(init)
+    init.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
+    init.add_argument(
+        "--timeout-s", type=float, default=60.0, help="the whole listing, process start included, must end within (60)"
+    )
     return parser
 
 
@@ -280,6 +306,13 @@ def _main(argv: list[str]) -> int:
 
         if args.policies_command == "check":
             return policy_cli.check(args.dir)
+        if args.policies_command == "init":
+            from proxy.policy import init as policy_init
+
+            values = {k: v for k, v in vars(args).items() if k.startswith("upstream")}
+            if command:
+                values.update(upstream_command=shlex.join(command), listen="stdio")
+            return policy_init.run(args.dir, values, dry_run=args.dry_run, timeout_s=args.timeout_s)
         return policy_cli.explain(args.dir, args.tool, args.annotations, as_json=args.json)
     values: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "policies_command")}
     if command:

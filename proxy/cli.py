@@ -309,10 +309,10 @@ def _main(argv: list[str]) -> int:
         if args.policies_command == "init":
             from proxy.policy import init as policy_init
 
-            values = {k: v for k, v in vars(args).items() if k.startswith("upstream")}
+            upstream = {k: v for k, v in vars(args).items() if k.startswith("upstream")}
             if command:
-                values.update(upstream_command=shlex.join(command), listen="stdio")
-            return policy_init.run(args.dir, values, dry_run=args.dry_run, timeout_s=args.timeout_s)
+                upstream.update(upstream_command=shlex.join(command), listen="stdio")
+            return policy_init.run(args.dir, upstream, dry_run=args.dry_run, timeout_s=args.timeout_s)
         return policy_cli.explain(args.dir, args.tool, args.annotations, as_json=args.json)
     values: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "policies_command")}
     if command:

@@ -39,15 +39,14 @@ many requests upstream at once, `tools/call` attempts included; more wait their 
 own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
 `proxy.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
 session, the caller on the shared relay) has at most its share upstream across all its sessions
-and both eras, its sessions' upstream listen streams included (the relay hands the link its
-share); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
+and both eras (its sessions' upstream listen streams are not counted: each has a connection of
+its own, outside the pool); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
 failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_share"}`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 import logging
@@ -426,9 +425,6 @@ class Relay:
         # pool to share, a stdio upstream); `client` is this session's client (None: shared relay).
         self.shares = shares
         self.client = client
-        listen_share = getattr(link, "set_listen_share", None)
-        if shares is not None and client is not None and listen_share is not None:
-            listen_share(functools.partial(shares.of, client))  # its upstream listen stream counts too
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         self.catalog = catalog

@@ -27,6 +27,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -46,7 +47,7 @@ from mcp.shared.inbound import (
     validate_mcp_param_headers,
 )
 
-from proxy import jsonrpc
+from proxy import capacity, jsonrpc
 from proxy.auth.base import Authenticator, AuthRefused, Principal
 from proxy.auth.challenge import (
     WELL_KNOWN,
@@ -390,6 +391,19 @@ async def _respond_json(
 
 async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:
     await _respond_json(send, status, jsonrpc.error(id_, code, text))
+
+
+async def _respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure) -> None:
+    """A new session refused: at a limit (proxy/capacity.py: 429/503, Retry-After, the limit and
+    its flag in the message and `data`) or because the proxy shuts down (503), both -32000; an
+    upstream that cannot open one, 502 with the failure's text."""
+    if failure.kind is not FailureKind.OVERLOADED:
+        await _respond_error(send, 502, id_, jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
+        return
+    data = failure.data() if isinstance(failure, capacity.Refusal) else None
+    body = jsonrpc.error(id_, jsonrpc.SHUTTING_DOWN, jsonrpc.bounded(failure.detail), data)
+    retry = b"%d" % math.ceil(failure.retry_after_s or capacity.RETRY_AFTER_S)
+    await _respond_json(send, failure.http_status or 503, body, [(b"retry-after", retry)])
 
 
 def _status_for(message: Message, modern: bool) -> int:
@@ -998,10 +1012,7 @@ class McpHttpApp:
             try:
                 session_id, relay = await service.new_session(self.clients.key(scope, headers, principal))
             except UpstreamFailure as failure:
-                status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
-                await _respond_error(
-                    send, status, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)
-                )
+                await _respond_session_refused(send, message["id"], failure)
                 return
             if self._binds_sessions and principal is not None:
                 relay.owner = principal.id

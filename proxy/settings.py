@@ -109,7 +109,12 @@ class Settings(BaseSettings):
     stderr_lines_per_s: float = Field(
         20.0, ge=0, le=1_000_000, description="stdio child output lines logged per second after the burst"
     )
-    max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
+    max_concurrent_calls: int = Field(
+        4096,
+        ge=1,
+        description="tools/call in flight; beyond it: 'overloaded' (a waiting call costs a task and its state, a few "
+        "KiB: four per session at the session cap of an HTTP upstream)",
+    )
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
         1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"

@@ -19,7 +19,9 @@ Contract:
   - `mcp_recovery_http_refused_total{reason}`: connections and requests the limits refused or
     closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
-    connection cap), `connections_per_client` (503, the port's cap per client address),
+    connection cap, every connection running a request), `connections_per_client` (503, the
+    port's cap per client address), `head_pending` (a connection without a complete request head,
+    or idle between requests, closed to make room for a new one at a connection cap),
     `sessions` (503: `initialize` refused, the proxy holds its maximum of sessions and every one
     is busy), `sessions_per_client` (429: the client holds its share and every one is busy), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
@@ -70,6 +72,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "body_timeout",
             "connections",
             "connections_per_client",
+            "head_pending",
             "sessions",
             "sessions_per_client",
             "upstream_share",

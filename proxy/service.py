@@ -560,17 +560,17 @@ class Service:
                 self._evict(victim, "its client holds its maximum of sessions")
         limit = settings.sessions_cap
         while len(self.sessions) + len(self._closing) + self._opening >= limit:
-            victim = capacity.least_recently_used(self.sessions)
-            if victim is not None:
+            if len(self.sessions) + self._opening >= limit:  # live sessions fill it: close one
+                victim = capacity.least_recently_used(self.sessions)
+                if victim is None:
+                    busy = f"{len(self.sessions)} sessions, each with a request in flight"
+                    raise capacity.refusal(
+                        "sessions",
+                        "--max-sessions",
+                        f"the proxy holds its maximum of {limit} sessions ({busy})",
+                        http_status=503,
+                    )
                 self._evict(victim, "the proxy holds its maximum of sessions")
-            if len(self.sessions) + self._opening >= limit or not self._closing:
-                busy = f"{len(self.sessions)} sessions, each with a request in flight"
-                raise capacity.refusal(
-                    "sessions",
-                    "--max-sessions",
-                    f"the proxy holds its maximum of {limit} sessions ({busy})",
-                    http_status=503,
-                )
             # A closed session holds its slot until its link is closed (a stdio child stopping
             # counts against the upstream's cap of children): wait for one, bounded.
             done, _ = await asyncio.wait(list(self._closing), timeout=CLOSE_WAIT_S, return_when=asyncio.FIRST_COMPLETED)

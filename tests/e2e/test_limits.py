@@ -171,20 +171,53 @@ def loopback_client(address: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=10, transport=httpx.AsyncHTTPTransport(local_address=address))
 
 
-async def test_sessions_are_capped_per_client_address(tmp_path: Path) -> None:
-    for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
+async def test_a_client_at_its_session_cap_gives_up_its_least_recently_used_idle_session(tmp_path: Path) -> None:
+    """The cap per client (opt-in: an address names no one) closes the client's own least
+    recently used idle session for a new one (its id then answers 404), and refuses a new one
+    only while every session of the client has a request in flight: 429, Retry-After, -32000, and
+    the flag that raises the cap. Another address is not affected."""
+    for proxy, journal in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
         with anyio.fail_after(BOUND_S):
             async with loopback_client("127.0.0.1") as one, loopback_client("127.0.0.2") as two:
+                sessions = []
                 for _ in range(2):
                     session = await open_session(one, proxy.url)
                     # Initialized: a session left silent would be closed (--session-init-timeout-s).
                     await one.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
-                r = await one.post(proxy.url, json=INIT, headers=HEADERS)
-                assert r.status_code == 429, r.text
-                assert "this client holds its maximum of 2 sessions" in r.text
-                refused = 'mcp_recovery_http_refused_total{reason="sessions_per_client"}'
-                assert await counter(one, proxy, refused) == 1
-                await open_session(two, proxy.url)  # another address still gets one
+                    sessions.append(session)
+                third = await open_session(one, proxy.url)
+                await one.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **third})
+                ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+                r = await one.post(proxy.url, json=ping, headers={**HEADERS, **sessions[0]})
+                assert r.status_code == 404, "the least recently used one was closed"
+                r = await one.post(proxy.url, json=ping, headers={**HEADERS, **sessions[1]})
+                assert r.status_code == 200, r.text
+                assert await counter(one, proxy, "mcp_recovery_sessions_evicted_total") == 1
+                # Both of its sessions busy: nothing to give up, so the new one is refused.
+                busy = [
+                    asyncio.create_task(one.post(proxy.url, json=read(f"busy-{i}", 30), headers={**HEADERS, **s}))
+                    for i, s in enumerate((sessions[1], third))
+                ]
+                try:
+                    await journal.await_for(lambda j: len(j.events(tool="slow_resource", event="started")) == 2)
+                    r = await one.post(proxy.url, json=INIT, headers=HEADERS)
+                    assert r.status_code == 429, r.text
+                    assert r.headers["retry-after"] == "5"
+                    error = r.json()["error"]
+                    assert error["code"] == -32000
+                    assert "this client holds its maximum of 2 sessions" in error["message"]
+                    assert "--max-sessions-per-client raises this limit" in error["message"]
+                    assert error["data"] == {
+                        "limit": "sessions_per_client",
+                        "flag": "--max-sessions-per-client",
+                        "retryAfterS": 5,
+                    }
+                    refused = 'mcp_recovery_http_refused_total{reason="sessions_per_client"}'
+                    assert await counter(one, proxy, refused) == 1
+                    await open_session(two, proxy.url)  # another address still gets one
+                finally:
+                    for task in busy:
+                        task.cancel()
 
 
 async def test_simultaneous_initialize_calls_cannot_pass_the_cap_together(tmp_path: Path) -> None:
@@ -202,9 +235,11 @@ async def test_simultaneous_initialize_calls_cannot_pass_the_cap_together(tmp_pa
                         await http.delete(proxy.url, headers={**HEADERS, "mcp-session-id": r.headers["mcp-session-id"]})
 
 
-async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhausted_slots(tmp_path: Path) -> None:
+async def test_an_uninitialized_session_is_closed_and_readiness_reports_slots_held_by_busy_sessions(
+    tmp_path: Path,
+) -> None:
     extra = ["--max-sessions", "2", "--session-init-timeout-s", "0.5"]
-    for proxy, _ in proxy_for("stdio", tmp_path, extra):
+    for proxy, journal in proxy_for("stdio", tmp_path, extra):
         with anyio.fail_after(BOUND_S):
             # Each initialize waits for a child's start (over 10 s at load 24, the pool's next spare
             # starting beside it): the test's bound governs, not a per-request 10 s.
@@ -212,20 +247,37 @@ async def test_an_uninitialized_session_is_closed_and_readiness_reports_exhauste
                 good = await open_session(http, proxy.url)
                 await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **good})
                 silent = await open_session(http, proxy.url)  # never says anything more
-                r = await http.post(proxy.url, json=INIT, headers=HEADERS)
-                assert r.status_code == 503, r.text
-                assert await counter(http, proxy, 'mcp_recovery_http_refused_total{reason="sessions"}') == 1
-                ready = await http.get(proxy.admin + "/readyz")
-                assert ready.status_code == 503, ready.text
-                assert "no session slot free: 2 of 2 in use" in ready.text
-                while (await http.get(proxy.admin + "/readyz")).status_code != 200:  # noqa: ASYNC110
+                closed = "mcp_recovery_sessions_closed_uninitialized_total"
+                while await counter(http, proxy, closed) != 1:  # noqa: ASYNC110
                     await anyio.sleep(0.05)  # polled: the admin endpoint offers no event
                 ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
                 r = await http.post(proxy.url, json=ping, headers={**HEADERS, **silent})
                 assert r.status_code == 404, "the silent session was closed"
                 r = await http.post(proxy.url, json=ping, headers={**HEADERS, **good})
                 assert r.status_code == 200, "the initialized one was kept"
-                assert await counter(http, proxy, "mcp_recovery_sessions_closed_uninitialized_total") == 1
+                other = await open_session(http, proxy.url)
+                await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **other})
+                # Both slots held by sessions with a request in flight: nothing can be made free.
+                busy = [
+                    asyncio.create_task(http.post(proxy.url, json=read(f"busy-{i}", 3), headers={**HEADERS, **s}))
+                    for i, s in enumerate((good, other))
+                ]
+                await journal.await_for(lambda j: len(j.events(tool="slow_resource", event="started")) == 2)
+                r = await http.post(proxy.url, json=INIT, headers=HEADERS)
+                assert r.status_code == 503, r.text
+                assert r.headers["retry-after"] == "5"
+                assert "--max-sessions raises this limit" in r.json()["error"]["message"]
+                assert await counter(http, proxy, 'mcp_recovery_http_refused_total{reason="sessions"}') == 1
+                ready = await http.get(proxy.admin + "/readyz")
+                assert ready.status_code == 503, ready.text
+                assert "no session slot free: 2 of 2 in use" in ready.text
+                for task in busy:
+                    assert (await task).status_code == 200
+                # Idle again: a slot can be made free, so ready, and a new session closes the
+                # least recently used one.
+                assert (await http.get(proxy.admin + "/readyz")).status_code == 200
+                await open_session(http, proxy.url)
+                assert await counter(http, proxy, "mcp_recovery_sessions_evicted_total") == 1
 
 
 # -- item 4, wired into the real proxy: both ports ---------------------------------------------------

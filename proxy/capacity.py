@@ -21,7 +21,12 @@ Contract:
   proxy's cap, 429 at a client's share), `Retry-After`, and a message naming the limit and the
   flag that raises it. `refusal(...)` counts it (`mcp_recovery_http_refused_total{reason}`) and
   logs it, one line per limit per `LOG_EVERY_S` with how many were refused since.
-No I/O beyond reading the memory limit once; everything else runs on the event loop's thread.
+- `open_files_for(...)` raises the process's soft limit of open files (never past the hard one)
+  to what the caps can hold at once: both ports' connections, and per session a stdio child's
+  three pipes or an upstream listen stream, plus the request pool. A shell's usual 1024 would
+  otherwise refuse connections (EMFILE) well before `--max-connections`. Logged when it cannot.
+No I/O beyond reading the memory limit once and that limit; everything else runs on the event
+loop's thread.
 """
 
 from __future__ import annotations
@@ -121,3 +126,27 @@ def refusal(limit: str, flag: str, detail: str, *, http_status: int) -> Refusal:
     else:
         _logged[limit] = (at, since + 1)
     return Refusal(f"{detail}; {flag} raises this limit", limit=limit, flag=flag, http_status=http_status)
+
+
+def open_files_for(*, connections: int, sessions: int) -> None:
+    """Raise the soft RLIMIT_NOFILE to what the caps need (see the module contract)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    want = 2 * connections + 3 * sessions + 512  # two ports; a child's pipes; pools, files, logs
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < want:
+        log.warning(
+            "open files limited to %d (ulimit -n), below the %d the caps may hold at once: lower --max-connections "
+            "or --max-sessions, or raise the limit",
+            target,
+            want,
+        )

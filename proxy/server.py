@@ -163,6 +163,10 @@ async def run(settings: Settings) -> int:
             "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
             settings.listen,
         )
+    if settings.listen != "stdio":
+        from proxy.capacity import open_files_for
+
+        open_files_for(connections=settings.max_connections, sessions=settings.sessions_cap)
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)

@@ -366,33 +366,43 @@ def _local(address: str, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
 # -- per-client limits behind an ingress (issue 13, the review's item 2) ---------------------------
 
 
+async def alive(http: httpx.AsyncClient, url: str, session: dict[str, str]) -> bool:
+    """Whether the session is still open (a ping answered, not 404)."""
+    r = await http.post(url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, headers={**HEADERS, **session})
+    assert r.status_code in (200, 404), r.text
+    return r.status_code == 200
+
+
 async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_session_share(tmp_path: Path) -> None:
     """Behind an ingress every caller has the ingress's address: with --max-sessions-per-client 2
     the whole proxy held two sessions. With --forwarded-allow-ips naming the ingress, each client
-    it names in X-Forwarded-For counts on its own; a caller the list does not name cannot choose
-    its key by writing the header."""
+    it names in X-Forwarded-For counts on its own (its third session closes its own oldest, not
+    another client's); a caller the list does not name cannot choose its key by writing the
+    header."""
     extra = ["--max-sessions-per-client", "2", "--forwarded-allow-ips", "127.0.0.1"]
     for proxy, _ in proxy_for("stdio", tmp_path, extra):
         with anyio.fail_after(BOUND_S):
             async with loopback_client("127.0.0.1") as ingress, loopback_client("127.0.0.2") as direct:
-                for client in ("203.0.113.1", "203.0.113.2"):
-                    forwarded = {**HEADERS, "x-forwarded-for": client}
-                    for _ in range(2):
-                        r = await ingress.post(proxy.url, json=INIT, headers=forwarded)
-                        assert r.status_code == 200, r.text
-                        session = {"mcp-session-id": r.headers["mcp-session-id"]}
-                        await ingress.post(proxy.url, json=INITIALIZED, headers={**forwarded, **session})
-                    r = await ingress.post(proxy.url, json=INIT, headers=forwarded)
-                    assert r.status_code == 429, (client, r.text)
-                # Not a trusted proxy: its X-Forwarded-For is not read, each caller is its address.
-                for i in range(2):
-                    spoofed = {**HEADERS, "x-forwarded-for": f"198.51.100.{i}"}
-                    r = await direct.post(proxy.url, json=INIT, headers=spoofed)
+
+                async def opened(http: httpx.AsyncClient, forwarded_for: str, url: str = proxy.url) -> dict[str, str]:
+                    headers = {**HEADERS, "x-forwarded-for": forwarded_for}
+                    r = await http.post(url, json=INIT, headers=headers)
                     assert r.status_code == 200, r.text
                     session = {"mcp-session-id": r.headers["mcp-session-id"]}
-                    await direct.post(proxy.url, json=INITIALIZED, headers={**spoofed, **session})
-                r = await direct.post(proxy.url, json=INIT, headers={**HEADERS, "x-forwarded-for": "198.51.100.9"})
-                assert r.status_code == 429, r.text
+                    await http.post(url, json=INITIALIZED, headers={**headers, **session})
+                    return session
+
+                sessions = {c: [await opened(ingress, c) for _ in range(2)] for c in ("203.0.113.1", "203.0.113.2")}
+                third = await opened(ingress, "203.0.113.1")
+                assert not await alive(ingress, proxy.url, sessions["203.0.113.1"][0]), "its own oldest gave way"
+                for session in (sessions["203.0.113.1"][1], third, *sessions["203.0.113.2"]):
+                    assert await alive(ingress, proxy.url, session)
+                # Not a trusted proxy: its X-Forwarded-For is not read, each caller is its address.
+                spoofed = [await opened(direct, f"198.51.100.{i}") for i in range(3)]
+                assert not await alive(direct, proxy.url, spoofed[0]), "one key, whatever the header says"
+                assert await alive(direct, proxy.url, spoofed[1])
+                for session in (sessions["203.0.113.1"][1], third, *sessions["203.0.113.2"]):
+                    assert await alive(ingress, proxy.url, session)
 
 
 async def test_without_trusted_proxies_x_forwarded_for_is_ignored_and_said_so_once(tmp_path: Path) -> None:
@@ -404,6 +414,7 @@ async def test_without_trusted_proxies_x_forwarded_for_is_ignored_and_said_so_on
                 session = {"mcp-session-id": r.headers["mcp-session-id"]}
                 await http.post(proxy.url, json=INITIALIZED, headers={**HEADERS, **session})
                 r = await http.post(proxy.url, json=INIT, headers={**HEADERS, "x-forwarded-for": "203.0.113.2"})
-                assert r.status_code == 429, r.text
+                assert r.status_code == 200, r.text
+                assert not await alive(http, proxy.url, session), "one client: its one session gave way"
         log = proxy.log_tail(200_000)
         assert log.count("--forwarded-allow-ips") == 1, log[-2000:]

@@ -77,6 +77,7 @@ from proxy.jsonrpc import (
 )
 from proxy.lifecycle import InFlight
 from proxy.shares import ClientShares, SharesFull, Slots
+from proxy.task_owners import TaskOwners
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink
 
@@ -475,6 +476,8 @@ class Relay:
         # --auth passthrough: what `vouch` may cost the upstream (proxy/auth/vouch.py); the service
         # sets one per 2025 session.
         self.vouch_gate: VouchGate | None = None
+        # --auth jwt|tokens: which principal each task belongs to (one table per service).
+        self.task_owners: TaskOwners | None = None
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -528,7 +531,11 @@ class Relay:
             requests.enter(task, method in LONG_LIVED)  # type: ignore[arg-type]
         if caller is not None and (self.max_in_flight is not None or self.shares is not None):
             self._caller_of[outbox] = caller
+        owners = self.task_owners
         try:
+            if owners is not None and (refused := owners.refused(request, principal)) is not None:
+                outbox.send(refused)  # another principal's task (proxy/task_owners.py)
+                return
             if method == "tools/call" and self._tool_calls is not None:
                 response = await self._tool_calls(self, request, outbox, headers, principal)
             else:
@@ -543,7 +550,7 @@ class Relay:
                     log.info("%s got no upstream answer within %g s: cancelled", bounded(str(method), 80), timeout_s)
                     SHED.count("relayed_timeouts")
                     response = timeout_response(down_id, method, timeout_s)
-            outbox.send(response)
+            outbox.send(owners.observed(request, response, principal) if owners is not None else response)
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
                 raise upstream_refusal(failure) from None

@@ -50,6 +50,7 @@ from proxy.relay import Relay, ToolCallHandler, ToolCatalog
 from proxy.settings import Settings
 from proxy.shares import ClientShares
 from proxy.state import SharedState
+from proxy.task_owners import TaskOwners
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -233,6 +234,8 @@ class Service:
         self._closing: set[asyncio.Task[None]] = set()  # sessions whose links are still shutting down
         self._opening = 0  # sessions admitted whose upstream link is being opened
         self.on_session_change: Callable[[int], None] | None = None
+        # --auth jwt|tokens: the proxy verified each caller, the upstream sees one (the proxy)
+        self.task_owners = TaskOwners() if settings.auth in ("jwt", "tokens") else None
         self.started_at = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -497,6 +500,7 @@ class Service:
                 **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
+            self._modern.task_owners = self.task_owners
             self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
         return self._modern
 
@@ -532,6 +536,7 @@ class Service:
             client=client,
             **self._relay_limits(),
         )
+        relay.task_owners = self.task_owners
         if settings.auth == "passthrough":
             relay.pass_auth_refusals = True
             relay.vouch_gate = VouchGate(settings.vouch_pings_burst, settings.vouch_pings_per_s)

@@ -58,6 +58,7 @@ from proxy.auth.challenge import (
     rewrite_challenge,
     rewrite_metadata,
 )
+from proxy.auth.metadata_cache import MISSING_AGE_S, MetadataCache, max_age
 from proxy.auth.vouch import VouchLimited
 from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
@@ -530,6 +531,7 @@ class McpHttpApp:
         self._metadata_paths = metadata_paths(self.path) if auth is not None else frozenset()
         self._issuer = settings.auth_issuer if mode == "jwt" else None
         self._upstream_metadata_target: str | None = None  # passthrough: see _note_upstream_metadata
+        self._metadata_cache = MetadataCache()
         self.max_body = settings.max_body_bytes
         host = settings.listen_host
         loopback = host in LOOPBACK_HOSTS
@@ -726,23 +728,27 @@ class McpHttpApp:
             self._upstream_metadata_target = there.path + (f"?{there.query}" if there.query else "")
 
     async def _upstream_metadata(self) -> dict[str, Any] | None:
-        """The upstream's metadata document: where its challenge said (on its own origin), else at
-        the well-known path followed by the upstream's own path, else the bare well-known path
-        (RFC 9728 §3.1, what clients try)."""
+        """The upstream's metadata document, fetched once per its max-age (proxy/auth/metadata_cache.py)."""
+        return await self._metadata_cache.get(self._fetch_upstream_metadata)
+
+    async def _fetch_upstream_metadata(self) -> tuple[dict[str, Any] | None, float]:
+        """The upstream's metadata document and how long it may be kept: where its challenge said
+        (on its own origin), else at the well-known path followed by the upstream's own path, else
+        the bare well-known path (RFC 9728 §3.1, what clients try)."""
         fetch = getattr(self.service.upstream, "get_document", None)
         url = getattr(self.service.upstream, "url", None)
         if fetch is None or not isinstance(url, str):
-            return None
+            return None, 0.0
         if self._upstream_metadata_target is None and self.service.probe_refusal is not None:
             self._note_upstream_metadata(self.service.probe_refusal.challenge)
         upstream_path = urlsplit(url).path.rstrip("/")
         targets = (self._upstream_metadata_target, WELL_KNOWN + upstream_path, WELL_KNOWN)
         for target in dict.fromkeys(t for t in targets if t is not None):
             try:
-                status, raw = await fetch(target, METADATA_BYTES)
+                status, raw, cache_control = await fetch(target, METADATA_BYTES)
             except UpstreamFailure as failure:
                 log.info("the upstream's protected-resource metadata could not be fetched: %s", failure.detail)
-                return None
+                return None, 0.0
             if status != 200:
                 continue
             try:
@@ -750,8 +756,8 @@ class McpHttpApp:
             except ValueError:
                 document = None
             if document is not None:
-                return document
-        return None
+                return document, max_age(cache_control)
+        return None, MISSING_AGE_S
 
     def close_streams(self) -> None:
         """The server is shutting down: end every open listen stream (each writes its closing

@@ -1261,14 +1261,15 @@ class HttpClientOwner:
         self.health.answered()
         return caps
 
-    async def get_document(self, target: str, limit: int = 64 * 1024) -> tuple[int, bytes]:
+    async def get_document(self, target: str, limit: int = 64 * 1024) -> tuple[int, bytes, str | None]:
         """GET `target` on the upstream's origin (its OAuth protected-resource metadata), bounded
-        in time (twice the connect timeout) and size; (status, body). Raises UpstreamFailure."""
+        in time (twice the connect timeout) and size; (status, body, its Cache-Control). Raises
+        UpstreamFailure."""
         try:
             async with asyncio.timeout(self.connect_timeout_s * 2):
                 request = self.client.request("GET", target=target, headers={"accept": "application/json"})
                 async with await request as response:
-                    return response.status, await read_bounded(response, limit)
+                    return response.status, await read_bounded(response, limit), response.headers.get("cache-control")
         except TimeoutError:
             raise UpstreamFailure(FailureKind.TIMEOUT, Dispatch.NO, "the upstream did not answer in time") from None
         except CLIENT_ERRORS as exc:

@@ -29,6 +29,7 @@ import itertools
 import logging
 import math
 import secrets
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -82,6 +83,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PING_INTERVAL_S = 15.0
+# jwt, tokens: an open listen stream's credential is checked again this often; a revoked token or
+# an expired JWT ends the stream (its POSTs already get 401)
+CREDENTIAL_RECHECK_S = 5.0
 # A POST's disconnect watcher starts only once its request has run this long (up to half as long
 # again): most calls are answered sooner, and a watcher is a task plus a wait on uvicorn's receive
 # event per request. A client's disconnect is noticed that much later at most.
@@ -1354,6 +1358,9 @@ class McpHttpApp:
             return
         gone = asyncio.create_task(self._watch_disconnect(receive, stream, None))
         self._listening.add(stream)
+        recheck = principal is not None and self._binds_sessions and self.auth is not None
+        wait_s = min(PING_INTERVAL_S, CREDENTIAL_RECHECK_S) if recheck else PING_INTERVAL_S
+        pinged_at = checked_at = time.monotonic()
         try:
             await send(
                 {
@@ -1367,9 +1374,15 @@ class McpHttpApp:
                 if item is not None:
                     await send({"type": "http.response.body", "body": _sse(item[1]), "more_body": True})
                     continue
-                await stream.wait(PING_INTERVAL_S)
-                if stream.closed or stream._items:
+                await stream.wait(wait_s)
+                now = time.monotonic()
+                if recheck and now - checked_at >= CREDENTIAL_RECHECK_S:
+                    checked_at = now
+                    if not await self._still_valid(headers):
+                        break
+                if stream.closed or stream._items or now - pinged_at < PING_INTERVAL_S:
                     continue
+                pinged_at = now
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -1378,6 +1391,16 @@ class McpHttpApp:
             gone.cancel()
             stream.close()
             relay.detach_listen(stream)
+
+    async def _still_valid(self, headers: dict[str, str]) -> bool:
+        """Whether a listen stream's credential still authenticates (jwt, tokens)."""
+        assert self.auth is not None
+        try:
+            await self.auth.authenticate(headers)
+        except AuthRefused as refused:
+            log.info("closing a listen stream: its credential no longer authenticates (%s)", refused.reason)
+            return False
+        return True
 
     async def _delete(self, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
         if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:

@@ -3,7 +3,8 @@ and the active policy set.
 
 - `/healthz`: the process is alive and its event loop answers (always 200 when it answers at all).
 - `/readyz`: 200 while the upstream answers, a policy set is loaded and a 2025 session slot is
-  free (when the upstream speaks the handshake); 503 with the reason otherwise. "Answers" is
+  free or can be made free by closing an idle session (when the upstream speaks the handshake);
+  503 with the reason otherwise. "Answers" is
   the upstream's health, the same verdict as `mcp_recovery_upstream_up`
   (proxy/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
   upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and

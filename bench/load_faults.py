@@ -1035,14 +1035,9 @@ def write_policies(folder: Path, files: dict[str, str]) -> Path:
 
 
 def proxy_flags(clients: int, grace_s: float) -> list[str]:
-    # every client is 127.0.0.1: let one address hold every session and its share of the upstream
+    # every client is 127.0.0.1, as a sidecar's agent is: the shipped session and per-client
+    # defaults serve it (a run that had to raise them would hide a default that refuses users)
     return [
-        "--max-sessions",
-        str(max(64, clients + 8)),
-        "--max-sessions-per-client",
-        str(max(64, clients + 8)),
-        "--max-upstream-per-client",
-        str(max(200, 4 * clients)),
         "--shutdown-grace-s",
         str(grace_s),
         # a hundred SDK clients in one Python process on a loaded machine can take longer than the

@@ -5,6 +5,7 @@
     .venv/bin/python bench/sessions.py --proxy-arg=--stdio-sessions=shared
     .venv/bin/python bench/sessions.py --shared-children 1,2,4     # a proxy per N, both legs each
     .venv/bin/python bench/sessions.py --repo /work/main        # another checkout's proxy
+    .venv/bin/python bench/sessions.py --hold 400               # sessions held at the defaults, memory per kind
 
 The run of issue 16: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
 session per call, through `python -m proxy serve` in front of a Python SDK stdio server
@@ -27,11 +28,19 @@ whole comparison once per N, each against its own proxy with `--stdio-sessions s
 --stdio-shared-children N` (both legs in the same proxy run: the 2026 leg is that run's
 baseline), then prints one summary line per N. Every leg is
 bounded in count and time (`--bound-s`), every call by `--call-bound-s`; the proxy is started and
-stopped by its pid. `--max-sessions-per-client` is raised to the session count on the proxy,
-since every client here has the same address, `--session-init-timeout-s` to 120 s and
+stopped by its pid. The session caps are the shipped defaults (every client here has the same
+address, as a sidecar's agent has); `--session-init-timeout-s` is raised to 120 s and
 `--head-timeout-s` to 60 s (on a loaded machine the clients' own CPU can delay
 `notifications/initialized`, or the rest of a request head, past the default 10 s, and what is
 measured is sessions, not those protections). Not a test and not in CI.
+
+`--hold N` measures what sessions cost instead: for each session kind (`--kinds`, default
+`http,shared,per-session`: the bench's echo server over Streamable HTTP; over stdio with
+`--stdio-sessions shared`; over stdio with a child per session), a proxy at the shipped defaults
+gets N concurrent 2025 sessions from 127.0.0.1 (opened 40 at a time), each calls `echo` once
+while all are open, and, with all of them still open, the proxy's RSS and the RSS of the proxy
+with every process below it are read from /proc. Printed per kind: the sessions the proxy held
+(/readyz), answered and refused, and the memory per session of the proxy and of its tree.
 """
 
 from __future__ import annotations
@@ -58,7 +67,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_proxy(
+    repo: Path, extra: list[str], sessions: int, log: Path, upstream_url: str | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     port, admin = free_port(), free_port()
     argv = [
         PYTHON,
@@ -69,10 +80,6 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
         f"http://127.0.0.1:{port}/mcp",
         "--admin",
         f"127.0.0.1:{admin}",
-        "--max-sessions",
-        str(max(64, sessions)),
-        "--max-sessions-per-client",
-        str(max(64, sessions)),
         # benign clients that a loaded machine can keep from sending notifications/initialized
         # within the default 10 s: what is measured is sessions, not that protection
         "--session-init-timeout-s",
@@ -82,12 +89,11 @@ def start_proxy(repo: Path, extra: list[str], sessions: int, log: Path) -> tuple
         "--head-timeout-s",
         "60",
         *extra,
-        "--",
-        PYTHON,
-        str(REPO / "bench/upstream.py"),
-        "--transport",
-        "stdio",
     ]
+    if upstream_url is None:
+        argv += ["--", PYTHON, str(REPO / "bench/upstream.py"), "--transport", "stdio"]
+    else:
+        argv += ["--upstream", upstream_url]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=repo, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     ready = f"http://127.0.0.1:{admin}/readyz"
@@ -240,7 +246,133 @@ def rate_ratio(results: dict[str, dict[str, object]]) -> float | None:
     return rates["2026"] / rates["2025"] if rates["2025"] else float("inf")
 
 
-async def main() -> int:
+def rss_kib(pid: int) -> int:
+    """A process's resident set (VmRSS), in KiB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def tree_rss_kib(pid: int) -> int:
+    """The resident sets of `pid` and every process below it (its stdio children), summed."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss_kib(p)
+        todo += [c for c, pp in parents.items() if pp == p]
+    return total
+
+
+def hold(args: argparse.Namespace) -> int:
+    """`--hold N`: N concurrent 2025 sessions per session kind at the shipped defaults (opened
+    `OPENING` at a time, each answered once, all held until the last is answered): how many the
+    proxy held, how many were refused, and the memory per session, of the proxy and of its tree."""
+    kinds = {"http": [], "shared": ["--stdio-sessions", "shared"], "per-session": []}
+    failed = 0
+    for kind in args.kinds.split(","):
+        upstream = None
+        url_up = None
+        if kind == "http":
+            port = free_port()
+            upstream = subprocess.Popen(
+                [PYTHON, str(REPO / "bench/upstream.py"), "--transport", "http", "--port", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            url_up = f"http://127.0.0.1:{port}/mcp"
+            for _ in range(600):  # bounded: until it listens
+                try:
+                    httpx.get(url_up, timeout=1.0)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        log = Path(f"/tmp/bench-sessions-hold-{os.getpid()}-{kind}.log")
+        proc, url, admin = start_proxy(args.repo, [*kinds[kind], *args.proxy_arg], args.hold, log, url_up)
+        try:
+            idle = rss_kib(proc.pid), tree_rss_kib(proc.pid)
+            answered, errors, held, busy = asyncio.run(hold_sessions(url, admin, proc.pid, args.hold, args.bound_s))
+            n = max(1, answered)
+            print(
+                f"  {kind:11} held {held:5d}  answered {answered:5d}  refused/failed {len(errors):4d}  "
+                f"proxy {idle[0] / 1024:6.0f} -> {busy[0] / 1024:6.0f} MiB ({(busy[0] - idle[0]) / n:6.0f} KiB/session)"
+                f"  tree {idle[1] / 1024:6.0f} -> {busy[1] / 1024:6.0f} MiB ({(busy[1] - idle[1]) / n / 1024:6.1f} "
+                "MiB/session)"
+            )
+            for why in sorted(set(errors))[:3]:
+                print(f"        {errors.count(why)}x {why}")
+            failed += len(errors)
+        finally:
+            stop(proc)
+            if upstream is not None:
+                upstream.terminate()
+                upstream.wait(timeout=10)
+    return 1 if failed else 0
+
+
+async def hold_sessions(
+    url: str, admin: str, pid: int, n: int, bound_s: float
+) -> tuple[int, list[str], int, tuple[int, int]]:
+    """Open `n` sessions, call once on each while all are open, measure, then close them all.
+    Returns (answered, errors, sessions the proxy held, (proxy RSS, tree RSS) in KiB)."""
+    from mcp import Client
+
+    gate = asyncio.Semaphore(OPENING)
+    all_open, all_served, measured_all = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    counts = {"opened": 0, "answered": 0}
+    errors: list[str] = []
+    measured: dict[str, int] = {}
+
+    def mark(what: str) -> None:
+        counts[what] += 1
+        if counts["opened"] == n:
+            all_open.set()
+        if counts["answered"] + len(errors) >= n:
+            all_served.set()
+
+    async def one(i: int) -> None:
+        try:
+            async with gate:
+                client = await Client(url, mode="legacy").__aenter__()
+        except Exception as exc:  # a refused session is a result of the run
+            errors.append(f"{type(exc).__name__}: {exc}"[:160])
+            mark("opened")
+            return
+        try:
+            mark("opened")
+            await all_open.wait()
+            await client.call_tool("echo", {"text": str(i)})
+            mark("answered")
+            await measured_all.wait()
+        finally:
+            await client.__aexit__(None, None, None)
+
+    async def measure() -> None:
+        await all_served.wait()
+        measured["proxy"], measured["tree"] = rss_kib(pid), tree_rss_kib(pid)
+        async with httpx.AsyncClient(timeout=10) as http:
+            measured["held"] = (await http.get(admin + "/readyz")).json().get("sessions", 0)
+        measured_all.set()
+
+    async with asyncio.timeout(bound_s):
+        await asyncio.gather(measure(), *(one(i) for i in range(n)))
+    return counts["answered"], errors, measured["held"], (measured["proxy"], measured["tree"])
+
+
+OPENING = 40  # sessions opened at once in `--hold`, as an agent opens them over a moment
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=40)
     parser.add_argument("--calls", type=int, default=10, help="calls per client, one session each")
@@ -253,7 +385,18 @@ async def main() -> int:
         "--shared-children",
         help="comma-separated N: one run per N with --stdio-sessions shared --stdio-shared-children N",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--hold",
+        type=int,
+        help="hold this many concurrent 2025 sessions per session kind at the shipped defaults and print "
+        "the memory per session (instead of the sessions-per-second legs)",
+    )
+    parser.add_argument("--kinds", default="http,shared,per-session", help="with --hold: which session kinds")
+    return parser
+
+
+async def main() -> int:
+    args = parser().parse_args()
     runs: list[tuple[str, list[str]]] = [("", args.proxy_arg)]
     if args.shared_children:
         runs = [
@@ -279,4 +422,6 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--hold" in " ".join(sys.argv):
+        sys.exit(hold(parser().parse_args()))
     sys.exit(asyncio.run(main()))

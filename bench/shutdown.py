@@ -96,8 +96,6 @@ def one_run(label: str, repo: Path, args: argparse.Namespace, work: Path) -> dic
         str(args.spares),
         "--max-sessions",
         str(args.sessions + 16),
-        "--max-sessions-per-client",
-        str(args.sessions + 16),
         "--session-init-timeout-s",
         "600",
     ]

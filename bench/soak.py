@@ -165,7 +165,6 @@ def start_proxy(
         "--policies", str(REPO / "proxy/demo/policies"),
         # abandoned sessions must be reaped within the run, not after the default 10 minutes
         "--session-idle-timeout-s", "30",
-        "--max-sessions-per-client", "64",
         *extra,
         "--", PYTHON, "-m", "proxy.demo.server",
     ]  # fmt: skip

@@ -3,7 +3,8 @@ and the active policy set.
 
 - `/healthz`: the process is alive and its event loop answers (always 200 when it answers at all).
 - `/readyz`: 200 while the upstream answers, a policy set is loaded and a 2025 session slot is
-  free (when the upstream speaks the handshake); 503 with the reason otherwise. "Answers" is
+  free or can be made free by closing an idle session (when the upstream speaks the handshake);
+  503 with the reason otherwise. "Answers" is
   the upstream's health, the same verdict as `mcp_recovery_upstream_up`
   (proxy/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
   upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and
@@ -28,6 +29,13 @@ probes) then needs `Authorization: Bearer <token>`, or Basic credentials whose p
 token (what a browser sends after its own prompt: the status page's challenge is `Basic`, the
 others' `Bearer realm="mcp-recovery-proxy admin"`); compared in constant time; anything else is
 401, counted in `mcp_recovery_auth_failures_total{reason="admin"}`.
+
+The admin port is as closed as the MCP port (`admin_access`): with `--auth` other than `none`,
+what the admin port tells about calls (the status page and `/status.json`, `/status/explain`,
+`/policies`, `/metrics`: principal ids, tools, outcomes, budget ids, upstream error texts) needs
+the admin token, or is served only when the admin port binds loopback; bound elsewhere without a
+token, those paths answer 403 naming `--admin-token-file`. `/healthz` and `/readyz` stay open
+for probes and carry no principal. The start-up log says which of the three applies.
 
 Safety: the Host header is checked like the MCP port's (proxy/hostcheck.py), so a DNS-rebinding
 page cannot read `/readyz` or `/policies`: loopback names, any IP literal (what Kubernetes probes
@@ -96,6 +104,45 @@ class _HostCheck:
         await self.app(scope, receive, send)
 
 
+def admin_access(auth: str, bind_host: str, token: bool) -> tuple[bool, str]:
+    """Whether the admin port serves call data without a token, and the start-up log line that
+    says why (see the module docstring)."""
+    if token:
+        return False, "admin port: call data (status page, /metrics, /policies) requires the admin token"
+    if auth == "none":
+        return True, "admin port: call data served to anyone who reaches it (--auth none, no --admin-token-file)"
+    if bind_host in ("127.0.0.1", "localhost", "::1", "[::1]") or bind_host.startswith("127."):
+        return True, (
+            f"admin port: call data served on the loopback bind {bind_host} only (--auth {auth}: give "
+            "--admin-token-file to serve it on another address)"
+        )
+    return False, (
+        f"admin port on {bind_host}: call data (status page, /metrics, /policies) refused (403) — --auth {auth} "
+        "protects the MCP port, so it needs --admin-token-file; /healthz and /readyz stay open"
+    )
+
+
+class _ProbesOnly:
+    """Every path but the probes' refused (403): `--auth` is on, no admin token, not loopback."""
+
+    BODY = (
+        b'{"error":"forbidden","error_description":"the admin port serves call data only with '
+        b'--admin-token-file (or bound to loopback) while --auth protects the MCP port"}'
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"].rstrip("/") if scope["type"] == "http" else ""
+        if scope["type"] == "http" and path not in _AdminToken.OPEN:
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.BODY))]
+            await send({"type": "http.response.start", "status": 403, "headers": headers})
+            await send({"type": "http.response.body", "body": self.BODY})
+            return
+        await self.app(scope, receive, send)
+
+
 class _AdminToken:
     """Every path but the probes' behind the admin token; `/healthz` and `/readyz` pass."""
 
@@ -154,10 +201,12 @@ def build_admin_app(
     status: StatusObserver | None = None,
     auth: Any = None,
     listening: Callable[[], bool] | None = None,
+    call_data: bool = True,
 ) -> ASGIApp:
     """`listening` says whether the MCP listener accepts connections: the admin server starts
     beside it and answered /readyz 200 while the main one was still between its start-up and its
-    bind, so a client (or a Kubernetes probe) told "ready" got a refused connection."""
+    bind, so a client (or a Kubernetes probe) told "ready" got a refused connection. `call_data`
+    False (and no `admin_token`): only the probes are served (`admin_access`)."""
     # --auth jwt: the issuer's keys, reported by /readyz (proxy/auth/jwt.py, keys_status)
     keys_status: Callable[[], dict[str, Any]] | None = getattr(auth, "keys_status", None)
 
@@ -242,5 +291,9 @@ def build_admin_app(
             Route("/policies", show_policies),
         ]
     )
-    guarded: ASGIApp = _AdminToken(app, admin_token) if admin_token is not None else app
+    guarded: ASGIApp = app
+    if admin_token is not None:
+        guarded = _AdminToken(app, admin_token)
+    elif not call_data:
+        guarded = _ProbesOnly(app)
     return _HostCheck(guarded, HostAllowList([*LOOPBACK_HOST_PATTERNS, *allowed_hosts], ip_literals=True))

@@ -58,12 +58,17 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--max-head-bytes", type=int, default=s, help="request line and headers (64 KiB; 431 beyond)")
     p.add_argument("--head-timeout-s", type=float, default=s, help="a request head must arrive within (10; 408)")
     p.add_argument("--body-timeout-s", type=float, default=s, help="a request body may stall at most (30; 408)")
-    p.add_argument("--max-connections", type=int, default=s, help="open HTTP connections per port (1024; 503)")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=s,
+        help="open HTTP connections per port (4096); at it, one without a complete request head is closed, else 503",
+    )
     p.add_argument(
         "--max-connections-per-client",
         type=int,
         default=s,
-        help="open HTTP connections per port from one client address (a quarter of --max-connections; 503)",
+        help="open HTTP connections per port from one client address (none: no cap per address; 503)",
     )
     p.add_argument(
         "--request-timeout-s", type=float, default=s, help="relayed requests other than tools/call (60; then an error)"
@@ -71,18 +76,26 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--max-requests-per-session", type=int, default=s, help="upstream requests in flight per session (32)"
     )
-    p.add_argument("--max-sessions", type=int, default=s)
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=s,
+        help="2025 sessions at once; at it the least recently used idle one is closed first (from a session's cost:"
+        " 1024 on an HTTP/SSE upstream or shared stdio children, else what the memory affords, 16-256)",
+    )
     p.add_argument(
         "--max-sessions-per-client",
         type=int,
         default=s,
-        help="2025 sessions per client (a quarter of --max-sessions, at least 4)",
+        help="2025 sessions per client; at it the client's least recently used idle one is closed first (half of"
+        " --max-sessions per principal with --auth jwt|tokens; else none per address)",
     )
     p.add_argument(
         "--max-upstream-per-client",
         type=int,
         default=s,
-        help="one client's share of an HTTP/SSE upstream's connections, every session and era (48)",
+        help="one client's share of an HTTP/SSE upstream's requests in flight, every session and era (48 per principal"
+        " with --auth jwt|tokens; else none per address)",
     )
     p.add_argument(
         "--forwarded-allow-ips",
@@ -103,7 +116,9 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--stderr-lines-per-s", type=float, default=s, help="stdio child output lines logged a second after (20)"
     )
-    p.add_argument("--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded'")
+    p.add_argument(
+        "--max-concurrent-calls", type=int, default=s, help="tools/call in flight before 'overloaded' (4096)"
+    )
     p.add_argument("--session-idle-timeout-s", type=float, default=s)
     p.add_argument(
         "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"

@@ -6,11 +6,15 @@ owns its reload (read off the event loop, validate whole, swap in one assignment
 good state); this module owns what they share.
 
 Contract:
-- `FolderWatcher(folders, on_change, what=..., debounce_ms=...)` watches each folder itself, not
-  its files and not below it, with no filter: a Kubernetes ConfigMap or Secret volume swaps its
-  `..data` link, which leaves every top-level name untouched, and subfolders (examples, the
-  volume's timestamped folders) are not ours to load. After each debounced batch of changes it
-  awaits `on_change("watch")`, one call at a time.
+- `FolderWatcher(folders, on_change, what=..., debounce_ms=..., reads=...)` watches each folder
+  itself, not below it (subfolders, examples and the volume's timestamped folders, are not ours to
+  load). A change counts when its name is one the owner reads (`reads(name)`: the policy files,
+  the tokens file, the TLS files) or a dot-dot entry: a Kubernetes ConfigMap or Secret volume
+  swaps its `..data` link, which leaves every top-level name untouched. Anything else in the
+  folder is not looked at: a log file written there (the proxy's own, or the upstream's) made
+  every line trigger a reload, whose own log line (watchfiles logs each change it sees) triggered
+  the next, without end. After each debounced batch of changes that count, it awaits
+  `on_change("watch")`, one call at a time.
 - An exception from the watch or from `on_change` is logged (`proxy.filewatch`, naming `what` and
   the folders) and the watch starts again after 1 s; it never ends the watcher silently.
 - `start()` starts the watch task on the running loop (again only after `aclose()`); `aclose()`
@@ -57,8 +61,10 @@ class FolderWatcher:
         what: str,
         debounce_ms: int,
         force_polling: bool | None = None,
+        reads: Callable[[str], bool] | None = None,
     ) -> None:
         self.folders = tuple(sorted({str(folder) for folder in folders}))
+        self._reads = reads
         self.what = what
         self._on_change = on_change
         self._debounce_ms = debounce_ms
@@ -79,7 +85,7 @@ class FolderWatcher:
             try:
                 async for _changes in watchfiles.awatch(
                     *self.folders,
-                    watch_filter=None,  # `..data` and its timestamped targets are exactly what to see
+                    watch_filter=self._counts,
                     debounce=self._debounce_ms,
                     recursive=False,
                     stop_event=self._stop,
@@ -90,6 +96,10 @@ class FolderWatcher:
                 log.exception("%s watcher on %s failed; restarting in 1s", self.what, ", ".join(self.folders))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=RESTART_AFTER_S)
+
+    def _counts(self, _change: object, path: str) -> bool:
+        name = Path(path).name
+        return name.startswith("..") or self._reads is None or self._reads(name)
 
     async def aclose(self) -> None:
         self._stop.set()

@@ -39,15 +39,14 @@ many requests upstream at once, `tools/call` attempts included; more wait their 
 own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
 `proxy.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
 session, the caller on the shared relay) has at most its share upstream across all its sessions
-and both eras, its sessions' upstream listen streams included (the relay hands the link its
-share); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
+and both eras (its sessions' upstream listen streams are not counted: each has a connection of
+its own, outside the pool); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
 failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_share"}`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 import logging
@@ -79,6 +78,7 @@ from proxy.jsonrpc import (
 )
 from proxy.lifecycle import InFlight
 from proxy.shares import ClientShares, SharesFull, Slots
+from proxy.task_owners import TaskOwners
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink, discover_request
 
@@ -391,9 +391,6 @@ class Relay:
         # pool to share, a stdio upstream); `client` is this session's client (None: shared relay).
         self.shares = shares
         self.client = client
-        listen_share = getattr(link, "set_listen_share", None)
-        if shares is not None and client is not None and listen_share is not None:
-            listen_share(functools.partial(shares.of, client))  # its upstream listen stream counts too
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         # The upstream's tools (proxy/catalog.py): `catalog` is the upstream's own; `catalogs`
@@ -451,6 +448,8 @@ class Relay:
         # --auth passthrough: what `vouch` may cost the upstream (proxy/auth/vouch.py); the service
         # sets one per 2025 session.
         self.vouch_gate: VouchGate | None = None
+        # --auth jwt|tokens: which principal each task belongs to (one table per service).
+        self.task_owners: TaskOwners | None = None
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -504,7 +503,11 @@ class Relay:
             requests.enter(task, method in LONG_LIVED)  # type: ignore[arg-type]
         if caller is not None and (self.max_in_flight is not None or self.shares is not None):
             self._caller_of[outbox] = caller
+        owners = self.task_owners
         try:
+            if owners is not None and (refused := owners.refused(request, principal)) is not None:
+                outbox.send(refused)  # another principal's task (proxy/task_owners.py)
+                return
             if method == "tools/call" and self._tool_calls is not None:
                 response = await self._tool_calls(self, request, outbox, headers, principal)
             else:
@@ -521,7 +524,7 @@ class Relay:
                     response = timeout_response(down_id, method, timeout_s)
                 if method == "tools/list" and "result" in response:
                     self.catalog_of(principal).observe(response["result"])
-            outbox.send(response)
+            outbox.send(owners.observed(request, response, principal) if owners is not None else response)
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
                 raise upstream_refusal(failure) from None

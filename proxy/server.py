@@ -163,6 +163,10 @@ async def run(settings: Settings) -> int:
             "--auth none on %s: anyone who reaches this address may call every tool (see docs/security.md)",
             settings.listen,
         )
+    if settings.listen != "stdio":
+        from proxy.capacity import open_files_for
+
+        open_files_for(connections=settings.max_connections, sessions=settings.sessions_cap)
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)
@@ -285,9 +289,11 @@ async def _serve(
     admin_server: uvicorn.Server | None = None
     listeners: list[uvicorn.Server] = []  # the MCP listener once built; stdio has none to wait for
     if settings.admin:
-        from proxy.admin import build_admin_app
+        from proxy.admin import admin_access, build_admin_app
 
         host, _, port = settings.admin.rpartition(":")
+        call_data, why = admin_access(settings.auth, host or "127.0.0.1", admin_token is not None)
+        (log.info if call_data or admin_token is not None or settings.auth == "none" else log.warning)("%s", why)
         admin_app = build_admin_app(
             service,
             registry=registry,
@@ -297,6 +303,7 @@ async def _serve(
             status=status,
             auth=auth,
             listening=lambda: all(server.started for server in listeners),
+            call_data=call_data,
         )
         admin_server = _server(
             _uvicorn_config(admin_app, host or "127.0.0.1", int(port), lifespan="off", limits=http_limits(settings)),

@@ -11,13 +11,18 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   re-probed by `/readyz` every `ready_check_interval_s`, so an idle one that went away is noticed.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
-- Sessions are bounded in total (`max_sessions`) and per client address (`max_sessions_per_client`,
-  answered 429), and a session whose client sent nothing (no `notifications/initialized`, no
-  request) within `session_init_timeout_s` of the answer to its `initialize` is closed: unanswered
-  handshakes cannot hold every slot (each may own a stdio child) until the idle timeout. `/readyz`
-  says not ready, with the reason, while no session slot is free. Refused `initialize` calls are
-  counted in `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed
-  silent sessions in `mcp_recovery_sessions_closed_uninitialized_total`.
+- Sessions are bounded in total (`max_sessions`, derived from what a session costs:
+  proxy/capacity.py) and, where configured, per client (`max_sessions_per_client`: by default
+  only per verified principal, with `--auth jwt|tokens`). At either bound the least recently used
+  session with nothing in flight (of the whole proxy, or of that client) is closed first, its stdio
+  child reclaimed (its client gets 404 for that session id and initializes again); only when every
+  session in question is busy is the new one refused (503 at the proxy's bound, 429 at a client's,
+  with Retry-After and the flag that raises it; counted in
+  `mcp_recovery_http_refused_total{reason="sessions"|"sessions_per_client"}`, closed sessions in
+  `mcp_recovery_sessions_evicted_total`). A session whose client sent nothing (no
+  `notifications/initialized`, no request) within `session_init_timeout_s` of the answer to its
+  `initialize` is closed (`mcp_recovery_sessions_closed_uninitialized_total`). `/readyz` says not
+  ready, with the reason, while no session slot is free and none could be made free.
 - Shutdown (`drain`): `/readyz` turns 503 and new sessions are refused at once (the frontends
   refuse new requests too, while `draining`); requests in flight may finish within the grace
   period; what is still running then is ended (proxy/lifecycle.py: a `tools/call` resolves as an
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from proxy import capacity
 from proxy.auth.vouch import VouchGate
 from proxy.catalog import Catalogs
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -47,6 +53,7 @@ from proxy.relay import Relay, ToolCallHandler
 from proxy.settings import Settings
 from proxy.shares import ClientShares
 from proxy.state import SharedState
+from proxy.task_owners import TaskOwners
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -60,6 +67,7 @@ PROBE_TIMEOUT_S = 15.0
 READY_PROBE_TIMEOUT_S = 3.0
 RECHECK_FIRST_S = 0.5
 RECHECK_MAX_S = 30.0
+CLOSE_WAIT_S = 10.0  # a new session waits this long, at most, for a closed one's link to close
 
 
 def build_upstream(settings: Settings) -> Upstream:
@@ -80,7 +88,7 @@ def build_upstream(settings: Settings) -> Upstream:
         single = settings.listen == "stdio"
         return StdioUpstream(
             settings.upstream_argv,
-            max_children=settings.max_sessions,
+            max_children=settings.sessions_cap,
             spares=settings.stdio_spares,
             spare_starts=settings.stdio_spare_starts,
             spare_idle_s=settings.session_idle_timeout_s,
@@ -223,13 +231,18 @@ class Service:
         self._probe_timeout_s = max(PROBE_TIMEOUT_S, steps_s)
         # Each client's share of a network upstream's connections, across its sessions and both
         # eras (a stdio upstream has no pool to share: each 2025 session has its own child).
-        self.shares = None if self._supervised else ClientShares(settings.max_upstream_per_client)
+        # Off (None) unless configured, or per verified principal (settings.py).
+        share = settings.max_upstream_per_client
+        self.shares = None if self._supervised or share is None else ClientShares(share)
         # One stdio client's one child: its answer to the client's first request is the probe
         # (a probe of its own would fix the child's era, or start a second process).
         self._deferred = bool(getattr(upstream, "single_session", False))
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()  # sessions whose links are still shutting down
+        self._opening = 0  # sessions admitted whose upstream link is being opened
         self.on_session_change: Callable[[int], None] | None = None
+        # --auth jwt|tokens: the proxy verified each caller, the upstream sees one (the proxy)
+        self.task_owners = TaskOwners() if settings.auth in ("jwt", "tokens") else None
         self.started_at = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -362,10 +375,10 @@ class Service:
         until its upstream link is closed, not only until it leaves `sessions` (a stdio child
         that is still stopping counts against the upstream's cap of children, so an `initialize`
         in that window was refused while `/readyz` said ready)."""
-        limit = self.settings.max_sessions
+        limit = self.settings.sessions_cap
         held = len(self.sessions) + len(self._closing)
-        if held < limit:
-            return None
+        if held < limit or capacity.least_recently_used(self.sessions) is not None:
+            return None  # free, or one can be made free (an idle session closed)
         closing = f" ({len(self._closing)} closing)" if self._closing else ""
         return f"no session slot free: {held} of {limit} in use{closing}"
 
@@ -503,6 +516,7 @@ class Service:
                 **self._relay_limits(),
             )
             self._modern.on_protocol_mismatch = self.renegotiate
+            self._modern.task_owners = self.task_owners
             self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
             self._modern.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
         return self._modern
@@ -545,25 +559,12 @@ class Service:
         if self.draining:
             SHED.count("http_refused", "shutdown")
             raise UpstreamFailure(FailureKind.OVERLOADED, Dispatch.NO, "the proxy is shutting down", http_status=503)
-        full = self.no_session_slot()
-        if full is not None:
-            SHED.count("http_refused", "sessions")
-            raise UpstreamFailure(
-                FailureKind.OVERLOADED,
-                Dispatch.NO,
-                f"the proxy holds its maximum of {settings.max_sessions} sessions ({full})",
-            )
-        if client is not None:
-            held = sum(1 for c in self._session_clients.values() if c == client)
-            if held >= settings.sessions_per_client:
-                SHED.count("http_refused", "sessions_per_client")
-                raise UpstreamFailure(
-                    FailureKind.OVERLOADED,
-                    Dispatch.NO,
-                    f"this client holds its maximum of {settings.sessions_per_client} sessions",
-                    http_status=429,
-                )
-        link = await self.upstream.open(Era.LEGACY)
+        await self._make_room(client)
+        self._opening += 1  # holds its slot while its link opens (concurrent initializes at the cap)
+        try:
+            link = await self.upstream.open(Era.LEGACY)
+        finally:
+            self._opening -= 1
         session_id = secrets.token_hex(16)
         relay = Relay(
             link,  # type: ignore[arg-type]
@@ -575,6 +576,7 @@ class Service:
             client=client,
             **self._relay_limits(),
         )
+        relay.task_owners = self.task_owners
         if settings.auth == "passthrough":
             relay.pass_auth_refusals = True
             relay.vouch_gate = VouchGate(settings.vouch_pings_burst, settings.vouch_pings_per_s)
@@ -584,6 +586,53 @@ class Service:
         self._sessions_changed()
         asyncio.get_running_loop().call_later(settings.session_init_timeout_s, self._check_initialized, session_id)
         return session_id, relay
+
+    async def _make_room(self, client: str | None) -> None:
+        """Room for one more session, or a `capacity.Refusal` (see the module docstring)."""
+        settings = self.settings
+        share = settings.max_sessions_per_client
+        if client is not None and share is not None:
+            mine = [sid for sid, c in self._session_clients.items() if c == client]
+            if len(mine) >= share:
+                victim = capacity.least_recently_used(self.sessions, mine)
+                if victim is None:
+                    raise capacity.refusal(
+                        "sessions_per_client",
+                        "--max-sessions-per-client",
+                        f"this client holds its maximum of {share} sessions, each with a request in flight",
+                        http_status=429,
+                    )
+                self._evict(victim, "its client holds its maximum of sessions")
+        limit = settings.sessions_cap
+        while len(self.sessions) + len(self._closing) + self._opening >= limit:
+            if len(self.sessions) + self._opening >= limit:  # live sessions fill it: close one
+                victim = capacity.least_recently_used(self.sessions)
+                if victim is None:
+                    busy = f"{len(self.sessions)} sessions, each with a request in flight"
+                    raise capacity.refusal(
+                        "sessions",
+                        "--max-sessions",
+                        f"the proxy holds its maximum of {limit} sessions ({busy})",
+                        http_status=503,
+                    )
+                self._evict(victim, "the proxy holds its maximum of sessions")
+            # A closed session holds its slot until its link is closed (a stdio child stopping
+            # counts against the upstream's cap of children): wait for one, bounded.
+            done, _ = await asyncio.wait(list(self._closing), timeout=CLOSE_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise capacity.refusal(
+                    "sessions",
+                    "--max-sessions",
+                    f"the proxy holds its maximum of {limit} sessions ({len(self._closing)} still closing)",
+                    http_status=503,
+                )
+
+    def _evict(self, session_id: str, why: str) -> None:
+        """Close an idle session to make room for a new one (counted; logged at debug: at capacity
+        this happens on every new session, and the counter says how often)."""
+        log.debug("closing idle session %s… to make room: %s", session_id[:8], why)
+        SHED.count("sessions_evicted")
+        self._end_session(session_id)
 
     def _check_initialized(self, session_id: str) -> None:
         """A session whose client said nothing within `session_init_timeout_s` of the answer to its

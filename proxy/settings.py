@@ -35,12 +35,17 @@ class Settings(BaseSettings):
     max_head_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers; beyond it: 431")
     head_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive within this; else 408")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body may stall this long; else 408")
-    max_connections: int = Field(1024, ge=1, description="open HTTP connections per port; beyond it: 503")
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        description="open HTTP connections per port; beyond it, connections without a complete request head are "
+        "closed first, then 503",
+    )
     max_connections_per_client: int | None = Field(
         None,
         ge=1,
         description="open HTTP connections per port from one client address, proxies of --forwarded-allow-ips "
-        "excepted (default: a quarter of --max-connections, at least 4); beyond it: 503",
+        "excepted (default: no cap per address); beyond it: 503",
     )
     request_timeout_s: float = Field(
         60.0, gt=0, description="every relayed request other than tools/call; then an error, cancelled upstream"
@@ -48,14 +53,19 @@ class Settings(BaseSettings):
     max_requests_per_session: int = Field(
         32, ge=1, description="upstream requests in flight per 2025 session (per client address for 2026)"
     )
-    max_upstream_per_client: int = Field(
-        48,
-        ge=2,
-        description="one client's share of an HTTP/SSE upstream's connections: requests in flight, every session "
-        "and both eras, listen streams included; as many more may wait, beyond that refused",
+    max_upstream_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="one client's share of an HTTP/SSE upstream's requests in flight, every session and both eras; "
+        "as many more may wait, beyond that refused (default: 48 per verified principal with --auth jwt|tokens, "
+        "else no share per address)",
     )
     max_sessions_per_client: int | None = Field(
-        None, ge=1, description="2025 sessions per client (default: a quarter of --max-sessions, at least 4)"
+        None,
+        ge=1,
+        description="2025 sessions per client; at it, the client's least recently used idle session is closed "
+        "first (default: half of --max-sessions per verified principal with --auth jwt|tokens, else no cap per "
+        "address)",
     )
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -68,7 +78,13 @@ class Settings(BaseSettings):
         description="a session with no request or notifications/initialized this long after the answer "
         "to its initialize closes",
     )
-    max_sessions: int = Field(64, ge=1, description="legacy sessions (each may own an upstream child)")
+    max_sessions: int | None = Field(
+        None,
+        ge=1,
+        description="2025 sessions held at once; at it, the least recently used idle session is closed first "
+        "(default: from what a session costs, proxy/capacity.py: 1024 on an HTTP/SSE upstream or shared stdio "
+        "children; with a stdio child each, what half the memory affords at 96 MiB a child, 16 to 256)",
+    )
     stream_buffer_bytes: int = Field(
         4 * 1024 * 1024,
         ge=64 * 1024,
@@ -93,7 +109,12 @@ class Settings(BaseSettings):
     stderr_lines_per_s: float = Field(
         20.0, ge=0, le=1_000_000, description="stdio child output lines logged per second after the burst"
     )
-    max_concurrent_calls: int = Field(256, ge=1, description="tools/call in flight; beyond it: 'overloaded'")
+    max_concurrent_calls: int = Field(
+        4096,
+        ge=1,
+        description="tools/call in flight; beyond it: 'overloaded' (a waiting call costs a task and its state, a few "
+        "KiB: four per session at the session cap of an HTTP upstream)",
+    )
     session_idle_timeout_s: float = Field(600.0, gt=0)
     stdio_spares: int = Field(
         1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
@@ -252,26 +273,28 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_shares(self) -> Settings:
-        if self.max_sessions_per_client is None:
-            # A quarter of the slots: at least four clients can always hold sessions, and the
-            # share follows --max-sessions when an operator changes it; never fewer than 4 (or
-            # all of a smaller --max-sessions), so a small proxy still serves one client's
-            # several sessions (docs/security.md).
-            self.max_sessions_per_client = max(min(4, self.max_sessions), self.max_sessions // 4)
-        if self.max_connections_per_client is None:
-            # The same reasoning for connections: one address cannot hold every one of them.
-            self.max_connections_per_client = max(min(4, self.max_connections), self.max_connections // 4)
-        if self.upstream and self.max_upstream_per_client <= self.max_sessions_per_client:
-            raise ValueError(
-                f"max_upstream_per_client ({self.max_upstream_per_client}) must exceed max_sessions_per_client "
-                f"({self.max_sessions_per_client}): each session's upstream listen stream holds one of the "
-                "client's connections, and its requests need at least one more"
-            )
+        if self.max_sessions is None:
+            # From what one session costs (proxy/capacity.py), not from who connects: one local
+            # agent holds hundreds of sessions on an HTTP upstream or shared children.
+            from proxy.capacity import default_max_sessions
+
+            per_child = bool(self.upstream_command) and self.stdio_sessions == "per-session"
+            self.max_sessions = default_max_sessions(child_per_session=per_child)
+        if self.auth in ("jwt", "tokens"):
+            # Fairness among verified principals (proxy/clients.py keys by principal then); an
+            # address names no one (every caller of a pod or behind a NAT shares one), so without
+            # a verified principal the per-client limits are opt-in.
+            if self.max_sessions_per_client is None:
+                self.max_sessions_per_client = max(1, self.max_sessions // 2)
+            if self.max_upstream_per_client is None:
+                self.max_upstream_per_client = 48
         return self
 
     @property
-    def sessions_per_client(self) -> int:
-        return self.max_sessions_per_client or max(min(4, self.max_sessions), self.max_sessions // 4)
+    def sessions_cap(self) -> int:
+        """`max_sessions`, set once the settings are validated."""
+        assert self.max_sessions is not None
+        return self.max_sessions
 
     @model_validator(mode="after")
     def _check_replay_bounds(self) -> Settings:

@@ -5,8 +5,8 @@ Contract:
   order (a slot passes straight from the one who frees it to the next waiter). Cancel-safe: a
   waiter cancelled after a slot was handed to it passes the slot on. With `max_waiters`, a taker
   that would make the queue longer than that is refused at once (`SharesFull`), so what waits is
-  bounded too. `force_take` takes a slot even past the limit (a holder that must not wait, such as
-  an upstream listen stream: it lowers what the others may take, never blocks).
+  bounded too. `force_take` takes a slot even past the limit (a holder that must not wait: it lowers
+  what the others may take, never blocks).
 - `ClientShares(limit)`: one `Slots` per client key, shared by every relay of one upstream (every
   2025 session of the client and its 2026 requests), so one client's share of the upstream's
   concurrency is bounded in total however many sessions it opens. Idle entries are forgotten once

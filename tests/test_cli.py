@@ -177,15 +177,30 @@ def test_trusted_proxies_are_addresses_or_networks_never_anyone(monkeypatch: pyt
             Settings(forwarded_allow_ips=bad)
 
 
-def test_sessions_per_client_default_to_a_quarter_and_the_upstream_share_must_exceed_them() -> None:
-    from pydantic import ValidationError
+def test_session_cap_follows_what_a_session_costs_and_per_client_caps_are_per_principal_only() -> None:
+    from proxy import capacity
 
-    assert Settings().max_sessions_per_client == 16
-    assert Settings(max_sessions=200).max_sessions_per_client == 50
-    assert Settings(max_sessions=8).max_sessions_per_client == 4, "never fewer than 4"
-    assert Settings(max_sessions=2).max_sessions_per_client == 2, "or all of a smaller total"
-    with pytest.raises(ValidationError, match="max_upstream_per_client"):
-        Settings(upstream="http://127.0.0.1:1/mcp", max_sessions_per_client=48, max_upstream_per_client=48)
+    # Cheap sessions (an HTTP upstream, shared stdio children): hundreds for one local agent.
+    assert Settings(upstream="http://127.0.0.1:1/mcp").max_sessions == capacity.CHEAP_SESSIONS
+    assert Settings(upstream_command="srv", stdio_sessions="shared").max_sessions == capacity.CHEAP_SESSIONS
+    # A child each: what half the memory affords, bounded.
+    gib = 1024**3
+    assert capacity.default_max_sessions(child_per_session=True, memory=24 * gib) == 128
+    assert capacity.default_max_sessions(child_per_session=True, memory=1 * gib) == capacity.MIN_CHILD_SESSIONS
+    assert capacity.default_max_sessions(child_per_session=True, memory=1024 * gib) == capacity.MAX_CHILD_SESSIONS
+    per_child = Settings(upstream_command="srv").max_sessions
+    assert per_child is not None and capacity.MIN_CHILD_SESSIONS <= per_child <= capacity.MAX_CHILD_SESSIONS
+    assert Settings(max_sessions=7).max_sessions == 7
+    # An address names no one: no cap per address unless asked for.
+    none = Settings(upstream="http://127.0.0.1:1/mcp")
+    assert none.max_sessions_per_client is None
+    assert none.max_upstream_per_client is None
+    assert none.max_connections_per_client is None
+    assert Settings(max_sessions_per_client=3).max_sessions_per_client == 3
+    # A verified principal is someone: half the sessions each, and a share of the upstream.
+    jwt = Settings(upstream="http://127.0.0.1:1/mcp", auth="jwt", max_sessions=100)
+    assert jwt.max_sessions_per_client == 50
+    assert jwt.max_upstream_per_client == 48
 
 
 def test_serve_help_shows_the_stdio_upstream_form_and_the_inspector_cli_form(

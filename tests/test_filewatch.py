@@ -96,3 +96,43 @@ def test_a_refused_reload_logs_each_problem_and_returns_them_joined(caplog: pyte
         "policy reload (watch) refused, keeping version v1: a.yaml:1: bad",
         "policy reload (watch) refused, keeping version v1: b.yaml:2: worse",
     ]
+
+
+def test_a_log_file_beside_the_tokens_file_triggers_no_reload(tmp_path: Path) -> None:
+    """A log written into the tokens file's folder made each line a reload (and, with the reload's
+    own log line, a loop). Only the tokens file (and a Secret volume's `..` entries) counts now:
+    lines written to the log leave the reload count alone; an edit of the tokens file reloads."""
+    from proxy.auth.base import AuthRefused
+    from proxy.auth.tokens import TokensAuthenticator
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-token-0123456789ab\n")
+
+    async def scenario() -> None:
+        auth = TokensAuthenticator(tokens, debounce_ms=20)
+        await auth.start()
+        try:
+            log_file = tmp_path / "proxy.log"
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 2.0  # the absence of a reload, looked for this long (bounded)
+            line = 0
+            while loop.time() < deadline and auth.reloads_ok == 0:
+                line += 1
+                with log_file.open("a") as f:
+                    f.write(f"line {line}\n")
+                await asyncio.sleep(0.05)  # the pace of a log being written, not a wait for an event
+            assert auth.reloads_ok == 0, "a log line reloaded the tokens file"
+            tokens.write_text("alice alice-token-0123456789ab\nbob bob-token-0123456789abcd\n")
+            header = {"authorization": "Bearer bob-token-0123456789abcd"}
+            for _ in range(200):  # bounded: until the watch has reloaded the edit
+                try:
+                    await auth.authenticate(header)
+                    break
+                except AuthRefused:
+                    await asyncio.sleep(0.05)
+            assert (await auth.authenticate(header)).id.endswith("bob")
+            assert auth.reloads_ok == 1
+        finally:
+            await auth.aclose()
+
+    asyncio.run(asyncio.wait_for(scenario(), BOUND_S))

@@ -6,9 +6,12 @@ Contract:
   relays for it (every attempt of a call included), and the upstream's 401/403 come back to the
   caller as the same HTTP status with the upstream's `WWW-Authenticate` (proxy/auth/challenge.py
   rewrites its `resource_metadata` to the proxy's public URL).
-- The principal is `passthrough:<32 hex>`: HMAC-SHA256 of the whole `Authorization` value under a
-  key, truncated to 128 bits, so a budget belongs to one credential and the id reveals nothing
-  of it (a keyed hash: without the key, a leaked id cannot be tested against guessed tokens). The
+- The principal is `passthrough:<32 hex>`: HMAC-SHA256 of the `Authorization` value under a
+  key, in its canonical form (`canonical_authorization`: the scheme, case-insensitive by RFC
+  9110, lowercased, and the whitespace around and before the credentials dropped, so `Bearer T`
+  and `bearer  T`, one credential to the upstream, are one principal and one budget owner),
+  truncated to 128 bits, so a budget belongs to one credential and the id reveals nothing of it
+  (a keyed hash: without the key, a leaked id cannot be tested against guessed tokens). The
   key is random per process unless `--auth-hash-key-file` names one: replicas sharing recovery
   state (issue 15's shared store) must share the key, or one replica's ids mean nothing to
   another. A request without `Authorization` is `anonymous` (the upstream will refuse it).
@@ -43,6 +46,15 @@ def read_key_file(path: Path) -> bytes:
     return key
 
 
+def canonical_authorization(value: str) -> str:
+    """`Authorization` as one credential: the scheme lowercased, one space, the credentials
+    without surrounding whitespace (their own case and content kept: a token is case-sensitive)."""
+    parts = value.split(None, 1)  # around and between: any run of whitespace
+    if not parts:
+        return ""
+    return f"{parts[0].lower()} {parts[1].strip()}" if len(parts) == 2 else parts[0].lower()
+
+
 class PassthroughAuthenticator:
     mode: AuthMode = "passthrough"
 
@@ -55,7 +67,8 @@ class PassthroughAuthenticator:
         known = self._ids.get(authorization)
         if known is not None:
             return known
-        digest = hmac.new(self._key, authorization.encode("utf-8", "surrogateescape"), hashlib.sha256)
+        canonical = canonical_authorization(authorization)
+        digest = hmac.new(self._key, canonical.encode("utf-8", "surrogateescape"), hashlib.sha256)
         principal = Principal(f"passthrough:{digest.hexdigest()[:32]}", scopes_known=False)
         if len(self._ids) >= 4096:
             self._ids.clear()

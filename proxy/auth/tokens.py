@@ -91,7 +91,12 @@ class TokensAuthenticator:
         self.reloads_error = 0
         self.last_error: str | None = None
         self._watcher = FolderWatcher(
-            [path.parent], self.reload, what="tokens file", debounce_ms=debounce_ms, force_polling=force_polling
+            [path.parent],
+            self.reload,
+            what="tokens file",
+            debounce_ms=debounce_ms,
+            force_polling=force_polling,
+            reads=lambda name: name == path.name,
         )
         self._lock = asyncio.Lock()
         problems = self._apply(self._read())

@@ -27,7 +27,9 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import secrets
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -46,7 +48,7 @@ from mcp.shared.inbound import (
     validate_mcp_param_headers,
 )
 
-from proxy import jsonrpc
+from proxy import capacity, jsonrpc
 from proxy.auth.base import Authenticator, AuthRefused, Principal
 from proxy.auth.challenge import (
     WELL_KNOWN,
@@ -57,6 +59,7 @@ from proxy.auth.challenge import (
     rewrite_challenge,
     rewrite_metadata,
 )
+from proxy.auth.metadata_cache import MISSING_AGE_S, MetadataCache, max_age
 from proxy.auth.vouch import VouchLimited
 from proxy.clients import ClientIdentity
 from proxy.errors import FailureKind, UpstreamFailure
@@ -80,6 +83,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PING_INTERVAL_S = 15.0
+# jwt, tokens: an open listen stream's credential is checked again this often; a revoked token or
+# an expired JWT ends the stream (its POSTs already get 401)
+CREDENTIAL_RECHECK_S = 5.0
 # A POST's disconnect watcher starts only once its request has run this long (up to half as long
 # again): most calls are answered sooner, and a watcher is a task plus a wait on uvicorn's receive
 # event per request. A client's disconnect is noticed that much later at most.
@@ -392,6 +398,19 @@ async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str
     await _respond_json(send, status, jsonrpc.error(id_, code, text))
 
 
+async def _respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure) -> None:
+    """A new session refused: at a limit (proxy/capacity.py: 429/503, Retry-After, the limit and
+    its flag in the message and `data`) or because the proxy shuts down (503), both -32000; an
+    upstream that cannot open one, 502 with the failure's text."""
+    if failure.kind is not FailureKind.OVERLOADED:
+        await _respond_error(send, 502, id_, jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
+        return
+    data = failure.data() if isinstance(failure, capacity.Refusal) else None
+    body = jsonrpc.error(id_, jsonrpc.SHUTTING_DOWN, jsonrpc.bounded(failure.detail), data)
+    retry = b"%d" % math.ceil(failure.retry_after_s or capacity.RETRY_AFTER_S)
+    await _respond_json(send, failure.http_status or 503, body, [(b"retry-after", retry)])
+
+
 def _status_for(message: Message, modern: bool) -> int:
     if modern and "error" in message and isinstance(message["error"], dict):
         return ERROR_CODE_HTTP_STATUS.get(message["error"].get("code"), 200)  # type: ignore[arg-type]
@@ -516,6 +535,7 @@ class McpHttpApp:
         self._metadata_paths = metadata_paths(self.path) if auth is not None else frozenset()
         self._issuer = settings.auth_issuer if mode == "jwt" else None
         self._upstream_metadata_target: str | None = None  # passthrough: see _note_upstream_metadata
+        self._metadata_cache = MetadataCache()
         self.max_body = settings.max_body_bytes
         host = settings.listen_host
         loopback = host in LOOPBACK_HOSTS
@@ -712,23 +732,27 @@ class McpHttpApp:
             self._upstream_metadata_target = there.path + (f"?{there.query}" if there.query else "")
 
     async def _upstream_metadata(self) -> dict[str, Any] | None:
-        """The upstream's metadata document: where its challenge said (on its own origin), else at
-        the well-known path followed by the upstream's own path, else the bare well-known path
-        (RFC 9728 §3.1, what clients try)."""
+        """The upstream's metadata document, fetched once per its max-age (proxy/auth/metadata_cache.py)."""
+        return await self._metadata_cache.get(self._fetch_upstream_metadata)
+
+    async def _fetch_upstream_metadata(self) -> tuple[dict[str, Any] | None, float]:
+        """The upstream's metadata document and how long it may be kept: where its challenge said
+        (on its own origin), else at the well-known path followed by the upstream's own path, else
+        the bare well-known path (RFC 9728 §3.1, what clients try)."""
         fetch = getattr(self.service.upstream, "get_document", None)
         url = getattr(self.service.upstream, "url", None)
         if fetch is None or not isinstance(url, str):
-            return None
+            return None, 0.0
         if self._upstream_metadata_target is None and self.service.probe_refusal is not None:
             self._note_upstream_metadata(self.service.probe_refusal.challenge)
         upstream_path = urlsplit(url).path.rstrip("/")
         targets = (self._upstream_metadata_target, WELL_KNOWN + upstream_path, WELL_KNOWN)
         for target in dict.fromkeys(t for t in targets if t is not None):
             try:
-                status, raw = await fetch(target, METADATA_BYTES)
+                status, raw, cache_control = await fetch(target, METADATA_BYTES)
             except UpstreamFailure as failure:
                 log.info("the upstream's protected-resource metadata could not be fetched: %s", failure.detail)
-                return None
+                return None, 0.0
             if status != 200:
                 continue
             try:
@@ -736,8 +760,8 @@ class McpHttpApp:
             except ValueError:
                 document = None
             if document is not None:
-                return document
-        return None
+                return document, max_age(cache_control)
+        return None, MISSING_AGE_S
 
     def close_streams(self) -> None:
         """The server is shutting down: end every open listen stream (each writes its closing
@@ -1003,10 +1027,7 @@ class McpHttpApp:
             try:
                 session_id, relay = await service.new_session(self.clients.key(scope, headers, principal))
             except UpstreamFailure as failure:
-                status = (failure.http_status or 503) if failure.kind is FailureKind.OVERLOADED else 502
-                await _respond_error(
-                    send, status, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail)
-                )
+                await _respond_session_refused(send, message["id"], failure)
                 return
             if self._binds_sessions and principal is not None:
                 relay.owner = principal.id
@@ -1342,6 +1363,9 @@ class McpHttpApp:
             return
         gone = asyncio.create_task(self._watch_disconnect(receive, stream, None))
         self._listening.add(stream)
+        recheck = principal is not None and self._binds_sessions and self.auth is not None
+        wait_s = min(PING_INTERVAL_S, CREDENTIAL_RECHECK_S) if recheck else PING_INTERVAL_S
+        pinged_at = checked_at = time.monotonic()
         try:
             await send(
                 {
@@ -1355,9 +1379,15 @@ class McpHttpApp:
                 if item is not None:
                     await send({"type": "http.response.body", "body": _sse(item[1]), "more_body": True})
                     continue
-                await stream.wait(PING_INTERVAL_S)
-                if stream.closed or stream._items:
+                await stream.wait(wait_s)
+                now = time.monotonic()
+                if recheck and now - checked_at >= CREDENTIAL_RECHECK_S:
+                    checked_at = now
+                    if not await self._still_valid(headers):
+                        break
+                if stream.closed or stream._items or now - pinged_at < PING_INTERVAL_S:
                     continue
+                pinged_at = now
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -1366,6 +1396,16 @@ class McpHttpApp:
             gone.cancel()
             stream.close()
             relay.detach_listen(stream)
+
+    async def _still_valid(self, headers: dict[str, str]) -> bool:
+        """Whether a listen stream's credential still authenticates (jwt, tokens)."""
+        assert self.auth is not None
+        try:
+            await self.auth.authenticate(headers)
+        except AuthRefused as refused:
+            log.info("closing a listen stream: its credential no longer authenticates (%s)", refused.reason)
+            return False
+        return True
 
     async def _delete(self, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
         if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:

@@ -139,6 +139,10 @@ _TOO_MANY_FROM_CLIENT = (
     _refusal(503, b"Service Unavailable", b"too many connections from this client"),
     "connections_per_client",
 )
+_RECLAIMED = (
+    _refusal(503, b"Service Unavailable", b"connection closed to make room: no complete request head"),
+    "head_pending",
+)
 _HEAD_TOO_LARGE = (_refusal(431, b"Request Header Fields Too Large", b"request head too large"), "head_too_large")
 _HEAD_TIMEOUT = (_refusal(408, b"Request Timeout", b"request head not received in time"), "head_timeout")
 _BODY_TIMEOUT = (_refusal(408, b"Request Timeout", b"request body stalled"), "body_timeout")
@@ -163,7 +167,11 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       IPv6 client by its /64), likewise: without it, one address holding every connection
       (idle ones, half-sent heads, each renewed before its timeout) had the port answer 503 to
       everyone else. Peers in `trusted_peers` (the ingresses `--forwarded-allow-ips` names) carry
-      many clients' connections and are not capped per address.
+      many clients' connections and are not capped per address. At either cap, the connection
+      that has waited longest for a request head and runs no request (a half-sent head, an idle
+      keep-alive connection) is closed first (`_reclaim`), and the new one refused only if there
+      is none: a complete `/healthz` request is answered while anything but running requests
+      holds the port.
 
     Each refusal is counted in `mcp_recovery_http_refused_total{reason}` (proxy/telemetry/shed.py).
 
@@ -188,6 +196,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_at = 0.0
+        self._waiting_since = 0.0  # since when it waits for a request head (`_reclaim`)
 
     @classmethod
     def with_limits(cls, limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
@@ -197,7 +206,8 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
+        self._waiting_since = self.loop.time()
+        if len(self.connections) > self.limits.max_connections and not self._reclaim(None):
             self._refuse(_TOO_MANY)
             return
         cap = self.limits.max_connections_per_client
@@ -205,12 +215,37 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
             key = self._counted_key(str(self.client[0]))
             if key is not None:
                 held = self._by_client.get(key, 0)
-                if held >= cap:
+                if held >= cap and not self._reclaim(key):
                     self._refuse(_TOO_MANY_FROM_CLIENT)
                     return
-                self._by_client[key] = held + 1
+                self._by_client[key] = self._by_client.get(key, 0) + 1
                 self._client_key = key
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
+
+    def _reclaim(self, key: str | None) -> bool:
+        """At a connection cap, close the connection (of client `key`, or any) that has waited
+        longest without a complete request head and runs no request: a half-sent head, or an idle
+        keep-alive connection. False if there is none: every connection runs a request (or this
+        new one is the only candidate). So a complete probe request is answered while anything
+        but running requests holds the port (counted as `head_pending`)."""
+        victim: LimitedHttpToolsProtocol | None = None
+        for conn in self.connections:
+            if conn is self or not isinstance(conn, LimitedHttpToolsProtocol) or not conn._in_head:
+                continue
+            if key is not None and conn._client_key != key:
+                continue
+            cycle = conn.cycle
+            if cycle is not None and not cycle.response_complete:
+                continue
+            if conn.transport.is_closing():
+                continue
+            if victim is None or conn._waiting_since < victim._waiting_since:
+                victim = conn
+        if victim is None:
+            return False
+        victim._refuse(_RECLAIMED)
+        victim._uncount()  # its place is free now, not when the loop reports the close
+        return True
 
     def _counted_key(self, host: str) -> str | None:
         """The key this peer's connections count under; None for a trusted proxy (not counted)."""
@@ -225,6 +260,12 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        self._uncount()
+        super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        """Out of the counts the caps compare with (idempotent)."""
+        self.connections.discard(self)
         key = self._client_key
         if key is not None:
             self._client_key = None
@@ -233,7 +274,6 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                 self._by_client[key] = left
             else:
                 del self._by_client[key]
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -278,6 +318,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_body = False
         self._in_head = True
+        self._waiting_since = self.loop.time()
         timer = self._body_timer
         if timer is not None:
             self._body_timer = None

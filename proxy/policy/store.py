@@ -138,7 +138,12 @@ class PolicyStore:
         if self.folder is None or self._watcher is not None:
             return
         self._watcher = FolderWatcher(
-            [self.folder], self.reload, what="policy", debounce_ms=self._debounce_ms, force_polling=self._force_polling
+            [self.folder],
+            self.reload,
+            what="policy",
+            debounce_ms=self._debounce_ms,
+            force_polling=self._force_polling,
+            reads=lambda name: name.lower().endswith((".yaml", ".yml")),
         )
         self._watcher.start()
 

@@ -19,9 +19,11 @@ Contract:
   - `mcp_recovery_http_refused_total{reason}`: connections and requests the limits refused or
     closed (docs/security.md "Limits"). `head_too_large` (431), `head_timeout` (408 before a
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
-    connection cap), `connections_per_client` (503, the port's cap per client address),
-    `sessions` (`initialize` refused: the proxy holds its maximum of sessions),
-    `sessions_per_client` (429: the client holds its share of sessions), `upstream_share` (a
+    connection cap, every connection running a request), `connections_per_client` (503, the
+    port's cap per client address), `head_pending` (a connection without a complete request head,
+    or idle between requests, closed to make room for a new one at a connection cap),
+    `sessions` (503: `initialize` refused, the proxy holds its maximum of sessions and every one
+    is busy), `sessions_per_client` (429: the client holds its share and every one is busy), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
     many requests waiting), `shutdown` (503: a new session, request or listen stream while the
     proxy shuts down), `vouch_rate` (429: passthrough, a session's budget of pings asking the
@@ -29,6 +31,8 @@ Contract:
   - `mcp_recovery_relayed_timeouts_total`: relayed requests (not `tools/call`, which its policy
     bounds) the upstream did not answer within the request timeout, answered -32001. No method
     label: a method name is the caller's text, not a closed set.
+  - `mcp_recovery_sessions_evicted_total`: idle 2025 sessions closed to make room for a new one
+    at `--max-sessions` or `--max-sessions-per-client` (proxy/capacity.py).
   - `mcp_recovery_sessions_closed_uninitialized_total`: 2025 sessions closed because nothing
     followed their `initialize` within the session init timeout.
   - `mcp_recovery_auth_failures_total{reason}`: requests refused for their credentials or
@@ -68,6 +72,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "body_timeout",
             "connections",
             "connections_per_client",
+            "head_pending",
             "sessions",
             "sessions_per_client",
             "upstream_share",
@@ -76,6 +81,11 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
         ),
     ),
     "relayed_timeouts": ("Relayed requests the upstream did not answer within the request timeout.", None, ()),
+    "sessions_evicted": (
+        "Idle 2025 sessions closed to make room for a new one at the session cap (least recently used first).",
+        None,
+        (),
+    ),
     "sessions_closed_uninitialized": (
         "2025 sessions closed because nothing followed their initialize in time.",
         None,

@@ -20,11 +20,10 @@ unsolicited handler. Links never retry and never time out requests: the engine o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Protocol, TypeGuard
@@ -320,40 +319,11 @@ class PendingTable:
                 ex.response.exception()
 
 
-class ListenShare(Protocol):
-    """The share of the upstream's connections a link's long-lived stream counts against (a
-    client's `proxy.shares.Slots`): taken without waiting, given back when the stream ends."""
-
-    def force_take(self) -> None: ...
-
-    def give_back(self) -> None: ...
-
-
 class LinkBase:
-    """What every link shares: its pending table, its handler for unsolicited messages, and the
-    share its long-lived upstream stream (if it has one) counts against."""
+    """What every link shares: its pending table and its handler for unsolicited messages."""
 
     _pending: PendingTable
     _unsolicited: OnMessage
-    _listen_share: Callable[[], ListenShare] | None = None
-
-    def set_listen_share(self, share: Callable[[], ListenShare]) -> None:
-        """The 2025 session's client share: the link's upstream listen stream (HTTP: the GET
-        stream; legacy SSE: the session's stream itself) holds one of its connections. `share`
-        gives the client's current one each time a stream opens (an idle share may have been
-        forgotten and made anew meanwhile)."""
-        self._listen_share = share
-
-    @contextlib.contextmanager
-    def _holding_listen_share(self) -> Iterator[None]:
-        share = self._listen_share() if self._listen_share is not None else None
-        if share is not None:
-            share.force_take()
-        try:
-            yield
-        finally:
-            if share is not None:
-                share.give_back()
 
     def new_id(self) -> RequestId:
         return self._pending.new_id()

@@ -980,8 +980,13 @@ class HttpClient:
         body: bytes | None = None,
         on_write: Callable[[], None] | None = None,
         max_body: int | None = None,
+        dedicated: bool = False,
     ) -> Response:
         """Send one request and return once the answer's status line and headers are parsed.
+
+        `dedicated`: on a connection of its own, outside the pool's `max_connections` and closed
+        when the response is released (a long-lived event stream, one per upstream session, that
+        must not take a place the requests need).
 
         `on_write` runs synchronously right before the single write that carries the request: if
         it has not run, nothing of the request reached the peer. `max_body` bounds the answer's
@@ -996,7 +1001,7 @@ class HttpClient:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         conn: _Connection | None = None
-        idle = self._idle
+        idle = self._idle if not dedicated else {}
         while idle:
             conn = idle.popitem()[0]
             if conn.is_usable():
@@ -1004,7 +1009,7 @@ class HttpClient:
             conn.close()
             conn = None
         if conn is None:
-            conn = await self._new_connection(loop)
+            conn = await self._new_connection(loop, dedicated)
         fut: asyncio.Future[Response | ClientError] = loop.create_future()
         try:
             conn.send(data, fut, method == "HEAD", keep_alive, on_write, max_body)
@@ -1109,10 +1114,13 @@ class HttpClient:
 
     # -- the pool -----------------------------------------------------------------------------
 
-    async def _new_connection(self, loop: asyncio.AbstractEventLoop) -> _Connection:
-        """A connection for a request that found no idle one: a free slot, or wait for one."""
+    async def _new_connection(self, loop: asyncio.AbstractEventLoop, dedicated: bool = False) -> _Connection:
+        """A connection for a request that found no idle one: a free slot, or wait for one (a
+        `dedicated` one takes no slot: it is not counted, and closed after its response)."""
         deadline = None
-        if self._open < self.max_connections:
+        if dedicated:
+            pass
+        elif self._open < self.max_connections:
             self._open += 1
         else:
             deadline = loop.time() + self.connect_timeout_s
@@ -1120,6 +1128,7 @@ class HttpClient:
             if handed is not None:
                 return handed
         conn = _Connection(self, loop)
+        conn.counted = not dedicated
         self._all.add(conn)
         timeout = self.connect_timeout_s if deadline is None else max(0.0, deadline - loop.time())
         tls = self._ssl
@@ -1232,7 +1241,7 @@ class HttpClient:
 
     def _put_back(self, conn: _Connection) -> None:
         """A connection whose answer was read whole: to the oldest waiter, else to the idle set."""
-        if self._closed:
+        if self._closed or not conn.counted:  # closing, or dedicated
             conn.close()
             return
         waiters = self._waiters
@@ -1255,11 +1264,11 @@ class HttpClient:
 
     def _drop(self, conn: _Connection) -> None:
         """A connection that is closing: out of the pool, its slot freed. Idempotent."""
+        self._all.discard(conn)
         if not conn.counted:
             return
         conn.counted = False
         self._idle.pop(conn, None)
-        self._all.discard(conn)
         self._release_slot()
 
     def set_ssl_context(self, context: ssl.SSLContext) -> None:

@@ -1187,20 +1187,19 @@ class HttpLegacyLink(_HttpLink):
             if state.last_event_id is not None:
                 headers[LAST_EVENT_ID_HEADER] = state.last_event_id
             try:
-                # The stream holds a pooled connection for as long as it lasts: it counts in the
-                # client's share of the upstream (the relay set it).
-                with self._holding_listen_share():
-                    async with await self._client.request("GET", headers=headers) as response:
-                        if not opening.done():
-                            opening.set_result(None)  # the server has the stream (or refused it)
-                        if response.status in (404, 405):
-                            return  # no standalone stream offered, or the session is gone
-                        if response.status != 200 or content_type(response) != "text/event-stream":
-                            failures += 1
-                        else:
-                            failures = 0
-                            async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
-                                self._deliver_unsolicited(msg)
+                # The stream holds a connection for as long as it lasts: one of its own, so that
+                # hundreds of idle sessions take no place their requests need in the pool.
+                async with await self._client.request("GET", headers=headers, dedicated=True) as response:
+                    if not opening.done():
+                        opening.set_result(None)  # the server has the stream (or refused it)
+                    if response.status in (404, 405):
+                        return  # no standalone stream offered, or the session is gone
+                    if response.status != 200 or content_type(response) != "text/event-stream":
+                        failures += 1
+                    else:
+                        failures = 0
+                        async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                            self._deliver_unsolicited(msg)
             except (*CLIENT_ERRORS, SseError) as exc:
                 untraced(exc)  # a response keeps its error, and the error's frames the response
                 log.debug("standalone GET stream broke: %s", type(exc).__name__)
@@ -1294,14 +1293,15 @@ class HttpClientOwner:
         self.health.answered()
         return caps
 
-    async def get_document(self, target: str, limit: int = 64 * 1024) -> tuple[int, bytes]:
+    async def get_document(self, target: str, limit: int = 64 * 1024) -> tuple[int, bytes, str | None]:
         """GET `target` on the upstream's origin (its OAuth protected-resource metadata), bounded
-        in time (twice the connect timeout) and size; (status, body). Raises UpstreamFailure."""
+        in time (twice the connect timeout) and size; (status, body, its Cache-Control). Raises
+        UpstreamFailure."""
         try:
             async with asyncio.timeout(self.connect_timeout_s * 2):
                 request = self.client.request("GET", target=target, headers={"accept": "application/json"})
                 async with await request as response:
-                    return response.status, await read_bounded(response, limit)
+                    return response.status, await read_bounded(response, limit), response.headers.get("cache-control")
         except TimeoutError:
             raise UpstreamFailure(FailureKind.TIMEOUT, Dispatch.NO, "the upstream did not answer in time") from None
         except CLIENT_ERRORS as exc:

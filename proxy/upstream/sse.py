@@ -319,18 +319,14 @@ class SseLegacyLink(LinkBase):
             ) from None
 
     async def _read(self, conn: _Connection) -> None:
-        # The session's one stream holds a pooled connection for as long as it lasts: it counts
-        # in the client's share of the upstream (the relay set it).
-        with self._holding_listen_share():
-            await self._read_stream(conn)
-
-    async def _read_stream(self, conn: _Connection) -> None:
         up = self._upstream
         try:
             h = {"accept": "text/event-stream"}
             if conn.authorization is not None:
                 h["authorization"] = conn.authorization
-            async with await self._client.request("GET", headers=h) as response:
+            # The session's one stream lasts as long as the session: a connection of its own,
+            # outside the pool its POSTs share.
+            async with await self._client.request("GET", headers=h, dedicated=True) as response:
                 if response.status != 200:
                     failure = await status_failure(response, None)
                     if not conn.endpoint.done():

@@ -213,6 +213,7 @@ class TlsWatcher:
             what=f"{name} TLS files",
             debounce_ms=debounce_ms,
             force_polling=force_polling,
+            reads=frozenset(path.name for path in files.paths).__contains__,
         )
 
     async def reload(self, reason: str = "manual") -> bool | None:

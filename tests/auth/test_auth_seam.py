@@ -130,6 +130,17 @@ async def test_passthrough_principal_is_a_keyed_hash_never_the_credential() -> N
     assert await auth.authenticate({}) is ANONYMOUS
 
 
+@pytest.mark.anyio
+async def test_passthrough_principals_of_one_credential_written_two_ways_are_one_principal() -> None:
+    """`Bearer T` and `bearer  T` are one credential (the scheme is case-insensitive; the
+    upstream accepts both), so one principal and one budget owner; the token's own case counts."""
+    auth = PassthroughAuthenticator(b"k" * 32)
+    one = await auth.authenticate({"authorization": "Bearer secret-token-one"})
+    for written in ("bearer  secret-token-one", "BEARER secret-token-one", " Bearer\tsecret-token-one "):
+        assert await auth.authenticate({"authorization": written}) == one, written
+    assert await auth.authenticate({"authorization": "Bearer SECRET-token-one"}) != one
+
+
 def test_passthrough_key_file_is_shared_by_replicas(tmp_path) -> None:  # type: ignore[no-untyped-def]
     key = tmp_path / "key"
     key.write_text("z" * 40 + "\n")

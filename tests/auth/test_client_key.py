@@ -71,17 +71,30 @@ async def test_a_principal_is_one_client_from_every_address_and_two_principals_s
             from_address("127.0.0.3") as three,
         ):
             # alice from three addresses: her third session is over her cap of 2 (keyed by address,
-            # each address would still have had room)
-            assert (await initialize(one, proxy.url, ALICE)).status_code == 200
-            assert (await initialize(two, proxy.url, ALICE)).status_code == 200
-            refused = await initialize(three, proxy.url, ALICE)
-            assert refused.status_code == 429, refused.text
-            assert "this client holds its maximum of 2 sessions" in refused.text
-            # bob from 127.0.0.1, where alice already holds one: he has his own 2 (keyed by
-            # address, 127.0.0.1 would have had room for one more only)
-            assert (await initialize(one, proxy.url, BOB)).status_code == 200
-            assert (await initialize(one, proxy.url, BOB)).status_code == 200
-            assert (await initialize(two, proxy.url, BOB)).status_code == 429
+            # each address would still have had room), so her least recently used one gives way
+            a1 = await initialize(one, proxy.url, ALICE)
+            a2 = await initialize(two, proxy.url, ALICE)
+            a3 = await initialize(three, proxy.url, ALICE)
+            assert a3.status_code == 200, a3.text
+            assert await ping(one, proxy.url, ALICE, a1) == 404, "alice's oldest closed for her third"
+            assert await ping(two, proxy.url, ALICE, a2) == 200
+            # bob from 127.0.0.1, where alice held one: he has his own 2 (keyed by address,
+            # 127.0.0.1 would have had room for one more only) and takes none of alice's
+            b1 = await initialize(one, proxy.url, BOB)
+            b2 = await initialize(one, proxy.url, BOB)
+            assert b1.status_code == b2.status_code == 200
+            assert await ping(two, proxy.url, ALICE, a2) == 200
+            assert await ping(three, proxy.url, ALICE, a3) == 200
+            await initialize(two, proxy.url, BOB)  # bob's third: his own oldest gives way
+            assert await ping(one, proxy.url, BOB, b1) == 404
+            assert await ping(one, proxy.url, BOB, b2) == 200
+            assert await ping(three, proxy.url, ALICE, a3) == 200
+
+
+async def ping(http: httpx.AsyncClient, url: str, token: str, opened: httpx.Response) -> int:
+    headers = {**HEADERS, "authorization": f"Bearer {token}", "mcp-session-id": opened.headers["mcp-session-id"]}
+    r = await http.post(url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, headers=headers)
+    return r.status_code
 
 
 SCOPE = {"client": ("127.0.0.7", 50000)}

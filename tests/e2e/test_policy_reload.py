@@ -127,3 +127,24 @@ async def test_a_configmap_swap_changes_version_and_behaviour_without_a_restart(
     async with httpx.AsyncClient(timeout=5) as http:
         metrics = (await http.get(proxy.admin + "/metrics")).text
     assert 'mcp_recovery_policy_reloads_total{result="error"} 1.0' in metrics
+
+
+def test_a_log_file_in_the_policy_folder_triggers_no_reload_of_its_own(tmp_path: Path) -> None:
+    """The proxy's log written into the folder it watches: each line was a change, each change a
+    reload, and each reload's own log line (watchfiles logs every change it sees) the next change,
+    without end (152 lines in 15 s with no traffic). Now only the files the loader reads (and a
+    ConfigMap's `..` entries) count: two real edits make two reloads, and nothing else reloads."""
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "defaults.yaml").write_text(DEFAULTS)
+    (folder / "flaky.yaml").write_text(flaky_policy(2))
+    command = scripted_stdio_command(tmp_path / "journal.jsonl", tmp_path / "state.json")
+    extra = ["--policies", str(folder)]
+    with ProxyProcess(upstream=command, extra=extra, log_path=folder / "proxy.log") as proxy:
+        version = policies(proxy)["version"]
+        for attempts in (3, 4):
+            (folder / "flaky.yaml").write_text(flaky_policy(attempts))
+            version = wait_until(lambda v=version: (p := policies(proxy))["version"] != v and p["version"])
+        reloads = policies(proxy)["reloads"]
+        assert reloads["ok"] == 2 and reloads["error"] == 0, reloads
+        assert reloads["unchanged"] == 0, f"the log file's own lines made reloads: {reloads}"

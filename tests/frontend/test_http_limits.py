@@ -170,25 +170,45 @@ async def test_a_stalled_body_is_answered_408_and_the_app_sees_a_disconnect(serv
     writer.close()
 
 
-async def test_connections_past_the_cap_are_answered_503_and_closed(patient_server: int) -> None:
-    before = SHED.get("http_refused", "connections")
+async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room_for_a_new_one(
+    patient_server: int,
+) -> None:
+    """Connections holding nothing but a place (no complete head) used to fill the port and have
+    every new caller, probes included, answered 503. Now the oldest of them is closed (503,
+    counted `head_pending`) and the new connection is served; only when every connection runs a
+    request is the new one refused (`connections`)."""
+    reclaimed = SHED.get("http_refused", "head_pending")
+    refused = SHED.get("http_refused", "connections")
     held = [await asyncio.open_connection("127.0.0.1", patient_server) for _ in range(4)]
+    held[1][1].write(b"GET / HTTP/1.1\r\nhost: x\r\n")  # half a head
+    await held[1][1].drain()
     reader, writer = await asyncio.open_connection("127.0.0.1", patient_server)
-    data = await read_until_closed(reader)
-    assert data.startswith(b"HTTP/1.1 503 "), data
-    assert SHED.get("http_refused", "connections") - before == 1, "counted under its reason"
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    oldest = await read_until_closed(held[0][0])
+    assert oldest.startswith(b"HTTP/1.1 503 ") and b"connection closed to make room" in oldest, oldest
+    assert SHED.get("http_refused", "head_pending") - reclaimed == 1
     writer.close()
-    # One held connection goes: a new one is served again.
-    held.pop()[1].close()
+    for _, w in held:
+        w.close()
+    # Every connection runs a request (a body still coming): nothing to close, the new one is refused.
     async with asyncio.timeout(5):
         while True:
+            running = [await asyncio.open_connection("127.0.0.1", patient_server) for _ in range(4)]
+            for _, w in running:
+                w.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab")
+                await w.drain()
             reader, writer = await asyncio.open_connection("127.0.0.1", patient_server)
-            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            head = await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            data = await read_until_closed(reader)
             writer.close()
-            if head.startswith(b"HTTP/1.1 200"):
+            if b"too many connections" in data:
                 break
-            # the server had not seen the close yet: it answered 503; try again
-            assert head.startswith(b"HTTP/1.1 503"), head
-    for _, w in held:
+            # the server had not seen the earlier closes yet: one of these made room; again
+            for _, w in running:
+                w.close()
+    assert data.startswith(b"HTTP/1.1 503 "), data
+    assert SHED.get("http_refused", "connections") - refused >= 1, "counted under its reason"
+    for _, w in running:
         w.close()

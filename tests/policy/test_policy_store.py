@@ -107,10 +107,12 @@ async def wait_until(condition: Callable[[], bool], changed: asyncio.Event, time
 
 
 async def until_watching(store: PolicyStore, folder: Path, changed: asyncio.Event) -> None:
-    """Poke the folder until the watcher reacts: it is live from then on (bounded, no bare sleep)."""
+    """Poke the folder until the watcher reacts: it is live from then on (bounded, no bare sleep).
+    The poke is a `..` entry, which the watcher counts as a ConfigMap swap would be; other names it
+    does not read (a log file) are not changes."""
     for attempt in range(50):
         seen = store.reloads_unchanged
-        (folder / "poke.txt").write_text(str(attempt))
+        (folder / "..poke").write_text(str(attempt))
         try:
             await wait_until(lambda seen=seen: store.reloads_unchanged > seen, changed, timeout_s=0.5)
             return

@@ -1198,3 +1198,30 @@ async def test_a_compressed_answer_is_never_decoded_past_its_bound() -> None:
         await sink.finished.wait()
         assert sink.calls == ["head", "failed"] and isinstance(sink.errors[0], BodyTooLarge)
         assert sink.heads[0]._received == 1024 * 1024 + 1
+
+
+async def test_a_dedicated_request_takes_no_place_in_the_pool_and_its_connection_is_not_reused() -> None:
+    """A session's listen stream lasts as long as the session: on a pooled connection, 100 idle
+    sessions held all 100 places and no request could be sent. A dedicated request has a
+    connection of its own: with the pool's one place, a request still goes while it is open, and
+    its connection is closed after it, never handed to a request."""
+    gate = asyncio.Event()
+
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (request := await raw.next_request(reader)) is not None:
+            if request.line.startswith("GET /stream"):
+                await gate.wait()  # the long-lived stream: answered only when the test lets it
+            writer.write(answer(body=b"ok"))
+            await writer.drain()
+
+    async with raw_server(handler) as raw, client_for(raw, max_connections=1, connect_timeout_s=0.5) as client:
+        async with asyncio.timeout(WAIT):
+            stream = asyncio.create_task(client.request("GET", target="/stream", dedicated=True))
+            await raw.wait_requests(1)
+            assert await (await client.request("GET")).read() == b"ok", "the pool's place was free"
+            gate.set()
+            streamed = await stream
+            assert await streamed.read() == b"ok"
+            streamed.release()
+            assert await (await client.request("GET")).read() == b"ok"
+            assert len(raw.ports) == 2, "the dedicated connection was not reused"

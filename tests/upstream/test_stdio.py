@@ -273,7 +273,8 @@ async def test_the_stderr_budget_comes_from_the_settings(caplog: pytest.LogCaptu
 async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_still_stopping() -> None:
     """At the session cap, a closed session's child that lingers after its stdin closes still
     counts against the upstream's cap of children: an `initialize` then got 503 while `/readyz`
-    said ready. Both now read one answer (`Service.no_session_slot`), through the whole window."""
+    said ready. Now `/readyz` says the slot is closing, and an `initialize` in that window waits
+    for the child to be gone and is then admitted (not refused, and no other session closed)."""
     from proxy.service import Service
     from proxy.settings import Settings
     from proxy.upstream.base import Capabilities
@@ -300,11 +301,10 @@ async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_st
         assert child.alive, "the child is still stopping (it lingers after its stdin closed)"
         ready, why = await service.readiness()
         assert not ready and why is not None and "closing" in why, why
-        assert not await admitted(), "admission says the same"
-        await asyncio.wait_for(child.exited.wait(), 20)
+        assert await asyncio.wait_for(admitted(), 30), "admission waits for the closing child"
+        assert not child.alive, "admitted only once the child was gone"
         await asyncio.wait_for(asyncio.gather(*service._closing), 20)
         assert await service.readiness() == (True, None)
-        assert await admitted()
     finally:
         await service.aclose()
 

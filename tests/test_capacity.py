@@ -1,0 +1,49 @@
+"""proxy/capacity.py: the session to close at the cap, and the open-files limit the caps need."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from proxy import capacity
+from tests.fixtures.helpers import PYTHON, REPO_ROOT
+
+
+@dataclass
+class Session:
+    busy: bool
+    last_activity: float
+
+
+def test_the_least_recently_used_idle_session_is_chosen_and_a_busy_one_never() -> None:
+    sessions = {"a": Session(True, 1.0), "b": Session(False, 3.0), "c": Session(False, 2.0)}
+    assert capacity.least_recently_used(sessions) == "c"
+    assert capacity.least_recently_used(sessions, ["a", "b"]) == "b"
+    assert capacity.least_recently_used(sessions, ["a"]) is None
+    assert capacity.least_recently_used({"a": Session(True, 0.0)}) is None
+
+
+@pytest.mark.slow
+def test_a_shells_open_files_limit_is_raised_to_what_the_caps_hold() -> None:
+    """A soft limit of 1024 (a shell's usual) refused connections with EMFILE far below the
+    connection cap; the proxy raises it, within the hard limit, at start."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * 4096 + 3 * 1024 + 512
+    code = (
+        "import resource; from proxy import capacity; "
+        "capacity.open_files_for(connections=4096, sessions=1024); "
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    out = subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, preexec_fn=low, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    expected = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    assert int(out.stdout) == expected

@@ -533,7 +533,7 @@ class Service:
                 raise
         if self._reaching is None:
             self._reaching = Relay(
-                ReachingLink(self.modern_relay),  # type: ignore[arg-type]
+                ReachingLink(self.modern_relay),
                 catalogs=self.catalogs,
                 tool_calls=self.tool_calls,
                 shared=self.settings.listen != "stdio",
@@ -567,7 +567,7 @@ class Service:
             self._opening -= 1
         session_id = secrets.token_hex(16)
         relay = Relay(
-            link,  # type: ignore[arg-type]
+            link,
             catalogs=self.catalogs,
             tool_calls=self.tool_calls,
             session_id=session_id,

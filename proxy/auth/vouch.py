@@ -58,7 +58,7 @@ def fresh(refusal: AuthRefused) -> AuthRefused:
     """A new exception with the refusal's fields: one remembered, or shared between waiters, is
     raised many times, and re-raising one instance chains every raise's frames onto it."""
     return AuthRefused(
-        refusal.status,  # type: ignore[arg-type]
+        refusal.status,
         refusal.reason,
         refusal.description,
         error=refusal.error,

@@ -1025,18 +1025,18 @@ class McpHttpApp:
                 await _respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                session_id, relay = await service.new_session(self.clients.key(scope, headers, principal))
+                new_id, new_relay = await service.new_session(self.clients.key(scope, headers, principal))
             except UpstreamFailure as failure:
                 await _respond_session_refused(send, message["id"], failure)
                 return
             if self._binds_sessions and principal is not None:
-                relay.owner = principal.id
+                new_relay.owner = principal.id
             credentials = _forwarded(headers, True) if self._forward_credentials else None
             ok = await self._answer(
-                relay, message, receive, send, credentials, modern=False, session_id=session_id, principal=principal
+                new_relay, message, receive, send, credentials, modern=False, session_id=new_id, principal=principal
             )
             if not ok:
-                await service.close_session(session_id)
+                await service.close_session(new_id)
             return
         if version is not None and version not in jsonrpc.LEGACY_VERSIONS:
             await _respond_error(

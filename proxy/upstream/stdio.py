@@ -745,6 +745,7 @@ class StdioUpstream:
             await self._drop_modern()  # no answer to discover at all: legacy-only, if anything answers
             await self._fall_back(f"server/discover: {failure.detail}")
             return Capabilities(legacy=True, modern=False, detail="server/discover unanswered: legacy only")
+        assert isinstance(link, StdioLink)  # a modern link is never a shared session's
         try:
             response = await self.answer_of(link, ex)
         except TimeoutError as timeout:
@@ -906,8 +907,8 @@ class StdioUpstream:
             )
         if self._background:  # stops begun before (a reaped spare) or beside this one (a late child)
             _, late = await asyncio.wait(list(self._background), timeout=STOP_BOUND_S)
-            for task in late:
-                task.cancel()
+            for stopping in late:
+                stopping.cancel()
 
     def _in_background(self, stopping: Coroutine[object, None, object]) -> None:
         """Run a child's stop without waiting for it, kept (strongly) until it ends; `aclose` awaits it."""
@@ -915,7 +916,9 @@ class StdioUpstream:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _spawn(self, on_line, on_exit) -> _Child:  # type: ignore[no-untyped-def]
+    async def _spawn(
+        self, on_line: Callable[[_Child, bytes], None], on_exit: Callable[[_Child, int | None], None]
+    ) -> _Child:
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
         loop = asyncio.get_running_loop()
         # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
@@ -990,7 +993,7 @@ class StdioUpstream:
         stopped at once (its caller gets it, and finds it stopping)."""
         self._spawned += 1
         if self.nice > 0:
-            pid, nice = child.protocol.transport.get_pid(), self.nice
+            pid, nice = child.pid, self.nice
             before = child.protocol.on_first_output
 
             def started() -> None:
@@ -1030,18 +1033,19 @@ class StdioUpstream:
             await spare.terminate()
         while self._unclaimed:
             starting = self._unclaimed.popleft()
+            promised: _Child | None
             try:
-                spare = await asyncio.shield(starting)
+                promised = await asyncio.shield(starting)
             except asyncio.CancelledError:
                 if not starting.done():  # our caller gave up: the child goes to the pool after all
                     starting.add_done_callback(self._unwanted)
                 raise
             except Exception:
-                spare = None
-            if spare is not None and spare.alive and not spare.protocol.overflow:
-                return self._bind(spare, link)
-            if spare is not None:
-                await spare.terminate()
+                promised = None
+            if promised is not None and promised.alive and not promised.protocol.overflow:
+                return self._bind(promised, link)
+            if promised is not None:
+                await promised.terminate()
         return await self._spawn(link._on_line, link._on_exit)
 
     def _bind(self, spare: _Child, link: StdioLink) -> _Child:

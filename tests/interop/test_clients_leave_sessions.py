@@ -189,3 +189,19 @@ def test_the_inspector_past_a_small_child_cap_is_answered_and_idle_children_are_
         assert sessions(p) == cap
         assert metric(p, "mcp_recovery_sessions_evicted_total") >= 2 * cap
         assert metric(p, "mcp_recovery_http_refused_total") == 0
+
+
+def test_the_inspector_cli_runs_the_proxy_as_its_stdio_server_in_the_documented_form(clients: Clients) -> None:
+    # The Inspector strips `--` from its own arguments, so the proxy's command comes after an
+    # extra `--` (README, docs/interop.md); the demo's lookup fails twice and is recovered.
+    argv = [clients.node22, clients.inspector_cli, "--cli", "--method", "tools/call"]
+    argv += ["--tool-name", "lookup_customer", "--tool-arg", "customer_id=c-1"]
+    argv += ["--", PYTHON, "-m", "proxy", "serve", "--listen", "stdio", "--", PYTHON, "-m", "proxy.demo.server"]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=RUN_BOUND_S, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    start = done.stdout.index("{")
+    result = json.loads(done.stdout[start : done.stdout.rindex("}") + 1])
+    assert result["isError"] is False and result["structuredContent"]["customer_id"] == "c-1", result
+    assert result["_meta"]["io.mcp-recovery-proxy/attempts"] >= 2, "recovered within the one call"

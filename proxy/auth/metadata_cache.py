@@ -9,7 +9,9 @@ Contract:
   `fetch()` (one fetch at a time: callers arriving meanwhile wait for that one's outcome) and keeps
   its `(document, max_age_s)` for `max_age_s`. `max_age(cache_control)` reads it: `max-age=N`
   (capped at `MAX_AGE_S`), 0 for `no-store` or `no-cache` (not kept, but still one fetch for the
-  callers waiting on it), `DEFAULT_AGE_S` when the upstream says nothing. `fetch` says how long its
+  callers waiting on it), and 0 too when the upstream says nothing: a document without a lifetime
+  is not the proxy's to keep (an authorization server migration changes it, and a client must see
+  that at once); concurrent GETs still share one fetch. `fetch` says how long its
   outcome may be kept: a document not found (None) for `MISSING_AGE_S`, so a burst of GETs where
   there is none does not reach the upstream either; a failed fetch for 0 (not kept). A fetch that
   raises is not kept: the callers waiting get the exception.
@@ -23,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-DEFAULT_AGE_S = 60.0
+DEFAULT_AGE_S = 0.0  # no Cache-Control: only the fetch in flight is shared
 MAX_AGE_S = 3600.0
 MISSING_AGE_S = 10.0
 _MAX_AGE = re.compile(r"(?i)(?:^|[,\s])max-age\s*=\s*\"?(\d{1,10})")

@@ -197,3 +197,23 @@ def test_the_metadata_url_an_upstream_challenge_names_is_read_back() -> None:
     )
     assert resource_metadata_of("Bearer resource_metadata=http://up:1/m") == "http://up:1/m"
     assert resource_metadata_of('Bearer realm="r"') is None
+
+
+@pytest.mark.parametrize(
+    ("cache_control", "keep_s"),
+    [
+        (None, 0.0),  # no lifetime given: not kept (an authorization server migration shows at once)
+        ("", 0.0),
+        ("public, max-age=300", 300.0),
+        ("max-age=99999", 3600.0),  # capped
+        ("no-store", 0.0),
+        ("max-age=300, no-cache", 0.0),
+        ("public", 0.0),
+    ],
+)
+def test_passthrough_metadata_is_kept_only_for_the_lifetime_the_upstream_gives(
+    cache_control: str | None, keep_s: float
+) -> None:
+    from proxy.auth.metadata_cache import max_age
+
+    assert max_age(cache_control) == keep_s

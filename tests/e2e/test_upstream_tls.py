@@ -179,7 +179,10 @@ async def test_a_failing_upstream_connection_says_what_failed_and_leaks_nothing(
                         "params": {
                             "name": "echo",
                             "arguments": {"text": "x"},
-                            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"},
+                            "_meta": {
+                                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                "io.modelcontextprotocol/clientCapabilities": {},
+                            },
                         },
                     },
                     headers={

@@ -7,6 +7,7 @@ grace period gets its own answer; a new session during the drain is refused."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def hang(request_id: int, seconds: float, call_id: str) -> Message:
 
 async def test_drain_ends_what_outlives_the_grace_period_and_cancels_it_in_the_running_child(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
+    gc.collect()  # an earlier test's garbage (and its descriptors) goes first
     fds_before = len(os.listdir("/proc/self/fd"))
     settings = Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x")
     upstream = StdioUpstream(scripted_stdio_command(journal.path, tmp_path / "state.json"), spares=0)
@@ -97,4 +99,5 @@ async def test_drain_ends_what_outlives_the_grace_period_and_cancels_it_in_the_r
     finally:
         await service.aclose()
     assert not pid_alive(child_pid), "no process left"
-    assert len(os.listdir("/proc/self/fd")) == fds_before, "no file descriptor left (the child's pipes)"
+    # <=: an earlier test's descriptor may be collected meanwhile; none of this one's is left
+    assert len(os.listdir("/proc/self/fd")) <= fds_before, "no file descriptor left (the child's pipes)"

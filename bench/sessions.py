@@ -181,8 +181,8 @@ def show(name: str, r: dict[str, object]) -> None:
         print(f"        {failures.count(why)}x {why}")
 
 
-def children_of(pid: int) -> int:
-    """Upstream processes below the proxy now (the guard processes are not counted)."""
+def process_parents() -> dict[int, int]:
+    """Every process's parent pid, read from /proc (processes that end meanwhile are skipped)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -191,6 +191,12 @@ def children_of(pid: int) -> int:
                     parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
+    return parents
+
+
+def children_of(pid: int) -> int:
+    """Upstream processes below the proxy now (the guard processes are not counted)."""
+    parents = process_parents()
     below, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -257,14 +263,7 @@ def rss_kib(pid: int) -> int:
 
 def tree_rss_kib(pid: int) -> int:
     """The resident sets of `pid` and every process below it (its stdio children), summed."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+    parents = process_parents()
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()

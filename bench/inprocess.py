@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from relay import BODY as _WRK_BODY
 from relay import PROTOCOL
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.service import Service
 from proxy.frontend.http import McpHttpApp
 from proxy.policy.store import PolicyStore
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.telemetry.setup import build_telemetry
 from proxy.upstream.base import Capabilities, Era, Exchange, LinkBase, OnMessage, PendingTable, UpstreamHealth
@@ -157,7 +157,7 @@ async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> f
             policies=lambda: policies.current,
             telemetry=telemetry,
             upstream_name="echo",
-            max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
+            max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/core/server.py builds it
         )
     service = Service(settings, EchoUpstream(), tool_calls=engine, telemetry=telemetry)  # type: ignore[arg-type]
     await service.start()

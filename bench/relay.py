@@ -619,8 +619,8 @@ LAYERS = (
     ("mcp SDK", ("(mcp/",)),
     ("orjson / json", ("orjson", "(json/")),
     ("proxy/frontend", ("proxy/frontend/",)),
-    ("proxy/engine + recovery + policy", ("proxy/engine.py", "proxy/recovery/", "proxy/policy/")),
-    ("proxy/relay + jsonrpc + service", ("proxy/relay.py", "proxy/jsonrpc.py", "proxy/service.py")),
+    ("proxy/engine + recovery + policy", ("proxy/core/engine.py", "proxy/recovery/", "proxy/policy/")),
+    ("proxy/relay + jsonrpc + service", ("proxy/core/relay.py", "proxy/jsonrpc.py", "proxy/core/service.py")),
     ("proxy/upstream", ("proxy/upstream/",)),
     ("proxy/telemetry", ("proxy/telemetry/",)),
 )

@@ -94,7 +94,7 @@ REPORT = {"errorCategory": "transient", "stopReason": "attempts_exhausted", "att
 
 
 def one_call_shipped(telemetry: Telemetry, i: int) -> None:
-    """The events of one call as the engine emits them (see proxy/engine.py)."""
+    """The events of one call as the engine emits them (see proxy/core/engine.py)."""
     tool = TOOLS[i % len(TOOLS)]
     kind = i % 10
     if kind < 7:

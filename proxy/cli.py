@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy import early
+from proxy.upstream import early
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
-# Only cheap modules above: `serve --listen stdio` starts its upstream (`proxy.early`) before the
+# Only cheap modules above: `serve --listen stdio` starts its upstream (`proxy.upstream.early`) before the
 # rest (pydantic, asyncio, the server) is imported, so that the two overlap.
 
 
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configure_logging(settings: Settings) -> None:
-    from proxy.logs import configure
+    from proxy.telemetry.logsetup import configure
 
     configure(level=settings.log_level, json_lines=settings.log_json)
 
@@ -347,7 +347,7 @@ def _main(argv: list[str]) -> int:
         if args.command == "demo" and "policies" not in values:
             settings = settings.model_copy(update={"policies": _demo_policies()})
         _configure_logging(settings)
-        from proxy.server import run
+        from proxy.core.server import run
 
         if args.command == "demo":
             _print_demo_banner(settings)

@@ -1,7 +1,7 @@
 """Files reloaded while the proxy runs: the one watch loop, and the one way a refused reload is told.
 
 Three things reload from mounted files without a restart: the policy folder (proxy/policy/store.py),
-the tokens file (proxy/auth/tokens.py) and the upstream's TLS files (proxy/upstream/tls.py). Each
+the tokens file (proxy/auth/tokens.py) and the upstream's TLS files (proxy/net/tls.py). Each
 owns its reload (read off the event loop, validate whole, swap in one assignment, or keep the last
 good state); this module owns what they share.
 

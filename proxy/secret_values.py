@@ -3,11 +3,11 @@ from everything the proxy writes or returns.
 
 Contract:
 - `SECRETS.set(values)` is called once at start with the values of `--upstream-header`
-  (proxy/server.py); tests set and clear it themselves. Pattern-based redaction
+  (proxy/core/server.py); tests set and clear it themselves. Pattern-based redaction
   (proxy/recovery/redact.py) cannot know that an opaque `X-Api-Key: 7f3a…` is a secret; the
   registry does, and it runs first.
 - The few places where text leaves the proxy apply it, and nothing else needs to: the log
-  formatter (proxy/logs.py), the admin responses (proxy/admin.py), span attributes
+  formatter (proxy/telemetry/logsetup.py), the admin responses (proxy/admin/app.py), span attributes
   (proxy/telemetry/tracing.py), `UpstreamFailure` (proxy/errors.py: every failure detail and the
   JSON-RPC error body relayed with an HTTP error), `redact()` (unresolved reports and attempt
   details), and every message written to a caller (`jsonrpc.dumps_out`, used by both frontends).

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="2025 sessions held at once; at it, the least recently used idle session is closed first "
-        "(default: from what a session costs, proxy/capacity.py: 1024 on an HTTP/SSE upstream or shared stdio "
+        "(default: from what a session costs, proxy/core/capacity.py: 1024 on an HTTP/SSE upstream or shared stdio "
         "children; with a stdio child each, what half the memory affords at 96 MiB a child, 16 to 256)",
     )
     stream_buffer_bytes: int = Field(
@@ -274,14 +274,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_shares(self) -> Settings:
         if self.max_sessions is None:
-            # From what one session costs (proxy/capacity.py), not from who connects: one local
+            # From what one session costs (proxy/core/capacity.py), not from who connects: one local
             # agent holds hundreds of sessions on an HTTP upstream or shared children.
-            from proxy.capacity import default_max_sessions
+            from proxy.core.capacity import default_max_sessions
 
             per_child = bool(self.upstream_command) and self.stdio_sessions == "per-session"
             self.max_sessions = default_max_sessions(child_per_session=per_child)
         if self.auth in ("jwt", "tokens"):
-            # Fairness among verified principals (proxy/clients.py keys by principal then); an
+            # Fairness among verified principals (proxy/frontend/clients.py keys by principal then); an
             # address names no one (every caller of a pod or behind a NAT shares one), so without
             # a verified principal the per-client limits are opt-in.
             if self.max_sessions_per_client is None:

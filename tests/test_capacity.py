@@ -1,4 +1,4 @@
-"""proxy/capacity.py: the session to close at the cap, and the open-files limit the caps need."""
+"""proxy/core/capacity.py: the session to close at the cap, and the open-files limit the caps need."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy import capacity
+from proxy.core import capacity
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 
 

@@ -56,8 +56,8 @@ def test_the_open_host_warning_names_a_flag_and_a_variable_that_exist(caplog: py
     import re
 
     from proxy.cli import build_parser
+    from proxy.core.service import Service
     from proxy.frontend.http import McpHttpApp
-    from proxy.service import Service
     from proxy.upstream.stdio import StdioUpstream
 
     settings = Settings(listen="http://0.0.0.0:8080/mcp", upstream_command="x")
@@ -178,7 +178,7 @@ def test_trusted_proxies_are_addresses_or_networks_never_anyone(monkeypatch: pyt
 
 
 def test_session_cap_follows_what_a_session_costs_and_per_client_caps_are_per_principal_only() -> None:
-    from proxy import capacity
+    from proxy.core import capacity
 
     # Cheap sessions (an HTTP upstream, shared stdio children): hundreds for one local agent.
     assert Settings(upstream="http://127.0.0.1:1/mcp").max_sessions == capacity.CHEAP_SESSIONS

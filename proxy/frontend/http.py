@@ -48,7 +48,7 @@ from mcp.shared.inbound import (
     validate_mcp_param_headers,
 )
 
-from proxy import capacity, jsonrpc
+from proxy import jsonrpc
 from proxy.auth.base import Authenticator, AuthRefused, Principal
 from proxy.auth.challenge import (
     WELL_KNOWN,
@@ -61,9 +61,12 @@ from proxy.auth.challenge import (
 )
 from proxy.auth.metadata_cache import MISSING_AGE_S, MetadataCache, max_age
 from proxy.auth.vouch import VouchLimited
-from proxy.clients import ClientIdentity
+from proxy.core import capacity
+from proxy.core.relay import Relay
+from proxy.core.service import Service
 from proxy.errors import FailureKind, UpstreamFailure
-from proxy.hostcheck import (
+from proxy.frontend.clients import ClientIdentity
+from proxy.frontend.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
     LOOPBACK_ORIGIN_PATTERNS,
     HostAllowList,
@@ -71,8 +74,6 @@ from proxy.hostcheck import (
     duplicated,
 )
 from proxy.jsonrpc import Message
-from proxy.relay import Relay
-from proxy.service import Service
 from proxy.settings import LOOPBACK_HOSTS, Settings
 from proxy.telemetry.shed import SHED
 
@@ -399,7 +400,7 @@ async def _respond_error(send: Send, status: int, id_: Any, code: int, text: str
 
 
 async def _respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure) -> None:
-    """A new session refused: at a limit (proxy/capacity.py: 429/503, Retry-After, the limit and
+    """A new session refused: at a limit (proxy/core/capacity.py: 429/503, Retry-After, the limit and
     its flag in the message and `data`) or because the proxy shuts down (503), both -32000; an
     upstream that cannot open one, 502 with the failure's text."""
     if failure.kind is not FailureKind.OVERLOADED:
@@ -546,7 +547,7 @@ class McpHttpApp:
             origins += LOOPBACK_ORIGIN_PATTERNS
         self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
         self.stream_buffer_bytes = settings.stream_buffer_bytes
-        # jwt and tokens: per-client limits count by the principal the proxy verified (proxy/clients.py)
+        # jwt and tokens: per-client limits count by the principal the proxy verified (proxy/frontend/clients.py)
         self.clients = ClientIdentity(
             trusts_proxies=bool(settings.forwarded_allow_ips), by_principal=self._binds_sessions
         )

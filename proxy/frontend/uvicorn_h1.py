@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.clients import address_key
+from proxy.frontend.clients import address_key
 from proxy.telemetry.shed import SHED
 
 
@@ -163,7 +163,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     - **Connections**: past `max_connections` open connections on this server, a new one is
       answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
       event streams included, and keeps the refused connection open). Past
-      `max_connections_per_client` from one client address (`proxy.clients.address_key`: an
+      `max_connections_per_client` from one client address (`proxy.frontend.clients.address_key`: an
       IPv6 client by its /64), likewise: without it, one address holding every connection
       (idle ones, half-sent heads, each renewed before its timeout) had the port answer 503 to
       everyone else. Peers in `trusted_peers` (the ingresses `--forwarded-allow-ips` names) carry

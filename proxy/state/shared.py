@@ -35,7 +35,7 @@ subscribers). A cluster is up when every primary answers: the sync task PINGs th
 interval, so a dead primary marks the store down for every replica (a success on another slot
 does not mark it up again) until its replica is promoted, and every replica then reconciles. Over
 TLS, every connection, to one server or to any node of a cluster, uses the one verifying context
-built from `--state-ca` and the client certificate (proxy/upstream/tls.py), replaced when those
+built from `--state-ca` and the client certificate (proxy/net/tls.py), replaced when those
 files are renewed (`TlsWatcher`: new connections use the new one, a bad renewal keeps the last
 good one). Any exception the client raises is a store that did not answer (the cluster client
 raises more than `RedisError`).
@@ -71,12 +71,12 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from proxy.net.tls import TlsFiles, TlsWatcher
 from proxy.recovery.antistorm import WINDOW_S, AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
 from proxy.state import StateConfigError, check_url
-from proxy.upstream.tls import TlsFiles, TlsWatcher
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")
@@ -155,7 +155,7 @@ def client_url(url: str) -> str:
 
 
 class TlsContext:
-    """The one verifying context every connection to the store uses (proxy/upstream/tls.py), read
+    """The one verifying context every connection to the store uses (proxy/net/tls.py), read
     at each connect: a renewal (`TlsWatcher`) replaces it for the connections opened after it."""
 
     __slots__ = ("context",)

@@ -32,7 +32,7 @@ Contract:
     bounds) the upstream did not answer within the request timeout, answered -32001. No method
     label: a method name is the caller's text, not a closed set.
   - `mcp_recovery_sessions_evicted_total`: idle 2025 sessions closed to make room for a new one
-    at `--max-sessions` or `--max-sessions-per-client` (proxy/capacity.py).
+    at `--max-sessions` or `--max-sessions-per-client` (proxy/core/capacity.py).
   - `mcp_recovery_sessions_closed_uninitialized_total`: 2025 sessions closed because nothing
     followed their `initialize` within the session init timeout.
   - `mcp_recovery_auth_failures_total{reason}`: requests refused for their credentials or

@@ -8,7 +8,7 @@ can skip most of the work: no task per request, no timer unless one is armed, on
 request, and a response whose body usually arrived in the same `data_received` as its head.
 
 What it deliberately does not do: redirects (a 3xx is returned as is), reading proxy settings
-from the environment (`proxy/upstream/egress.py` does, and hands it a `ProxyRoute`), retries of
+from the environment (`proxy/net/egress.py` does, and hands it a `ProxyRoute`), retries of
 any kind (a failed request is reported, never repeated), read timeouts (the caller bounds each
 attempt), pipelining, HTTP/2, `Expect: 100-continue`.
 

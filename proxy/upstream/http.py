@@ -51,7 +51,7 @@ fifth of aiohttp's CPU per request. Behaviour kept: the configured headers on ev
 redirects, cookies kept per upstream; what changed is that the proxy no longer asks for
 compressed answers (a compressed one is still decoded). The TLS context (`--upstream-ca`, the
 client certificate) and the egress proxy (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`) are resolved once
-at start (proxy/upstream/tls.py, egress.py) and handed to the client; a connection that cannot be
+at start (proxy/net/tls.py, egress.py) and handed to the client; a connection that cannot be
 established for either reason is CONNECT_FAILED with the client's message, which says what
 failed (an untrusted or mismatched certificate, a refused client certificate, the egress proxy's
 407/403/502) and never carries a credential.
@@ -1241,7 +1241,7 @@ class HttpClientOwner:
         self.max_event_bytes = max_event_bytes
         self._headers = dict(headers or {})
         self._max_connections = max_connections
-        # One TLS context and one egress route for the upstream's life (proxy/upstream/tls.py and
+        # One TLS context and one egress route for the upstream's life (proxy/net/tls.py and
         # egress.py): a client rebuilt after `aclose` reuses them, so nothing is re-read later.
         self._ssl = ssl_context if ssl_context is not None or parts.scheme != "https" else ssl.create_default_context()
         self.proxy = proxy
@@ -1262,7 +1262,7 @@ class HttpClientOwner:
         )
 
     def replace_ssl_context(self, context: ssl.SSLContext) -> None:
-        """The reloaded TLS context (proxy/upstream/tls.py, `TlsWatcher`): every connection opened
+        """The reloaded TLS context (proxy/net/tls.py, `TlsWatcher`): every connection opened
         from now on, by this client or one rebuilt later, uses it."""
         self._ssl = context
         self._client.set_ssl_context(context)

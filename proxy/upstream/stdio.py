@@ -8,7 +8,7 @@
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no
   spare is kept, no separate probe child is started while it lives). That child is usually the
-  one `proxy.early` started before the proxy's own imports: it is adopted (`_adopt`: its pipes
+  one `proxy.upstream.early` started before the proxy's own imports: it is adopted (`_adopt`: its pipes
   through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
   a respawn after it is spawned the normal way.
 - Warm pool (`spares`, `--stdio-spares`): once a child of the command has answered, up to
@@ -74,7 +74,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import proxy.early
+import proxy.upstream.early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import (
     LATEST_MODERN,
@@ -921,8 +921,8 @@ class StdioUpstream:
     ) -> _Child:
         argv = [sys.executable, "-I", "-S", _GUARD, str(os.getpid()), "--", *self.command]
         loop = asyncio.get_running_loop()
-        # `--listen stdio`: the child `proxy.early` started before the proxy's imports, if it runs this
-        early = proxy.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
+        # `--listen stdio`: the child `proxy.upstream.early` started before the proxy's imports, if it runs this
+        early = proxy.upstream.early.take(self.command) if self.single_session and not (self.env or self.cwd) else None
         if early is not None:
             with self._start_under_way():
                 protocol = await _adopt(early, _ChildProtocol(self.max_message_bytes, self.log_budget))
@@ -1132,11 +1132,11 @@ class StdioUpstream:
 
 
 class _AdoptedTransport:
-    """What `_Child` needs of a `SubprocessTransport`, for the child `proxy.early` started before the
+    """What `_Child` needs of a `SubprocessTransport`, for the child `proxy.upstream.early` started before the
     event loop existed (asyncio cannot wrap a running process in its own transport): the three pipe
     transports, the pid, and the exit status, read when the process's pidfd becomes readable."""
 
-    def __init__(self, early: proxy.early.EarlyChild) -> None:
+    def __init__(self, early: proxy.upstream.early.EarlyChild) -> None:
         self._early = early
         self._pipes: dict[int, asyncio.BaseTransport] = {}
         self._closed = False
@@ -1205,8 +1205,8 @@ def lower_priority(pid: int, nice: int) -> None:
         pass
 
 
-async def _adopt(early: proxy.early.EarlyChild, protocol: _ChildProtocol) -> _ChildProtocol:
-    """Connect `protocol` to a child `proxy.early` started: its pipes through the loop's pipe
+async def _adopt(early: proxy.upstream.early.EarlyChild, protocol: _ChildProtocol) -> _ChildProtocol:
+    """Connect `protocol` to a child `proxy.upstream.early` started: its pipes through the loop's pipe
     transports, its exit through its pidfd (reaped with the `Popen` that started it)."""
     loop = asyncio.get_running_loop()
     transport = _AdoptedTransport(early)

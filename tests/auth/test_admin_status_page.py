@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 
-from proxy.admin import build_admin_app
+from proxy.admin.app import build_admin_app
 
 pytestmark = pytest.mark.anyio
 

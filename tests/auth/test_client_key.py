@@ -1,5 +1,5 @@
 """Per-client limits count by the verified principal when the proxy authenticates (issue 14, the
-`ClientIdentity.key` seam of proxy/clients.py).
+`ClientIdentity.key` seam of proxy/frontend/clients.py).
 
 End to end: the real proxy process with `--auth tokens` in front of the scripted HTTP upstream,
 raw HTTP from several loopback source addresses (127.0.0.1, .2, .3 are all this host). A caller
@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from proxy.auth.base import ANONYMOUS, Principal
-from proxy.clients import ClientIdentity
+from proxy.frontend.clients import ClientIdentity
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.proxy_process import ProxyProcess
 

@@ -8,7 +8,7 @@ replaced. The calls themselves had gone through the engine; what failed was the 
 Python SDK's `Client.call_tool` sends by itself, to check the result against the tool's output
 schema, when the tool was not listed in that client yet: a relayed request, not a tools/call, on
 the child as it died. A protocol read that fails because the upstream went away under it is now
-sent once more (proxy/relay.py `RESENT_READS`).
+sent once more (proxy/core/relay.py `RESENT_READS`).
 
 Real processes: the proxy, the scripted SDK server over stdio, a Python SDK client in
 `mode="2026-07-28"`. The server holds every `tools/list` while a file exists

@@ -100,8 +100,8 @@ async def test_resumption_buffers_are_bounded_per_stream_and_in_total_oldest_fir
 async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -> None:
     """A client that resumes after its answer was evicted is told so, not left with a stream that
     ends as if its request had been cancelled."""
+    from proxy.core.service import Service
     from proxy.frontend.http import McpHttpApp
-    from proxy.service import Service
     from proxy.settings import Settings
     from proxy.upstream.stdio import StdioUpstream
 
@@ -132,8 +132,8 @@ async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -
 async def test_the_app_bounds_its_streams_and_replays_by_the_settings() -> None:
     """`--stream-buffer-bytes` and the replay bounds reach the streams the app opens (they were
     constants). A listen stream nobody reads is closed at the configured 128 KiB, not at 4 MiB."""
+    from proxy.core.service import Service
     from proxy.frontend.http import McpHttpApp
-    from proxy.service import Service
     from proxy.settings import Settings
     from proxy.upstream.stdio import StdioUpstream
 

@@ -6,7 +6,7 @@
   only when a line or an event is larger than its bound.
 - `jsonrpc.validate` over arbitrary JSON values: never raises, and what it accepts is exactly one
   of request, notification or response.
-- The Host and Origin allow-lists (`proxy.hostcheck`): never raise on any header value, and the
+- The Host and Origin allow-lists (`proxy.frontend.hostcheck`): never raise on any header value, and the
   verdict does not depend on the cache.
 - The 2026 header shortcut (`_plainly_routable`) against the SDK's own ladder
   (`classify_inbound_request`) on generated messages and headers: the shortcut never routes what
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, classify_inbound_request
 
 from proxy import jsonrpc
+from proxy.frontend.hostcheck import HostAllowList, OriginAllowList
 from proxy.frontend.http import _plainly_routable
-from proxy.hostcheck import HostAllowList, OriginAllowList
 from proxy.upstream.sse_parse import SseError, SseEvent, SseParser
 from tests.fuzz.strategies import JSON, jsonrpc_shaped, modern_request
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.relay import Relay, ToolCatalog
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.upstream.base import Exchange, OnMessage
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 
@@ -92,7 +92,7 @@ async def test_an_unanswered_attempt_times_out_at_its_response_timeout_not_at_th
 
 
 async def test_attempts_that_end_in_time_leave_a_bounded_heap_and_live_ones_still_fire() -> None:
-    from proxy.relay import _Deadlines
+    from proxy.core.relay import _Deadlines
 
     loop = asyncio.get_running_loop()
     deadlines = _Deadlines(loop)

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from proxy.auth.base import Principal
-from proxy.catalog import Catalogs
-from proxy.engine import Engine
+from proxy.core.catalog import Catalogs
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay
 from proxy.policy.compiled import PolicySet
-from proxy.relay import Relay
 from proxy.upstream.base import Era, Exchange, OnMessage
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 

@@ -1,4 +1,4 @@
-"""`proxy.clients.ClientIdentity`: the one key every per-client limit counts by."""
+"""`proxy.frontend.clients.ClientIdentity`: the one key every per-client limit counts by."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.clients import ClientIdentity
+from proxy.frontend.clients import ClientIdentity
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_no_peer_is_no_key() -> None:
 
 def test_an_untrusted_x_forwarded_for_is_not_read_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
     identity = ClientIdentity(trusts_proxies=False)
-    with caplog.at_level(logging.WARNING, logger="proxy.clients"):
+    with caplog.at_level(logging.WARNING, logger="proxy.frontend.clients"):
         for _ in range(3):
             key = identity.key({"client": ("10.0.0.5", 1)}, {"x-forwarded-for": "203.0.113.1"})
             assert key == "10.0.0.5"

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay
+from proxy.core.service import Service
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import META_UNRESOLVED, Message
 from proxy.policy.compiled import PolicySet
-from proxy.relay import Relay
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.stdio import StdioUpstream
 from tests.fixtures.journal import Journal

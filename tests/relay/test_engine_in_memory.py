@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
 from proxy.policy.compiled import PolicySet
-from proxy.relay import Relay, ToolCatalog
 from proxy.upstream.base import Exchange, OnMessage
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 
@@ -462,7 +462,7 @@ async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_use
 
 
 def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
-    from proxy.engine import _PROGRESS_NOTES, _Progress
+    from proxy.core.engine import _PROGRESS_NOTES, _Progress
 
     progress = _Progress("caller-token", 0.0)
     huge = {"progressToken": "up-1", "progress": 1, "total": ["x"] * 1000, "message": "m" * 100_000}

@@ -24,9 +24,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from proxy.engine import _PROGRESS_NOTES, Engine
+from proxy.core.engine import _PROGRESS_NOTES, Engine
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
-from proxy.relay import Relay, ToolCatalog
 from proxy.upstream.base import Exchange, OnMessage
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 

@@ -1,4 +1,4 @@
-"""A 2026 tools/call before the upstream was reached (proxy/reaching.py), over in-memory links:
+"""A 2026 tools/call before the upstream was reached (proxy/core/reaching.py), over in-memory links:
 the failure to reach it is an attempt the engine classifies and reports, and an attempt that
 reached it and was then given up is cancelled on the link that took it."""
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.reaching import ReachingLink
+from proxy.core.relay import Relay
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.policy.compiled import PolicySet
-from proxy.reaching import ReachingLink
-from proxy.relay import Relay
 from proxy.upstream.base import Era
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 

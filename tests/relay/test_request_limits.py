@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.relay import Relay, ToolCatalog
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.core.relay import Relay
+from proxy.core.service import Service
 from proxy.jsonrpc import Message
-from proxy.relay import Relay
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.stdio import StdioUpstream
 from tests.fixtures.journal import Journal

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from proxy import jsonrpc
+from proxy.core.relay import BACKLOG_BYTES, REFUSALS_IN_FLIGHT, Relay, ToolCatalog
 from proxy.jsonrpc import Message
-from proxy.relay import BACKLOG_BYTES, REFUSALS_IN_FLIGHT, Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream

@@ -1,11 +1,11 @@
-"""The Host/Origin parser and allow-list matching (proxy/hostcheck.py): host + port, not globs on
+"""The Host/Origin parser and allow-list matching (proxy/frontend/hostcheck.py): host + port, not globs on
 raw text (issue 13 item 8). The running proxy's answers are in test_host_origin.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.hostcheck import (
+from proxy.frontend.hostcheck import (
     LOOPBACK_HOST_PATTERNS,
     LOOPBACK_ORIGIN_PATTERNS,
     Authority,

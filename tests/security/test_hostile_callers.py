@@ -378,7 +378,7 @@ def test_a_callers_text_in_a_log_line_stays_one_bounded_line(json_lines: bool) -
     import io
     import logging
 
-    from proxy.logs import MAX_MESSAGE_CHARS, JsonFormatter, SecretScrubbingFormatter
+    from proxy.telemetry.logsetup import MAX_MESSAGE_CHARS, JsonFormatter, SecretScrubbingFormatter
 
     inner = JsonFormatter() if json_lines else logging.Formatter("%(levelname)s %(name)s: %(message)s")
     stream = io.StringIO()

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proxy import jsonrpc
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.logs import configure
 from proxy.recovery.redact import redact
 from proxy.secret_values import SECRETS
 from proxy.telemetry.events import Telemetry
+from proxy.telemetry.logsetup import configure
 from proxy.telemetry.tracing import build_tracing
 from tests.security.test_secret_canary_e2e import AUTH_CANARY, CANARIES, KEY_CANARY, assert_clean
 from tests.telemetry import scenarios

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
-from proxy.logs import JsonFormatter
 from proxy.telemetry.events import PolicyReloaded
 from proxy.telemetry.logs import CallLogObserver
+from proxy.telemetry.logsetup import JsonFormatter
 from proxy.telemetry.setup import build_telemetry
 from tests.telemetry import scenarios
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import compile_files
 from proxy.policy.compiled import Category, PolicySet
 from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.ledger import InMemoryLedger
 from proxy.recovery.reasons import StopReason
-from proxy.relay import Relay, ToolCatalog
 from proxy.telemetry.events import CallFinished, CallSucceeded, Telemetry
 from proxy.telemetry.status import StatusObserver
 from tests.relay.memory_link import RecordingOutbox

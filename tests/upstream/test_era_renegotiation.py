@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay
+from proxy.core.service import Service
 from proxy.policy.compiled import PolicySet
-from proxy.relay import Relay
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.http import HttpUpstream
 

@@ -6,7 +6,7 @@ flight) stay rare.
 Each test runs a path N times over real loopback sockets with the collector disabled, then counts
 what `gc.collect()` frees: the bound is a small constant, far below one object per request (the
 paths fixed here left 9 to 44 objects per request). A failure is caught the way the engine
-catches it (`untraced`, proxy/engine.py): an exception's traceback holds the frames it left, so
+catches it (`untraced`, proxy/core/engine.py): an exception's traceback holds the frames it left, so
 a caller that kept it would make the cycle itself.
 """
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from proxy.core.service import Service
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.base import Era
 from proxy.upstream.http import HttpUpstream

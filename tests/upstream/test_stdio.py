@@ -227,7 +227,7 @@ async def test_no_spare_without_a_session_that_answered_and_none_when_off() -> N
 async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
     """A DELETE ends the session at once; the child's graceful exit (here: one that lingers after
     its stdin closes) runs in the background and is awaited when the service shuts down."""
-    from proxy.service import Service
+    from proxy.core.service import Service
     from proxy.settings import Settings
 
     lingering = CHILD + "\ntime.sleep(30)\n"  # answers until stdin closes, then lingers
@@ -247,7 +247,7 @@ async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
 async def test_the_stderr_budget_comes_from_the_settings(caplog: pytest.LogCaptureFixture) -> None:
     """`--stderr-burst-lines` and `--stderr-lines-per-s` reach every child's log budget (they were
     constants): with a burst of 5 and no refill, 5 of the 5000 lines are logged, the rest counted."""
-    from proxy.service import build_upstream
+    from proxy.core.service import build_upstream
     from proxy.settings import Settings
     from proxy.telemetry.shed import SHED
 
@@ -275,7 +275,7 @@ async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_st
     counts against the upstream's cap of children: an `initialize` then got 503 while `/readyz`
     said ready. Now `/readyz` says the slot is closing, and an `initialize` in that window waits
     for the child to be gone and is then admitted (not refused, and no other session closed)."""
-    from proxy.service import Service
+    from proxy.core.service import Service
     from proxy.settings import Settings
     from proxy.upstream.base import Capabilities
 

@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.frontend.http import STREAM_BUFFER_BYTES, _Stream
-from proxy.relay import Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream

@@ -1,4 +1,4 @@
-"""`serve --listen stdio` starts its upstream before the proxy's imports (`proxy.early`) and the
+"""`serve --listen stdio` starts its upstream before the proxy's imports (`proxy.upstream.early`) and the
 single-session `StdioUpstream` adopts that very process: pipes, stderr logging, exit, respawn and
 shutdown work as for a child it spawned itself. Real processes over real pipes, on both loops."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from proxy import early
+from proxy.upstream import early
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
 from tests.upstream.test_stdio import CHILD, _call

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from proxy.core.service import Service
 from proxy.jsonrpc import Message
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.stdio import StdioUpstream
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy.core.service import Service
 from proxy.errors import UpstreamFailure
-from proxy.service import Service
 from proxy.settings import Settings
 from proxy.upstream.startwait import STRETCH
 from proxy.upstream.stdio import StdioUpstream

@@ -5,7 +5,7 @@ the test (tests/fixtures/tls.py), requiring a client certificate (mTLS) where a 
 egress proxy is tests/fixtures/egress_proxy.py, a real CONNECT proxy on its own thread that counts
 its tunnels; the upstream's name `mcp-upstream.test` resolves only inside that proxy, so a request
 that reached the upstream by that name went through a tunnel. Proxy settings come from the real
-environment variables (monkeypatched), read by `proxy.upstream.egress.route_for`.
+environment variables (monkeypatched), read by `proxy.net.egress.route_for`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import pytest
 from mcp.server.transport_security import TransportSecuritySettings
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.upstream import egress
+from proxy.net import egress
+from proxy.net.tls import TlsConfigError, client_context
 from proxy.upstream.base import Era
 from proxy.upstream.h1 import HttpClient, TlsClosed, TlsError
 from proxy.upstream.http import HttpUpstream, translate_exception
 from proxy.upstream.sse import SseUpstream
-from proxy.upstream.tls import TlsConfigError, client_context
 from tests.fixtures.egress_proxy import EgressProxy
 from tests.fixtures.helpers import free_port, terminate, wait_port
 from tests.fixtures.tls import Pki, make_pki

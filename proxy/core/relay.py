@@ -37,7 +37,7 @@ Requests that are long-lived by design
 them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller) has at most that
 many requests upstream at once, `tools/call` attempts included; more wait their turn within their
 own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
-`proxy.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
+`proxy.core.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
 session, the caller on the shared relay) has at most its share upstream across all its sessions
 and both eras (its sessions' upstream listen streams are not counted: each has a connection of
 its own, outside the pool); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
@@ -60,7 +60,10 @@ from typing import Any, Protocol
 from proxy.auth.base import AuthRefused, Principal
 from proxy.auth.challenge import upstream_refusal
 from proxy.auth.vouch import VouchGate, VouchLimited, fresh
-from proxy.catalog import Catalogs, ToolCatalog
+from proxy.core.catalog import Catalogs, ToolCatalog
+from proxy.core.lifecycle import InFlight
+from proxy.core.shares import ClientShares, SharesFull, Slots
+from proxy.core.task_owners import TaskOwners
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
@@ -76,9 +79,6 @@ from proxy.jsonrpc import (
     error,
     valid_id,
 )
-from proxy.lifecycle import InFlight
-from proxy.shares import ClientShares, SharesFull, Slots
-from proxy.task_owners import TaskOwners
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink, discover_request
 
@@ -393,7 +393,7 @@ class Relay:
         self.client = client
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
-        # The upstream's tools (proxy/catalog.py): `catalog` is the upstream's own; `catalogs`
+        # The upstream's tools (proxy/core/catalog.py): `catalog` is the upstream's own; `catalogs`
         # adds one per principal where listings differ per caller (--auth passthrough).
         self.catalogs = catalogs if catalogs is not None else Catalogs()
         if catalog is not None:
@@ -506,7 +506,7 @@ class Relay:
         owners = self.task_owners
         try:
             if owners is not None and (refused := owners.refused(request, principal)) is not None:
-                outbox.send(refused)  # another principal's task (proxy/task_owners.py)
+                outbox.send(refused)  # another principal's task (proxy/core/task_owners.py)
                 return
             if method == "tools/call" and self._tool_calls is not None:
                 response = await self._tool_calls(self, request, outbox, headers, principal)
@@ -866,7 +866,7 @@ class Relay:
         principal: Principal | None = None,
     ) -> dict[str, Any] | None:
         """The upstream's definition of `name`, waiting at most `timeout_s` for the catalog's
-        listing when it has not arrived yet (proxy/catalog.py: the listing is not the caller's,
+        listing when it has not arrived yet (proxy/core/catalog.py: the listing is not the caller's,
         and is not cut short when the caller stops waiting).
 
         A modern request's envelope is reused so the listing is a valid 2026 request. With

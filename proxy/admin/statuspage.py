@@ -11,7 +11,7 @@ Contract:
 - `explain_document(service, tool)` is `policies explain` for one tool the upstream listed (its
   annotations as listed), or None for any other name: the page cannot be made to resolve names
   nobody listed.
-- `page(nonce)` is the HTML (proxy/static/status.html): no build step, no external asset (inline
+- `page(nonce)` is the HTML (proxy/admin/static/status.html): no build step, no external asset (inline
   CSS, one inline script allowed by a per-response CSP nonce, inline SVG sparklines). The script polls `/status.json`
   every `POLL_MS` and renders every value with `textContent`/`createElement`, never as HTML, so
   an upstream's error text or tool name cannot inject markup. Strings are bounded here and the
@@ -25,11 +25,11 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.service import Service
 from proxy.policy.render import policy_as_dict, policy_rows
 from proxy.policy.resolve import specific_layers
 from proxy.recovery.redact import bound
-from proxy.service import Service
 from proxy.telemetry.status import LABEL_LIMIT, StatusObserver
 
 POLL_MS = 2000
@@ -125,7 +125,7 @@ def explain_document(service: Service, tool: str) -> dict[str, Any] | None:
     }
 
 
-_PAGE = resources.files("proxy").joinpath("static/status.html").read_text(encoding="utf-8")
+_PAGE = resources.files("proxy.admin").joinpath("static/status.html").read_text(encoding="utf-8")
 
 
 def page(nonce: str) -> str:

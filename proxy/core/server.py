@@ -33,10 +33,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.auth import Authenticator, build_authenticator
 from proxy.auth.tokens import read_secret_file
-from proxy.engine import Engine
+from proxy.core.engine import Engine
+from proxy.core.service import Service, build_upstream, upstream_secrets
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
-from proxy.service import Service, build_upstream, upstream_secrets
 from proxy.settings import LOOPBACK_HOSTS, Settings
 from proxy.state import build_state
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from proxy.frontend.uvicorn_h1 import HttpLimits
-    from proxy.upstream.tls import TlsWatcher
+    from proxy.net.tls import TlsWatcher
 from proxy.telemetry.events import Telemetry
 from proxy.telemetry.setup import build_telemetry
 from proxy.telemetry.status import StatusObserver
@@ -134,7 +134,7 @@ def _uvicorn_config(
         # uvicorn's httptools protocol with the response head and body in one write, and bounds on
         # request heads, slow peers and connections (see there).
         http=LimitedHttpToolsProtocol.with_limits(limits),
-        # Per-client limits count the client's address (proxy.clients). X-Forwarded-For is read
+        # Per-client limits count the client's address (proxy.frontend.clients). X-Forwarded-For is read
         # only from the proxies `--forwarded-allow-ips` names, by uvicorn's ProxyHeadersMiddleware;
         # with none named it is not read at all (uvicorn would otherwise trust 127.0.0.1 and ::1,
         # or whatever FORWARDED_ALLOW_IPS holds, by default).
@@ -164,7 +164,7 @@ async def run(settings: Settings) -> int:
             settings.listen,
         )
     if settings.listen != "stdio":
-        from proxy.capacity import open_files_for
+        from proxy.core.capacity import open_files_for
 
         open_files_for(connections=settings.max_connections, sessions=settings.sessions_cap)
     bundle = build_telemetry(settings)
@@ -228,11 +228,11 @@ async def run(settings: Settings) -> int:
 
 
 def _tls_watcher(settings: Settings, service: Service) -> TlsWatcher | None:
-    """An https upstream's TLS files are watched and reloaded (proxy/upstream/tls.py)."""
+    """An https upstream's TLS files are watched and reloaded (proxy/net/tls.py)."""
     replace = getattr(service.upstream, "replace_ssl_context", None)
     if replace is None or not (settings.upstream or "").removeprefix("sse+").startswith("https://"):
         return None
-    from proxy.upstream.tls import TlsFiles, TlsWatcher
+    from proxy.net.tls import TlsFiles, TlsWatcher
 
     files = TlsFiles(
         ca=settings.upstream_ca,
@@ -289,7 +289,7 @@ async def _serve(
     admin_server: uvicorn.Server | None = None
     listeners: list[uvicorn.Server] = []  # the MCP listener once built; stdio has none to wait for
     if settings.admin:
-        from proxy.admin import admin_access, build_admin_app
+        from proxy.admin.app import admin_access, build_admin_app
 
         host, _, port = settings.admin.rpartition(":")
         call_data, why = admin_access(settings.auth, host or "127.0.0.1", admin_token is not None)

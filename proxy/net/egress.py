@@ -8,7 +8,7 @@ Contract:
   suffixes (a leading dot optional, `host:port` for one port only, `*` for every host). An
   `https://` upstream uses `HTTPS_PROXY`, an `http://` one `HTTP_PROXY`. Loopback is not exempt
   on its own (as with curl and urllib): list it in `NO_PROXY` where a proxy is set for the pod;
-  `proxy/service.py` warns when a loopback upstream goes through a proxy.
+  `proxy/core/service.py` warns when a loopback upstream goes through a proxy.
 - The proxy itself is an `http://` proxy (a scheme-less value is read as one); its port defaults
   to 80. Credentials in its URL (`http://user:password@proxy:3128`, percent-encoded) become a
   `Proxy-Authorization: Basic …` header sent on the CONNECT request only, never to the upstream.

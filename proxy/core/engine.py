@@ -17,7 +17,7 @@ call that names one), an exhaustion is written to the store before the caller ge
 (bounded), and the retry budget's counts are exchanged by the store's own task.
 A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
 disconnected has not cancelled: the attempt in flight finishes, no new one starts. A cancellation
-while `stopping` is set is the end of the shutdown grace period (proxy/lifecycle.py), not the
+while `stopping` is set is the end of the shutdown grace period (proxy/core/lifecycle.py), not the
 caller's: the call resolves as an unresolved result with stop reason `shutdown`, the attempt in
 flight (cancelled upstream by the relay) recorded as its last, dispatch unknown.
 """
@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.auth.base import Principal
+from proxy.core.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller, untraced
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,
@@ -80,7 +81,6 @@ from proxy.recovery.outcome import Outcome, outcome_name
 from proxy.recovery.redact import bound
 from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of, unreachable_s
 from proxy.recovery.timers import cut_by
-from proxy.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
 from proxy.state import SharedState
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -335,7 +335,7 @@ class Engine:
         checked by `__call__`: its params are an object with a valid name and arguments.
 
         The listing is the catalog's, started when the upstream was first reached (or now, by
-        this call), and never cut short by this call's deadline (proxy/catalog.py). The wait is part
+        this call), and never cut short by this call's deadline (proxy/core/catalog.py). The wait is part
         of the call, counted in its elapsed time: at most `LOOKUP_TIMEOUT_S`, and never more than
         leaves attempt 1 the minimum useful attempt time, or half the deadline when that is shorter
         than the minimum (a short caller deadline waits too: the listing is usually done)."""

@@ -12,7 +12,7 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
 - Each legacy session owns a relay and an upstream link; sessions idle longer than the configured
   timeout (with nothing in flight) are closed, which stops their stdio children.
 - Sessions are bounded in total (`max_sessions`, derived from what a session costs:
-  proxy/capacity.py) and, where configured, per client (`max_sessions_per_client`: by default
+  proxy/core/capacity.py) and, where configured, per client (`max_sessions_per_client`: by default
   only per verified principal, with `--auth jwt|tokens`). At either bound the least recently used
   session with nothing in flight (of the whole proxy, or of that client) is closed first, its stdio
   child reclaimed (its client gets 404 for that session id and initializes again); only when every
@@ -25,7 +25,7 @@ sessions, and readiness. Frontends and the admin endpoint share one `Service`.
   ready, with the reason, while no session slot is free and none could be made free.
 - Shutdown (`drain`): `/readyz` turns 503 and new sessions are refused at once (the frontends
   refuse new requests too, while `draining`); requests in flight may finish within the grace
-  period; what is still running then is ended (proxy/lifecycle.py: a `tools/call` resolves as an
+  period; what is still running then is ended (proxy/core/lifecycle.py: a `tools/call` resolves as an
   unresolved `shutdown` result, cancelled upstream), and the cancellations are sent before
   `aclose` stops the children.
 """
@@ -42,18 +42,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from proxy import capacity
 from proxy.auth.vouch import VouchGate
-from proxy.catalog import Catalogs
+from proxy.core import capacity
+from proxy.core.catalog import Catalogs
+from proxy.core.lifecycle import InFlight
+from proxy.core.reaching import ReachingLink
+from proxy.core.relay import Relay, ToolCallHandler
+from proxy.core.shares import ClientShares
+from proxy.core.task_owners import TaskOwners
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
-from proxy.lifecycle import InFlight
-from proxy.reaching import ReachingLink
-from proxy.relay import Relay, ToolCallHandler
 from proxy.settings import Settings
-from proxy.shares import ClientShares
 from proxy.state import SharedState
-from proxy.task_owners import TaskOwners
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
@@ -73,9 +73,9 @@ CLOSE_WAIT_S = 10.0  # a new session waits this long, at most, for a closed one'
 def build_upstream(settings: Settings) -> Upstream:
     """The upstream adapter the settings name: a command (stdio), sse+http(s)://, or http(s)://.
 
-    An https upstream gets one TLS context built here (proxy/upstream/tls.py); a TLS flag given for
+    An https upstream gets one TLS context built here (proxy/net/tls.py); a TLS flag given for
     any other upstream is refused rather than ignored. The egress proxy comes from the environment
-    (proxy/upstream/egress.py) and is logged, without its credentials."""
+    (proxy/net/egress.py) and is logged, without its credentials."""
     tls_flags = settings.upstream_tls_flags
     if settings.upstream_argv:
         if settings.upstream:
@@ -110,7 +110,7 @@ def build_upstream(settings: Settings) -> Upstream:
     target = url.removeprefix("sse+")
     if not target.startswith(("http://", "https://")):
         raise ValueError(f"unsupported upstream URL scheme: {url.split(':', 1)[0]!r} (use http, https or sse+http)")
-    from proxy.upstream import egress, tls
+    from proxy.net import egress, tls
 
     ssl_context = None
     if target.startswith("https://"):
@@ -142,7 +142,7 @@ def upstream_secrets(settings: Settings) -> list[str]:
     """The proxy's credentials for reaching the upstream, for the secret registry: the configured
     header values, the egress proxy's password and Proxy-Authorization values, and the client
     key's passphrase."""
-    from proxy.upstream import egress, tls
+    from proxy.net import egress, tls
 
     values = list(settings.header_pairs().values())
     if settings.upstream:
@@ -198,7 +198,7 @@ class Service:
         self.telemetry = telemetry or Telemetry()
         self.health = upstream.health
         self.health.on_report = self._health_reported
-        # The upstream's tools, listed when it is first reached (proxy/catalog.py); one per
+        # The upstream's tools, listed when it is first reached (proxy/core/catalog.py); one per
         # principal as well with --auth passthrough, whose callers may be listed other tools.
         self.catalogs = Catalogs(per_principal=settings.auth == "passthrough")
         self.catalog = self.catalogs.upstream
@@ -524,7 +524,7 @@ class Service:
     async def modern_relay_for(self, request: Message) -> Relay | None:
         """The relay of a 2026 request. A `tools/call` the 2026 relay cannot take yet (the upstream
         not reached: not started, crash-looping, refusing) goes to the engine all the same, over a
-        relay whose link reaches the upstream on each attempt (proxy/reaching.py): its failure is
+        relay whose link reaches the upstream on each attempt (proxy/core/reaching.py): its failure is
         an outcome the engine classifies, retries and reports, never a transport error."""
         try:
             return await self.modern_relay()

@@ -29,7 +29,7 @@ from proxy.jsonrpc import Message, RequestId
 from proxy.upstream.base import Era, Exchange, OnMessage, UpstreamLink
 
 if TYPE_CHECKING:
-    from proxy.relay import Relay
+    from proxy.core.relay import Relay
 
 
 class ReachingLink:

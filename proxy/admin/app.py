@@ -6,7 +6,7 @@ and the active policy set.
   free or can be made free by closing an idle session (when the upstream speaks the handshake);
   503 with the reason otherwise. "Answers" is
   the upstream's health, the same verdict as `mcp_recovery_upstream_up`
-  (proxy/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
+  (proxy/core/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
   upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and
   the Docker HEALTHCHECK use it.
 - `/readyz` also carries `state`: `{"store": "memory"}`, or the shared store's description (no
@@ -19,7 +19,7 @@ and the active policy set.
   shares the issuer, so readiness could not send them anywhere better (docs/security.md).
 - `/metrics`: Prometheus text exposition of the proxy's registry.
 - `/policies`: the active policy set, its version, and the last reload error.
-- `/`: the status page (proxy/statuspage.py), fed by `/status.json` (recent and problem calls,
+- `/`: the status page (proxy/admin/statuspage.py), fed by `/status.json` (recent and problem calls,
   circuits, retry budgets, ledger entries, policy version and reload error, upstream health and
   eras, per-tool rates and latency) and `/status/explain?tool=NAME` (`policies explain` for a tool
   the upstream listed). The HTML carries a per-response CSP nonce and may not be framed.
@@ -37,7 +37,7 @@ the admin token, or is served only when the admin port binds loopback; bound els
 token, those paths answer 403 naming `--admin-token-file`. `/healthz` and `/readyz` stay open
 for probes and carry no principal. The start-up log says which of the three applies.
 
-Safety: the Host header is checked like the MCP port's (proxy/hostcheck.py), so a DNS-rebinding
+Safety: the Host header is checked like the MCP port's (proxy/frontend/hostcheck.py), so a DNS-rebinding
 page cannot read `/readyz` or `/policies`: loopback names, any IP literal (what Kubernetes probes
 and Prometheus scrapes send; a rebinding page always sends its own domain name) and the
 `--allowed-host` entries are accepted, anything else gets 421. Every answer is passed through the
@@ -61,10 +61,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
+from proxy.admin.statuspage import explain_document, page, status_document
+from proxy.core.service import Service
+from proxy.frontend.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
 from proxy.secret_values import SECRETS
-from proxy.service import Service
-from proxy.statuspage import explain_document, page, status_document
 from proxy.telemetry.shed import SHED
 from proxy.telemetry.status import StatusObserver
 

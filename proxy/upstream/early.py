@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GUARD = str(Path(__file__).with_name("upstream") / "_guard.py")
+GUARD = str(Path(__file__).with_name("_guard.py"))
 
 
 class EarlyChild:

@@ -1,0 +1,1 @@
+"""The admin port: health, readiness, metrics, policies and the status page."""

@@ -1,0 +1,1 @@
+"""The core: the running service, the relay, the recovery engine, admission and lifecycle."""

@@ -23,14 +23,11 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script by the conformance suite
+from tests.fixtures.ports import free_port  # noqa: E402
+
 # Generous: a proxy starts per scenario, and on two busy cores a Python start has taken over 60 s.
 START_TIMEOUT_S = float(os.environ.get("MCP_AUTH_PROXY_START_TIMEOUT", "150"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(admin_port: int, proc: subprocess.Popen[bytes]) -> None:

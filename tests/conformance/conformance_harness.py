@@ -33,6 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.ports import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
@@ -94,12 +96,6 @@ def find_tools() -> ConformanceTools | str:
 # --------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

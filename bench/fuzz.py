@@ -46,7 +46,7 @@ def _target_jsonrpc() -> Any:
     from mcp.shared.inbound import InboundModernRoute, classify_inbound_request
 
     from proxy import jsonrpc
-    from proxy.frontend.http import _plainly_routable
+    from proxy.frontend.http.checks import plainly_routable
 
     def one(data: bytes) -> None:
         # The input: a body, optionally followed by NUL and three header values split by NUL.
@@ -64,7 +64,7 @@ def _target_jsonrpc() -> Any:
             return
         values = rest.decode("latin-1").split("\x00") if rest else []
         headers = dict(zip(("mcp-protocol-version", "mcp-method", "mcp-name"), values, strict=False))
-        if _plainly_routable(message, headers):
+        if plainly_routable(message, headers):
             verdict = classify_inbound_request(message, headers=headers)
             if not isinstance(verdict, InboundModernRoute):
                 raise AssertionError(f"the shortcut routed what the ladder rejects: {verdict}")
@@ -87,7 +87,7 @@ def _target_sse() -> Any:
 
 
 def _target_host() -> Any:
-    from proxy.frontend.http import McpHttpApp
+    from proxy.frontend.http.app import McpHttpApp
     from proxy.settings import Settings
 
     class _NoService:

@@ -41,7 +41,7 @@ from relay import PROTOCOL
 
 from proxy.core.engine import Engine
 from proxy.core.service import Service
-from proxy.frontend.http import McpHttpApp
+from proxy.frontend.http.app import McpHttpApp
 from proxy.policy.store import PolicyStore
 from proxy.settings import Settings
 from proxy.telemetry.setup import build_telemetry

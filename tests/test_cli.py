@@ -57,7 +57,7 @@ def test_the_open_host_warning_names_a_flag_and_a_variable_that_exist(caplog: py
 
     from proxy.cli import build_parser
     from proxy.core.service import Service
-    from proxy.frontend.http import McpHttpApp
+    from proxy.frontend.http.app import McpHttpApp
     from proxy.upstream.stdio import StdioUpstream
 
     settings = Settings(listen="http://0.0.0.0:8080/mcp", upstream_command="x")

@@ -325,7 +325,7 @@ async def _serve(
     # Imported here: `--listen stdio` does not need the HTTP frontend, and its imports (the MCP
     # SDK's types above all) were most of a stdio proxy's start-up, which a local client waits
     # for (bench/stdio_startup.py).
-    from proxy.frontend.http import McpHttpApp
+    from proxy.frontend.http.app import McpHttpApp
 
     app = McpHttpApp(service, settings, auth=auth)
     main_server = _server(

@@ -181,7 +181,7 @@ def test_the_command_lines_parser_is_neither_collected_after_start_up_nor_frozen
     """argparse makes a formatter, a reference cycle, per flag it adds, and the parser itself is
     one: ~1,570 objects of cyclic garbage at each start, ~385 of them argparse's (bench/gc_garbage.py
     --census counted them, from the interpreter's start, as if traffic had made them). They are all
-    collected before `gc.freeze()` (proxy/frontend/http.py): none is left for a collection after
+    collected before `gc.freeze()` (proxy/frontend/http/app.py): none is left for a collection after
     start-up, and none is frozen for good. (A guard: the code before it passed too; measured so.)"""
     site = tmp_path / "site"
     site.mkdir()

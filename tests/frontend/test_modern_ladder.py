@@ -1,6 +1,6 @@
 """The frontend's shortcut through the SDK's 2026 validation ladder agrees with the ladder itself.
 
-`_plainly_routable` may only say "routable" where `mcp.shared.inbound.classify_inbound_request`
+`plainly_routable` may only say "routable" where `mcp.shared.inbound.classify_inbound_request`
 routes the request; every rejection must still come from the ladder. Checked over combinations of
 the inputs the ladder reads (envelope keys and types, version, the three routing headers, the
 name-bearing parameter, including values that look like base64-encoded header values).
@@ -16,7 +16,7 @@ from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, class
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY
 
 from proxy import jsonrpc
-from proxy.frontend.http import _plainly_routable
+from proxy.frontend.http.checks import plainly_routable
 
 MISSING = object()
 
@@ -76,7 +76,7 @@ def test_the_shortcut_never_routes_what_the_ladder_rejects_and_routes_the_plain_
             headers["mcp-name"] = "=?base64?" + base64.b64encode(name.encode()).decode() + "?="
         verdict = classify_inbound_request(message, headers=headers)
         assert isinstance(verdict, (InboundLadderRejection, InboundModernRoute))
-        if _plainly_routable(message, headers):
+        if plainly_routable(message, headers):
             routed += 1
             assert isinstance(verdict, InboundModernRoute), (message, headers, verdict)
         elif isinstance(verdict, InboundModernRoute):
@@ -84,6 +84,6 @@ def test_the_shortcut_never_routes_what_the_ladder_rejects_and_routes_the_plain_
     assert routed > 0, "the plain case takes the shortcut"
     plain = _message("tools/call", "echo", "2026-07-28", {}, "dict")
     plain_headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"}
-    assert _plainly_routable(plain, plain_headers)
+    assert plainly_routable(plain, plain_headers)
     no_name = _message("tools/list", MISSING, "2026-07-28", {}, "dict")
-    assert _plainly_routable(no_name, {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"})
+    assert plainly_routable(no_name, {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"})

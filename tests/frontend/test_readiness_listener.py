@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from proxy.core.server import run
-from proxy.frontend.http import McpHttpApp
+from proxy.frontend.http.app import McpHttpApp
 from proxy.settings import Settings
 from tests.fixtures.helpers import free_port
 from tests.proxy_process import scripted_stdio_command

@@ -10,7 +10,8 @@ import contextlib
 import pytest
 
 from proxy import jsonrpc
-from proxy.frontend.http import _Replays, _Stream
+from proxy.frontend.http.outbox import Stream
+from proxy.frontend.http.resume import Replays
 from proxy.telemetry.shed import SHED
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +28,7 @@ def _note(i: int, size: int = 64 * 1024) -> dict:
 
 async def test_a_listen_stream_nobody_reads_is_closed_at_its_bound() -> None:
     before = SHED.get("dropped_messages", "listen_closed")
-    stream = _Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
+    stream = Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
     offered = 0
     while not stream.closed:
         stream.send(_note(offered))
@@ -40,7 +41,7 @@ async def test_a_listen_stream_nobody_reads_is_closed_at_its_bound() -> None:
 
 async def test_a_response_stream_nobody_reads_drops_notifications_but_takes_its_answer() -> None:
     before = SHED.get("dropped_messages", "stream_full")
-    stream = _Stream(asyncio.get_running_loop(), max_bytes=BOUND)
+    stream = Stream(asyncio.get_running_loop(), max_bytes=BOUND)
     stream.down_id = 5
     for i in range(100):
         stream.send(_note(i))
@@ -54,13 +55,13 @@ async def test_a_response_stream_nobody_reads_drops_notifications_but_takes_its_
 
 
 async def test_one_message_larger_than_the_bound_still_passes_an_empty_stream() -> None:
-    stream = _Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
+    stream = Stream(asyncio.get_running_loop(), listen=True, max_bytes=BOUND)
     stream.send(_note(0, size=2 * BOUND))
     assert len(stream._items) == 1 and not stream.closed
 
 
 async def test_pressure_is_signalled_at_half_the_bound_and_released_at_a_quarter_or_on_close() -> None:
-    stream = _Stream(asyncio.get_running_loop(), max_bytes=BOUND)
+    stream = Stream(asyncio.get_running_loop(), max_bytes=BOUND)
     seen: list[bool] = []
     stream.on_pressure = seen.append
     while not seen:
@@ -79,7 +80,7 @@ async def test_pressure_is_signalled_at_half_the_bound_and_released_at_a_quarter
 async def test_resumption_buffers_are_bounded_per_stream_and_in_total_oldest_first() -> None:
     total_before = SHED.get("resumption_evictions", "total")
     stream_before = SHED.get("resumption_evictions", "stream")
-    store = _Replays(stream_bytes=3 * BOUND, total_bytes=8 * BOUND)
+    store = Replays(stream_bytes=3 * BOUND, total_bytes=8 * BOUND)
     big = b"z" * BOUND
     replays = [store.new(f"r{i}", "session", i) for i in range(20)]
     for replay in replays:  # 20 answers of 1 MiB each: only the newest 8 MiB stay
@@ -101,19 +102,19 @@ async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -
     """A client that resumes after its answer was evicted is told so, not left with a stream that
     ends as if its request had been cancelled."""
     from proxy.core.service import Service
-    from proxy.frontend.http import McpHttpApp
+    from proxy.frontend.http.app import McpHttpApp
     from proxy.settings import Settings
     from proxy.upstream.stdio import StdioUpstream
 
     settings = Settings()
     app = McpHttpApp(Service(settings, StdioUpstream(["true"])), settings)
-    app._replays = _Replays(stream_bytes=3 * BOUND, total_bytes=2 * BOUND)
-    lost = app._replays.new("r1", "session", "call-7")
+    app.replays = Replays(stream_bytes=3 * BOUND, total_bytes=2 * BOUND)
+    lost = app.replays.new("r1", "session", "call-7")
     await lost.emit(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
     await lost.emit(jsonrpc.dumps({"jsonrpc": "2.0", "id": "call-7", "result": {}}), answer=True)
     lost.finished.set()
     for i in range(3):  # newer answers push the old one out of the total bound
-        await app._replays.new(f"r{i + 2}", "session", i).emit(b"z" * BOUND, answer=True)
+        await app.replays.new(f"r{i + 2}", "session", i).emit(b"z" * BOUND, answer=True)
     assert not lost.events
 
     written: list[bytes] = []
@@ -124,7 +125,7 @@ async def test_resuming_past_an_evicted_answer_gets_an_error_for_the_request() -
     async def receive() -> dict:
         return {"type": "http.disconnect"}
 
-    await app._resume(send, receive, lost, 0)
+    await app.replays.resume(send, receive, lost, 0)
     body = b"".join(written)
     assert b'"id":"call-7"' in body and b'"error"' in body and b"no longer held" in body
 
@@ -133,23 +134,23 @@ async def test_the_app_bounds_its_streams_and_replays_by_the_settings() -> None:
     """`--stream-buffer-bytes` and the replay bounds reach the streams the app opens (they were
     constants). A listen stream nobody reads is closed at the configured 128 KiB, not at 4 MiB."""
     from proxy.core.service import Service
-    from proxy.frontend.http import McpHttpApp
+    from proxy.frontend.http.app import McpHttpApp
     from proxy.settings import Settings
     from proxy.upstream.stdio import StdioUpstream
 
     settings = Settings(stream_buffer_bytes=128 * 1024, replay_stream_bytes=1 << 20, replay_total_bytes=3 << 20)
     app = McpHttpApp(Service(settings, StdioUpstream(["true"])), settings)
-    assert (app._replays.stream_bytes, app._replays.total_bytes) == (1 << 20, 3 << 20)
+    assert (app.replays.stream_bytes, app.replays.total_bytes) == (1 << 20, 3 << 20)
 
     class Session:  # the relay side of a listen stream: what the frontend attaches to
-        stream: _Stream | None = None
+        stream: Stream | None = None
         owner: str | None = None  # opened without authentication: any caller may name it
 
-        def attach_listen(self, stream: _Stream) -> bool:
+        def attach_listen(self, stream: Stream) -> bool:
             self.stream = stream
             return True
 
-        def detach_listen(self, stream: _Stream) -> None:
+        def detach_listen(self, stream: Stream) -> None:
             pass
 
     session = Session()

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from proxy import jsonrpc
 from proxy.core.server import build_service
 from proxy.core.service import Service
-from proxy.frontend.http import McpHttpApp
+from proxy.frontend.http.app import McpHttpApp
 from proxy.policy.store import PolicyStore
 from proxy.settings import Settings
 from proxy.upstream.sse_parse import SseParser

@@ -8,7 +8,7 @@
   of request, notification or response.
 - The Host and Origin allow-lists (`proxy.frontend.hostcheck`): never raise on any header value, and the
   verdict does not depend on the cache.
-- The 2026 header shortcut (`_plainly_routable`) against the SDK's own ladder
+- The 2026 header shortcut (`plainly_routable`) against the SDK's own ladder
   (`classify_inbound_request`) on generated messages and headers: the shortcut never routes what
   the ladder rejects (extends the table test in tests/frontend/test_modern_ladder.py).
 """
@@ -25,7 +25,7 @@ from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, class
 
 from proxy import jsonrpc
 from proxy.frontend.hostcheck import HostAllowList, OriginAllowList
-from proxy.frontend.http import _plainly_routable
+from proxy.frontend.http.checks import plainly_routable
 from proxy.upstream.sse_parse import SseError, SseEvent, SseParser
 from tests.fuzz.strategies import JSON, jsonrpc_shaped, modern_request
 
@@ -206,7 +206,7 @@ def test_the_header_shortcut_never_routes_what_the_sdk_ladder_rejects(case: Case
     message, headers = case
     verdict = classify_inbound_request(message, headers=headers)
     assert isinstance(verdict, InboundLadderRejection | InboundModernRoute)
-    if _plainly_routable(message, headers):
+    if plainly_routable(message, headers):
         assert isinstance(verdict, InboundModernRoute), (message, headers, verdict)
 
 
@@ -224,7 +224,7 @@ def test_the_shortcut_takes_the_plain_case(name: str, method: str) -> None:
         },
     }
     headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": method, "mcp-name": name}
-    assert _plainly_routable(message, headers)
+    assert plainly_routable(message, headers)
     verdict = classify_inbound_request(message, headers=headers)
     if isinstance(verdict, InboundLadderRejection):
         # The ladder refuses some names as header values (e.g. control characters); the shortcut

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from proxy.core.relay import Relay, ToolCatalog
-from proxy.frontend.http import STREAM_BUFFER_BYTES, _Stream
+from proxy.frontend.http.outbox import STREAM_BUFFER_BYTES, Stream
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
@@ -63,7 +63,7 @@ async def test_a_session_whose_client_does_not_read_pauses_its_child_and_loses_n
     relay._pause = recording
     pauses_before = SHED.get("upstream_read_pauses")
     dropped_before = SHED.get("dropped_messages", "stream_full")
-    stream = _Stream(asyncio.get_running_loop())
+    stream = Stream(asyncio.get_running_loop())
     stream.down_id = 7
     request = {"jsonrpc": "2.0", "id": 7, "method": "spam", "params": {}}
     task = asyncio.create_task(relay.handle_request(request, stream))

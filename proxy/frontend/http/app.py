@@ -1,0 +1,665 @@
+"""The Streamable HTTP frontend: one endpoint serving both protocol eras (pure ASGI, on uvicorn).
+
+- 2025 handshake revisions: `initialize` opens a session (`Mcp-Session-Id`, its own upstream
+  link); later POSTs name it (missing → 400, unknown or expired → 404); GET opens the session's
+  listen stream (one at a time, else 409); DELETE ends the session. A client that disconnects has
+  not cancelled (the spec says so): the request in flight finishes, its answer is dropped.
+- 2026-07-28: every POST stands alone. The `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and
+  `Mcp-Param-*` headers are checked with the SDK's own validation ladder (`mcp.shared.inbound`),
+  so the proxy rejects exactly what the reference server rejects, even in front of a stdio
+  upstream that never sees headers. Closing the response stream cancels the request.
+- A request's answer is `application/json` when nothing else arrives first, with the HTTP status
+  the 2026 table maps its error to; otherwise the response becomes `text/event-stream`, carrying
+  the request's notifications and server-to-client requests, then its response, with keep-alive
+  comments while nothing happens.
+- Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
+  malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
+- Bounded for a client that does not read: every response and listen stream queues at most
+  `--stream-buffer-bytes` (then a response stream drops what is not its answer and a listen
+  stream is closed, counted), and the buffers kept for resumption are bounded in bytes per
+  response (`--replay-stream-bytes`) and in total (`--replay-total-bytes`) (`_Replays`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, validate_mcp_param_headers
+
+from proxy import jsonrpc
+from proxy.auth.base import Authenticator, AuthRefused, Principal
+from proxy.core.relay import Relay
+from proxy.core.service import Service
+from proxy.errors import UpstreamFailure
+from proxy.frontend.clients import ClientIdentity
+from proxy.frontend.hostcheck import (
+    LOOPBACK_HOST_PATTERNS,
+    LOOPBACK_ORIGIN_PATTERNS,
+    HostAllowList,
+    OriginAllowList,
+    duplicated,
+)
+from proxy.frontend.http.checks import SINGLE_HEADERS, check_modern_headers, forwarded_headers
+from proxy.frontend.http.identity import CREDENTIAL_RECHECK_S, Identity
+from proxy.frontend.http.outbox import (
+    PING_INTERVAL_S,
+    ClientGone,
+    LateWatches,
+    Receive,
+    Send,
+    Stream,
+    next_message,
+    primes,
+    sse,
+    watch_disconnect,
+)
+from proxy.frontend.http.respond import (
+    JSON,
+    SSE_HEADERS,
+    refusal_error,
+    respond,
+    respond_error,
+    respond_json,
+    respond_session_refused,
+    status_for,
+)
+from proxy.frontend.http.resume import Replays
+from proxy.jsonrpc import Message
+from proxy.settings import LOOPBACK_HOSTS, Settings
+from proxy.telemetry.shed import SHED
+
+log = logging.getLogger("proxy.frontend.http")
+
+Scope = MutableMapping[str, Any]
+
+
+class McpHttpApp:
+    def __init__(self, service: Service, settings: Settings, *, auth: Authenticator | None = None) -> None:
+        self.service = service
+        self.path = settings.listen_path.rstrip("/") or "/"
+        # Identity (proxy/auth/): every MCP request is authenticated before anything else is done
+        # with it; None (`--auth none`) costs the request path nothing.
+        self.auth = auth
+        self.identity = Identity(service, settings, self.path, auth)
+        self.max_body = settings.max_body_bytes
+        host = settings.listen_host
+        loopback = host in LOOPBACK_HOSTS
+        hosts = list(settings.allowed_hosts)
+        origins = list(settings.allowed_origins)
+        if loopback:
+            hosts += LOOPBACK_HOST_PATTERNS
+            origins += LOOPBACK_ORIGIN_PATTERNS
+        self.allowed_hosts = HostAllowList(hosts) if hosts else None  # None: any Host (non-loopback, no list)
+        self.stream_buffer_bytes = settings.stream_buffer_bytes
+        # jwt and tokens: per-client limits count by the principal the proxy verified (proxy/frontend/clients.py)
+        self.clients = ClientIdentity(
+            trusts_proxies=bool(settings.forwarded_allow_ips), by_principal=self.identity.binds_sessions
+        )
+        self.replays = Replays(settings.replay_stream_bytes, settings.replay_total_bytes)
+        self._watches: LateWatches | None = None  # created in the loop, on the first POST
+        # Open 2025 listen streams: they never end by themselves, so shutdown ends them
+        # (`close_streams`) instead of uvicorn cancelling their tasks after its grace period.
+        self._listening: set[Stream] = set()
+        self._shutting_down = False
+        self.allowed_origins = OriginAllowList(origins)
+        if not loopback and not settings.allowed_hosts:
+            log.warning(
+                "listening on %s without --allowed-host (MCP_RECOVERY_ALLOWED_HOSTS): any Host header is accepted", host
+            )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._http(scope, receive, send)
+        except ClientGone:
+            return
+        except Exception:  # the proxy never crashes because a peer misbehaved
+            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
+            with contextlib.suppress(Exception):
+                await respond_error(send, 500, None, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+
+    def close_streams(self) -> None:
+        """The server is shutting down: end every open listen stream (each writes its closing
+        chunk and returns), and open no new one."""
+        self._shutting_down = True
+        for stream in list(self._listening):
+            stream.close()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.service.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                # Everything built so far (modules, settings, policies, the SDK's models) lives as
+                # long as the process: out of the collector's reach, a full collection walks only
+                # what traffic created instead of the whole start-up heap.
+                gc.freeze()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.service.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"].rstrip("/") or "/"
+        if path != self.path and path not in self.identity.metadata_paths:
+            await respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
+            return
+        # Header values are trimmed as RFC 9110 says (some HTTP parsers keep surrounding blanks);
+        # ASGI servers give header names in lower case already.
+        raw = scope["headers"]
+        headers = {k.decode("latin-1"): v.decode("latin-1").strip() for k, v in raw}
+        if len(headers) < len(raw):
+            twice = next((name for name in SINGLE_HEADERS if duplicated(raw, name)), None)
+            if twice is not None:
+                # A header that names one thing, given twice: which one a check read and which one
+                # a later hop (an ingress, a gateway, the upstream) reads may differ, so the request
+                # is refused rather than judged on either (RFC 9112 asks for 400 on a second Host).
+                # The 2026 routing headers are the SDK ladder's (-32020, `_check_modern_headers`).
+                text = b"Duplicate " + twice + b" header"
+                await respond(send, 400, text, [(b"content-type", b"text/plain")])
+                return
+        host = headers.get("host", "")
+        if self.allowed_hosts is not None and not self.allowed_hosts(host):
+            await respond(send, 421, b"Invalid Host header", [(b"content-type", b"text/plain")])
+            return
+        origin = headers.get("origin")
+        if origin is not None and not self.allowed_origins(origin):
+            await respond(send, 403, b"Invalid Origin header", [(b"content-type", b"text/plain")])
+            return
+        method = scope["method"]
+        if method == "GET" and self.service.draining:
+            SHED.count("http_refused", "shutdown")
+            await respond_error(send, 503, None, jsonrpc.SHUTTING_DOWN, "the proxy is shutting down")
+            return
+        if path != self.path:
+            await self.identity.metadata(send, method)
+            return
+        principal: Principal | None = None
+        if self.auth is not None:
+            try:
+                principal = await self.auth.authenticate(headers)
+            except AuthRefused as refused:
+                await self.identity.refuse(send, refused, method)
+                return
+        if method == "POST":
+            await self._post(scope, receive, send, headers, principal)
+        elif method == "GET":
+            await self._get(receive, send, headers, principal)
+        elif method == "DELETE":
+            await self._delete(send, headers, principal)
+        else:
+            await respond(send, 405, b"", [(b"allow", b"GET, POST, DELETE")])
+
+    # -- POST ---------------------------------------------------------------------------------
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | None:
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], principal: Principal | None
+    ) -> None:
+        ctype = headers.get("content-type", "")
+        if not ctype.lower().startswith("application/json"):
+            await respond_error(send, 415, None, jsonrpc.INVALID_REQUEST, "Content-Type must be application/json")
+            return
+        accept = headers.get("accept", "*/*").lower()
+        if not any(a in accept for a in ("application/json", "text/event-stream", "*/*")):
+            await respond_error(send, 406, None, jsonrpc.INVALID_REQUEST, "Accept must include application/json")
+            return
+        body = await self._read_body(receive, headers)
+        if body is None:
+            await respond_error(send, 413, None, jsonrpc.INVALID_REQUEST, f"body exceeds {self.max_body} bytes")
+            return
+        try:
+            message = jsonrpc.loads(body)
+        except jsonrpc.TooDeep as exc:
+            await respond_error(send, 400, None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}")
+            return
+        except (ValueError, RecursionError):
+            await respond_error(send, 400, None, jsonrpc.PARSE_ERROR, "Parse error: the body is not valid JSON")
+            return
+        if isinstance(message, list):
+            await respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "JSON-RPC batches are not supported")
+            return
+        problem = jsonrpc.validate(message)
+        if problem is not None:
+            id_ = message.get("id") if isinstance(message, dict) and jsonrpc.valid_id(message.get("id")) else None
+            await respond_error(send, 400, id_, jsonrpc.INVALID_REQUEST, f"Invalid Request: {problem}")
+            return
+        if self.service.draining and "id" in message and "method" in message:
+            # A new request while shutting down (notifications and a client's answers to server
+            # requests still reach the calls in flight): refused, so a client retries elsewhere.
+            SHED.count("http_refused", "shutdown")
+            await respond_error(send, 503, message["id"], jsonrpc.SHUTTING_DOWN, "the proxy is shutting down")
+            return
+        version = headers.get("mcp-protocol-version")
+        if version in jsonrpc.MODERN_VERSIONS and message.get("method") == "initialize" and "id" in message:
+            # A 2026 endpoint has no handshake: initialize is an unknown method there.
+            await respond_error(send, 404, message["id"], jsonrpc.METHOD_NOT_FOUND, "Method not found: initialize")
+            return
+        modern = (version in jsonrpc.MODERN_VERSIONS or jsonrpc.is_modern_request(message)) and (
+            message.get("method") != "initialize"
+        )
+        if modern:
+            await self._post_modern(scope, receive, send, headers, message, principal)
+        else:
+            await self._post_legacy(scope, receive, send, headers, message, version, principal)
+
+    async def _post_modern(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        message: Message,
+        principal: Principal | None,
+    ) -> None:
+        if "id" not in message or "method" not in message:
+            # 2026 HTTP defines no client-to-server notifications or responses: acknowledge and drop.
+            await respond(send, 202)
+            return
+        try:
+            relay = await self.service.modern_relay_for(message)  # a tools/call: always one
+        except UpstreamFailure as failure:
+            await respond_error(send, 503, message["id"], jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
+            return
+        if relay is None:
+            if message.get("method") == "server/discover":
+                await respond_error(send, 404, message["id"], jsonrpc.METHOD_NOT_FOUND, "Method not found")
+            else:
+                await respond_json(
+                    send,
+                    400,
+                    jsonrpc.error(
+                        message["id"],
+                        jsonrpc.UNSUPPORTED_PROTOCOL_VERSION,
+                        "Unsupported protocol version",
+                        {"supported": list(jsonrpc.LEGACY_VERSIONS), "requested": jsonrpc.LATEST_MODERN},
+                    ),
+                )
+            return
+        forwarded = forwarded_headers(headers, self.identity.forward_credentials)
+        rejection = check_modern_headers(scope, headers, message)
+        if rejection is None and message.get("method") == "tools/call":
+            claimed = forwarded is not None and any(k.startswith("mcp-param-") for k in forwarded)
+            rejection = await self._check_param_headers(relay, headers, message, claimed, principal)
+        if rejection is not None:
+            await respond_json(
+                send,
+                ERROR_CODE_HTTP_STATUS.get(rejection.code, 400),
+                jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
+            )
+            return
+        if principal is not None and not await self.identity.scopes_suffice(send, relay, message, principal):
+            return
+        caller = self.clients.key(scope, headers, principal)
+        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=caller, principal=principal)
+
+    async def _check_param_headers(
+        self, relay: Relay, headers: dict[str, str], message: Message, claimed: bool, principal: Principal | None
+    ) -> Any:
+        """`claimed`: the request carries `Mcp-Param-*` headers."""
+        params = message.get("params") or {}
+        name = params.get("name")
+        arguments = params.get("arguments") or {}
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return None
+        if not arguments and not claimed:
+            return None
+        # a listing the proxy makes for this caller carries its credential (passthrough), nothing else
+        credential = headers.get("authorization") if self.identity.forward_credentials else None
+        tool = await relay.lookup_tool(
+            name,
+            message,
+            headers={"authorization": credential} if credential is not None else None,
+            principal=principal,
+        )
+        if tool is None:
+            return None  # an unknown tool: the upstream owns that answer
+        if not claimed and not relay.catalog_of(principal).declares_param_headers(name):
+            return None  # nothing to mirror and nothing claimed: skip the schema walk
+        return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
+
+    async def _post_legacy(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        message: Message,
+        version: str | None,
+        principal: Principal | None,
+    ) -> None:
+        service = self.service
+        if message.get("method") == "initialize":
+            if not service.legacy_supported():
+                await respond_json(
+                    send,
+                    400,
+                    jsonrpc.error(
+                        message.get("id"),
+                        jsonrpc.UNSUPPORTED_PROTOCOL_VERSION,
+                        "this upstream serves only the 2026-07-28 protocol; the initialize handshake is not accepted",
+                        {"supported": list(jsonrpc.MODERN_VERSIONS)},
+                    ),
+                )
+                return
+            if "id" not in message:
+                await respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
+                return
+            try:
+                new_id, new_relay = await service.new_session(self.clients.key(scope, headers, principal))
+            except UpstreamFailure as failure:
+                await respond_session_refused(send, message["id"], failure)
+                return
+            if self.identity.binds_sessions and principal is not None:
+                new_relay.owner = principal.id
+            credentials = forwarded_headers(headers, True) if self.identity.forward_credentials else None
+            ok = await self._answer(
+                new_relay, message, receive, send, credentials, modern=False, session_id=new_id, principal=principal
+            )
+            if not ok:
+                await service.close_session(new_id)
+            return
+        if version is not None and version not in jsonrpc.LEGACY_VERSIONS:
+            await respond_error(
+                send,
+                400,
+                message.get("id"),
+                jsonrpc.INVALID_REQUEST,
+                f"Unsupported MCP-Protocol-Version: {jsonrpc.bounded(version, 40)}",
+            )
+            return
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            await respond_error(
+                send, 400, message.get("id"), jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID"
+            )
+            return
+        relay = self.identity.session(session_id, principal)
+        if relay is None:
+            await respond_error(send, 404, message.get("id"), jsonrpc.INVALID_REQUEST, "Session not found")
+            return
+        if jsonrpc.is_request(message):
+            if principal is not None and not await self.identity.scopes_suffice(send, relay, message, principal):
+                return
+            await self._answer(
+                relay,
+                message,
+                receive,
+                send,
+                forwarded_headers(headers, self.identity.forward_credentials),
+                modern=False,
+                session_id=session_id,
+                prime=primes(version),
+                principal=principal,
+            )
+        elif jsonrpc.is_notification(message):
+            # A cancellation is acted on here (the request's task is cancelled), not judged by the
+            # upstream; any other notification goes upstream with the caller's own credential.
+            if message.get("method") == "notifications/cancelled" and not await self.identity.vouched(
+                send, relay, headers, "POST", principal
+            ):
+                return
+            credentials = forwarded_headers(headers, True) if self.identity.forward_credentials else None
+            try:
+                await relay.handle_notification(message, credentials, principal)
+            except AuthRefused as refused:  # passthrough: the upstream refused the caller's credential
+                await self.identity.refuse(send, refused, "POST")
+                return
+            await respond(send, 202)
+        else:
+            # An answer to the server's request goes upstream as the session's own message.
+            if not await self.identity.vouched(send, relay, headers, "POST", principal):
+                return
+            await relay.handle_response(message)
+            await respond(send, 202)
+
+    async def _answer(
+        self,
+        relay: Relay,
+        request: Message,
+        receive: Receive,
+        send: Send,
+        forward_headers: dict[str, str] | None,
+        *,
+        modern: bool,
+        session_id: str | None = None,
+        caller: str | None = None,
+        prime: bool = False,
+        principal: Principal | None = None,
+    ) -> bool:
+        """Run one request through the relay and write its answer (JSON, or SSE once it streams).
+
+        The relay runs in this request's own task: a request is written upstream, and its answer
+        written back, without waiting for a second task to be scheduled behind every other request
+        of the same burst. Only a response that becomes an event stream gets a writer task (the
+        handler goes on producing while the writer waits on the socket). Cancelling the request
+        (2026: the client closed its POST; 2025: `notifications/cancelled` or the session ended)
+        cancels this task while the handler runs; that cancellation ends here.
+
+        A 2025 client that disconnects has not cancelled a `tools/call` (the spec says so; the
+        engine finishes the attempt in flight and starts no other). Any other request of a
+        disconnected 2025 client is cancelled upstream if its response had not become an event
+        stream yet: no event id was given, so nothing can resume it and its answer could reach
+        no one; one that had is kept (a client may resume it), bounded by the request timeout.
+
+        Returns whether a successful result was written (initialize keeps its session only then).
+        """
+        loop = asyncio.get_running_loop()  # once per request (a getpid() syscall on Python 3.11)
+        task = asyncio.current_task(loop)
+        assert task is not None
+        stream = Stream(loop, keep_after_close=not modern, max_bytes=self.stream_buffer_bytes)
+        down_id = stream.down_id = request["id"]
+        extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
+        writer: asyncio.Task[bool] | None = None
+
+        def start_writer() -> None:
+            nonlocal writer
+            writer = loop.create_task(self._write_stream(stream, down_id, send, extra, modern, session_id, prime))
+
+        stream.on_stream = start_writer
+        watches = self._watches
+        if watches is None:
+            watches = self._watches = LateWatches(loop)
+        watches.add(stream, receive, task if modern or request.get("method") != "tools/call" else None)
+        failed = False
+        refused: AuthRefused | None = None
+        try:
+            try:
+                await relay.handle_request(
+                    request, stream, forward_headers, by_id=not modern, caller=caller, principal=principal
+                )
+            except asyncio.CancelledError:
+                if task.uncancel() > 0:
+                    raise  # not (only) the request's cancellation: the server stops this task
+            except AuthRefused as refusal:  # passthrough: the upstream refused the caller's credential
+                refused = refusal
+                if writer is not None:  # the answer is an event stream already: no status to set
+                    stream.send(refusal_error(down_id, refusal))
+            except Exception:
+                log.exception("relaying %s failed", request.get("method"))
+                failed = True
+            # Nothing may cancel this task once the handler is over (a stray cancellation while
+            # the answer is written would reach uvicorn as an application error).
+            watches.end(stream)
+            stream.finish()
+            if writer is not None:
+                return await writer
+            if refused is not None:
+                await self.identity.refuse(send, refused, "POST", down_id)
+                return False
+            item = stream.pop()
+            if item is None:
+                if failed:
+                    await respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
+                    return False
+                # Cancelled: a cancelled request gets no response; its stream just ends.
+                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return False
+            first, data = item
+            ok = "result" in first
+            await respond(send, status_for(first, modern), data, [JSON, *extra])
+            return ok
+        finally:
+            watches.end(stream)
+            stream.close()
+            if writer is not None and not writer.done():
+                writer.cancel()
+
+    async def _write_stream(
+        self,
+        stream: Stream,
+        down_id: Any,
+        send: Send,
+        extra: list[tuple[bytes, bytes]],
+        modern: bool,
+        session_id: str | None,
+        prime: bool,
+    ) -> bool:
+        """The response as an event stream: what the handler sends, then its answer; keep-alive
+        comments meanwhile. Returns whether a successful result was written."""
+        try:
+            first = stream.pop()
+            assert first is not None
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
+            if not modern and session_id is not None:
+                return await self.replays.stream(stream, first, down_id, send, session_id, prime)
+            ok = False
+            item: tuple[Message, bytes] | None = first
+            while item is not None:
+                message, data = item
+                await send({"type": "http.response.body", "body": sse(data), "more_body": True})
+                if jsonrpc.is_response(message) and message.get("id") == down_id:
+                    ok = "result" in message
+                    break
+                item = await next_message(stream, ping=send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return ok
+        except BaseException:
+            stream.close()  # nobody reads what the handler still sends
+            raise
+
+    # -- GET and DELETE ----------------------------------------------------------------------------
+    async def _get(self, receive: Receive, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
+        if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
+            await respond(send, 405, b"", [(b"allow", b"POST")])
+            return
+        if "text/event-stream" not in headers.get("accept", "").lower():
+            await respond_error(send, 406, None, jsonrpc.INVALID_REQUEST, "Accept must include text/event-stream")
+            return
+        session_id = headers.get("mcp-session-id")
+        relay = self.identity.session(session_id, principal) if session_id else None
+        if session_id is None:
+            await respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            return
+        if relay is None:
+            await respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")
+            return
+        if not await self.identity.vouched(send, relay, headers, "GET", principal):
+            return
+        last_event = headers.get("last-event-id", "")
+        key, _, seq = last_event.partition(":")
+        replay = self.replays.get(key)
+        # Only this session's own stream resumes. Another session's key, a forged, malformed or
+        # forgotten one are all alike: the GET opens the listen stream (or gets its 409), so the
+        # answer never tells whether a key exists elsewhere. `seq` in ASCII digits and bounded:
+        # `isdigit` alone takes `²` (a latin-1 header byte) and thousands of digits, on which
+        # `int` raises (a 500 and a traceback per request).
+        if (
+            replay is not None
+            and replay.session_id == session_id
+            and seq.isascii()
+            and seq.isdigit()
+            and len(seq) <= 18
+        ):
+            await self.replays.resume(send, receive, replay, int(seq))
+            return
+        if self._shutting_down:
+            await respond_error(send, 503, None, jsonrpc.INTERNAL_ERROR, "the proxy is shutting down")
+            return
+        stream = Stream(asyncio.get_running_loop(), listen=True, max_bytes=self.stream_buffer_bytes)
+        if not relay.attach_listen(stream):
+            await respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
+            return
+        gone = asyncio.create_task(watch_disconnect(receive, stream, None))
+        self._listening.add(stream)
+        recheck = principal is not None and self.identity.binds_sessions and self.auth is not None
+        wait_s = min(PING_INTERVAL_S, CREDENTIAL_RECHECK_S) if recheck else PING_INTERVAL_S
+        pinged_at = checked_at = time.monotonic()
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*SSE_HEADERS, (b"mcp-session-id", session_id.encode())],
+                }
+            )
+            while not stream.closed and session_id in self.service.sessions:
+                item = stream.pop()
+                if item is not None:
+                    await send({"type": "http.response.body", "body": sse(item[1]), "more_body": True})
+                    continue
+                await stream.wait(wait_s)
+                now = time.monotonic()
+                if recheck and now - checked_at >= CREDENTIAL_RECHECK_S:
+                    checked_at = now
+                    if not await self.identity.still_valid(headers):
+                        break
+                if stream.closed or stream.has_items or now - pinged_at < PING_INTERVAL_S:
+                    continue
+                pinged_at = now
+                await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._listening.discard(stream)
+            gone.cancel()
+            stream.close()
+            relay.detach_listen(stream)
+
+    async def _delete(self, send: Send, headers: dict[str, str], principal: Principal | None) -> None:
+        if headers.get("mcp-protocol-version") in jsonrpc.MODERN_VERSIONS:
+            await respond(send, 405, b"", [(b"allow", b"POST")])
+            return
+        session_id = headers.get("mcp-session-id")
+        if session_id is None:
+            await respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+            return
+        relay = self.identity.session(session_id, principal)
+        if relay is not None and not await self.identity.vouched(send, relay, headers, "DELETE", principal):
+            return
+        if relay is not None and await self.service.close_session(session_id):
+            await respond(send, 200)
+        else:
+            await respond_error(send, 404, None, jsonrpc.INVALID_REQUEST, "Session not found")

@@ -1,0 +1,79 @@
+"""Plain HTTP answers of the MCP endpoint: a body with its status, a JSON-RPC error, a refused session.
+
+Contract:
+- `respond*` write a whole response (head and body) at once; `respond_error` is a JSON-RPC error
+  with the HTTP status the caller chose.
+- `respond_session_refused` words a refused 2025 session: at a limit, 429/503 with `Retry-After`
+  and the limit's flag in the message and `data`; shutting down, 503; an upstream that could not
+  open one, 502 with the failure's text (bounded).
+- `status_for` is the 2026 table mapping a JSON-RPC error code to its HTTP status.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
+
+from proxy import jsonrpc
+from proxy.auth.base import AuthRefused
+from proxy.core import capacity
+from proxy.errors import FailureKind, UpstreamFailure
+from proxy.frontend.http.outbox import Send
+from proxy.jsonrpc import Message
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+JSON = (b"content-type", b"application/json")
+
+
+async def respond(send: Send, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    hdrs = list(headers or [])
+    if body:
+        hdrs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_json(
+    send: Send, status: int, message: Message, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await respond(send, status, jsonrpc.dumps_out(message), [JSON, *(headers or [])])
+
+
+async def respond_error(send: Send, status: int, id_: Any, code: int, text: str) -> None:
+    await respond_json(send, status, jsonrpc.error(id_, code, text))
+
+
+async def respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure) -> None:
+    """A new session refused: at a limit (proxy/core/capacity.py: 429/503, Retry-After, the limit and
+    its flag in the message and `data`) or because the proxy shuts down (503), both -32000; an
+    upstream that cannot open one, 502 with the failure's text."""
+    if failure.kind is not FailureKind.OVERLOADED:
+        await respond_error(send, 502, id_, jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
+        return
+    data = failure.data() if isinstance(failure, capacity.Refusal) else None
+    body = jsonrpc.error(id_, jsonrpc.SHUTTING_DOWN, jsonrpc.bounded(failure.detail), data)
+    retry = b"%d" % math.ceil(failure.retry_after_s or capacity.RETRY_AFTER_S)
+    await respond_json(send, failure.http_status or 503, body, [(b"retry-after", retry)])
+
+
+def status_for(message: Message, modern: bool) -> int:
+    if modern and "error" in message and isinstance(message["error"], dict):
+        return ERROR_CODE_HTTP_STATUS.get(message["error"].get("code"), 200)  # type: ignore[arg-type]
+    return 200
+
+
+def refusal_error(id_: Any, refused: AuthRefused) -> Message:
+    """A refusal that can no longer be an HTTP status (the answer already streams): a JSON-RPC
+    error saying which status the upstream answered."""
+    return jsonrpc.error(
+        id_,
+        jsonrpc.INTERNAL_ERROR,
+        f"the upstream refused the request's credentials (HTTP {refused.status})",
+        {"io.mcp-recovery-proxy/upstreamFailure": {"kind": "http_status", "httpStatus": refused.status}},
+    )

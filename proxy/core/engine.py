@@ -35,7 +35,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.auth.base import Principal
-from proxy.core.relay import AttemptTimedOut, Outbox, ProgressRelay, Relay, progress_token_of
+from proxy.core.deadlines import AttemptTimedOut
+from proxy.core.outbox import Outbox, ProgressRelay, progress_token_of
+from proxy.core.relay import Relay
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller, untraced
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,

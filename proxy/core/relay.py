@@ -47,7 +47,6 @@ failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_sha
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 import math
@@ -55,21 +54,31 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
-from typing import Any, Protocol
+from typing import Any
 
 from proxy.auth.base import AuthRefused, Principal
 from proxy.auth.challenge import upstream_refusal
 from proxy.auth.vouch import VouchGate, VouchLimited, fresh
+from proxy.core.admission import Admission, ClientShares
 from proxy.core.catalog import Catalogs, ToolCatalog
+from proxy.core.deadlines import AttemptTimedOut, AttemptTimer, Deadlines
 from proxy.core.lifecycle import InFlight
-from proxy.core.shares import ClientShares, SharesFull, Slots
+from proxy.core.outbox import (
+    NullOutbox,
+    Outbox,
+    ProgressRelay,
+    SilentProgress,
+    ToolCallHandler,
+    asks_for_logs,
+    failure_response,
+    progress_token_of,
+    timeout_response,
+)
 from proxy.core.task_owners import TaskOwners
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller
+from proxy.errors import FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
-    META_LOG_LEVEL,
-    REQUEST_TIMEOUT,
     SHUTTING_DOWN,
     UNSUPPORTED_PROTOCOL_VERSION,
     Message,
@@ -88,7 +97,6 @@ BACKLOG_LIMIT = 256
 BACKLOG_BYTES = 4 * 1024 * 1024
 # Refusals of untied server requests (the shared link) being written upstream at once; past it, none.
 REFUSALS_IN_FLIGHT = 64
-PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
 LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
 # Protocol reads that describe the server and change nothing: one that fails because the upstream
@@ -100,267 +108,8 @@ RESENT_READS = frozenset(
 _GONE = frozenset({FailureKind.CLOSED, FailureKind.NOT_RUNNING, FailureKind.SPAWN_FAILED, FailureKind.CONNECT_FAILED})
 
 
-class Outbox(Protocol):
-    """Where messages for one downstream request (or a listen stream) go. `send` never blocks."""
-
-    def send(self, message: Message) -> None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-
-# (relay, request, outbox, forwarded headers, principal or None) -> the response
-ToolCallHandler = Callable[["Relay", Message, Outbox, Mapping[str, str] | None, Principal | None], Awaitable[Message]]
-
-
 # How long `vouch` waits for the upstream's answer when the relay has no request timeout.
 VOUCH_TIMEOUT_S = 10.0
-
-
-class _NullOutbox:
-    """An outbox for the proxy's own requests: whatever they stream is not for any client."""
-
-    closed = False
-
-    def send(self, message: Message) -> None:
-        pass
-
-
-class ProgressRelay:
-    """Maps one call's upstream progress back to the caller's token, keeping values increasing
-    across attempts (a value that would go backwards, as a retried attempt starts over, is dropped)."""
-
-    __slots__ = ("last", "token")
-
-    def __init__(self, token: Any) -> None:
-        self.token = token
-        self.last: float | None = None
-
-    def rewrite(self, message: Message) -> Message | None:
-        params = message.get("params")
-        if not isinstance(params, dict):
-            return None
-        value = params.get("progress")
-        if isinstance(value, int | float):
-            if self.last is not None and value <= self.last:
-                return None
-            self.last = value
-        return {**message, "params": {**params, "progressToken": self.token}}
-
-
-def progress_token_of(request: Message) -> Any:
-    params = request.get("params")
-    if isinstance(params, dict):
-        meta = params.get("_meta")
-        if isinstance(meta, dict):
-            return meta.get("progressToken")
-    return None
-
-
-def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
-    """A JSON-RPC error for a relayed (non-tools/call) request that got no valid upstream answer."""
-    if failure.body is not None and isinstance(failure.body.get("error"), dict):
-        return {"jsonrpc": "2.0", "id": id_, "error": failure.body["error"]}
-    data: dict[str, Any] = {
-        PROXY_FAILURE_KEY: {
-            "kind": failure.kind.value,
-            "dispatched": failure.dispatched.value,
-            "detail": bounded(failure.detail, 300),
-        }
-    }
-    if failure.http_status is not None:
-        data[PROXY_FAILURE_KEY]["httpStatus"] = failure.http_status
-    if failure.retry_after_s is not None:
-        data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
-    return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
-
-
-def _asks_for_logs(request: Message) -> bool:
-    params = request.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return isinstance(meta, dict) and META_LOG_LEVEL in meta
-
-
-def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:
-    """The answer to a relayed request the upstream did not answer within the request timeout."""
-    text = f"the upstream did not answer {bounded(str(method), 80)} within {timeout_s:g} s; the proxy cancelled it"
-    data = {PROXY_FAILURE_KEY: {"kind": "timeout", "dispatched": "unknown", "timeoutMs": int(timeout_s * 1000)}}
-    return error(id_, REQUEST_TIMEOUT, text, data)
-
-
-class AttemptTimedOut(TimeoutError):
-    """`Relay.attempt`'s timer ran out. `sent` says whether the request had been handed to the
-    transport by then (the response timeout) or not (the send deadline): the timer knows, so no
-    flag object is built per attempt to tell."""
-
-    def __init__(self, sent: bool, idle_s: float | None = None) -> None:
-        super().__init__()
-        self.sent = sent
-        self.idle_s = idle_s  # set when the idle timer ended it: nothing came for that long
-
-
-class _Deadlines:
-    """The attempt timers of one relay on ONE event-loop timer: a heap of (due, seq, timer), the
-    loop timer armed for the earliest live one. An attempt pushes its due time (a third of the
-    cost of setting up and cancelling an event-loop timer on uvloop); an attempt that ends in time
-    only marks its entry dead, dropped when its time comes or when the loop timer is re-armed (no
-    wake-up for it), or when dead entries are most of a large heap (so it stays bounded).
-
-    Each attempt's timer (`_AttemptTimer`) stands, until the request is handed over, for the send
-    deadline, afterwards for the response timeout (capped by the send deadline). It is entered
-    once, at the earliest moment either could end, and re-entered when it comes early. When it is
-    really due it cancels the attempt's task. The relay calls `start` before sending, sets the
-    timer's `sent_at` once the request is handed over (and calls `enter` if its `when` is None),
-    and calls `end` when the attempt is over."""
-
-    __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
-
-    # Compact early: dead entries kept long would carry their objects into the collector's old
-    # generation (the tail latency showed the full collections that followed).
-    COMPACT_AT = 64
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.heap: list[tuple[float, int, _AttemptTimer]] = []
-        self.seq = itertools.count()
-        self.handle: asyncio.TimerHandle | None = None
-        self.armed_at = math.inf
-        self.dead = 0
-
-    def start(
-        self,
-        task: asyncio.Task[Any] | None,
-        response_s: float,
-        deadline_at: float,
-        now: float,
-        idle_s: float | None = None,
-    ) -> _AttemptTimer:
-        """The timer of an attempt starting `now`, entered: it cancels `task` when due."""
-        when = now + (response_s if idle_s is None or response_s < idle_s else idle_s)
-        if deadline_at < when:
-            when = deadline_at
-        timer = _AttemptTimer(task, response_s, deadline_at, when, idle_s)
-        heapq.heappush(self.heap, (when, next(self.seq), timer))  # add(), inline
-        if when < self.armed_at:
-            self.arm(when)
-        return timer
-
-    def enter(self, timer: _AttemptTimer) -> None:
-        """Sent after it came early with no send deadline to wait for: enter it for the answer."""
-        if timer.active:
-            timer.when = timer.due()
-            self.add(timer.when, timer)
-
-    def end(self, timer: _AttemptTimer) -> None:
-        """The attempt is over: its entry is dead."""
-        timer.task = None  # nothing to cancel any more; the entry must not keep the task alive
-        if timer.active:
-            timer.active = False
-            if timer.when is not None:
-                self.dead += 1
-                if self.dead > len(self.heap) // 2 and len(self.heap) >= self.COMPACT_AT:
-                    self.compact()
-
-    def add(self, due: float, timer: _AttemptTimer) -> None:
-        heapq.heappush(self.heap, (due, next(self.seq), timer))
-        if due < self.armed_at:
-            self.arm(due)
-
-    def arm(self, due: float) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self.armed_at = due
-        self.handle = self.loop.call_at(due, self._sweep)
-
-    def compact(self) -> None:
-        self.heap = [entry for entry in self.heap if entry[2].active]
-        heapq.heapify(self.heap)
-        self.dead = 0
-
-    def _sweep(self) -> None:
-        self.handle, self.armed_at = None, math.inf
-        horizon = self.loop.time() + 0.001  # loop timers are millisecond-grained: fire what is due
-        heap = self.heap
-        while heap and heap[0][0] <= horizon:
-            timer = heapq.heappop(heap)[2]
-            if timer.active:
-                self._fire(timer)
-            elif self.dead:
-                self.dead -= 1
-        while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
-            heapq.heappop(heap)
-            if self.dead:
-                self.dead -= 1
-        if heap:
-            self.arm(heap[0][0])
-
-    def _fire(self, timer: _AttemptTimer) -> None:
-        due = timer.due()
-        if timer.when is None or due > timer.when:  # entered for an earlier moment than it stands for
-            timer.when = None
-            if due != math.inf:  # else the relay's `enter()` once sent
-                timer.when = due
-                self.add(due, timer)
-            return
-        timer.active = False
-        task = timer.task
-        if task is not None and not task.done():
-            timer.fired = True
-            task.cancel()
-
-
-class _AttemptTimer:
-    """One attempt's timer (see `_Deadlines`, which builds and runs it): `when` it is entered for
-    (None while it waits to be sent with no send deadline), `active` until it fired or the attempt
-    ended, `fired` once it cancelled `task`.
-
-    With `idle_s`, the attempt also ends when nothing related to it (progress, a log message, a
-    request to the client) came for that long since it was sent or since the last such message
-    (`alive_at`); never later than the response timeout or the deadline. A message only moves
-    `alive_at`: the entry fires at its old time, finds itself early and is entered again."""
-
-    __slots__ = ("active", "alive_at", "deadline_at", "fired", "idle_s", "response_s", "sent_at", "task", "when")
-
-    def __init__(
-        self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, when: float, idle_s: float | None
-    ) -> None:
-        self.task = task
-        self.active = True
-        self.fired = False
-        self.response_s = response_s
-        self.deadline_at = deadline_at
-        self.sent_at: float | None = None
-        self.when: float | None = when
-        self.idle_s = idle_s
-        self.alive_at: float | None = None
-
-    def due(self) -> float:
-        sent_at = self.sent_at
-        if sent_at is None:
-            return self.deadline_at
-        due = sent_at + self.response_s
-        if self.idle_s is not None:
-            idle_at = (self.alive_at if self.alive_at is not None else sent_at) + self.idle_s
-            if idle_at < due:
-                due = idle_at
-        return due if due < self.deadline_at else self.deadline_at
-
-    def idled(self) -> bool:
-        """Whether the idle timer (not the response timeout or the deadline) is what ended it."""
-        if self.idle_s is None or self.sent_at is None:
-            return False
-        idle_at = (self.alive_at if self.alive_at is not None else self.sent_at) + self.idle_s
-        return idle_at < self.sent_at + self.response_s and idle_at < self.deadline_at
-
-
-class _SilentProgress(ProgressRelay):
-    """Progress for a caller that asked for none: the upstream gets a token (so a tool can report
-    progress and keep an idle timer going), the caller gets nothing."""
-
-    __slots__ = ()
-
-    def rewrite(self, message: Message) -> Message | None:
-        return None
 
 
 class Relay:
@@ -378,19 +127,19 @@ class Relay:
         shares: ClientShares | None = None,
         client: Any = None,
         requests: InFlight | None = None,
+        owner: str | None = None,
+        task_owners: TaskOwners | None = None,
+        pass_auth_refusals: bool = False,
+        vouch_gate: VouchGate | None = None,
+        on_protocol_mismatch: Callable[[], None] | None = None,
     ) -> None:
         self.link = link
         # Every relay of a service shares one: a graceful shutdown waits for, then ends, what is in it.
         self.requests = requests
         self.request_timeout_s = request_timeout_s
-        # Upstream requests in flight, per caller (None: the session itself); see the module docstring.
-        self.max_in_flight = max_in_flight
-        self._slots: dict[Any, Slots] = {}
-        self._caller_of: dict[Outbox, Any] = {}  # the shared relay: which caller an outbox serves
-        # Each client's share of the upstream across all its sessions and both eras (None: no
-        # pool to share, a stdio upstream); `client` is this session's client (None: shared relay).
-        self.shares = shares
-        self.client = client
+        # Upstream requests in flight, per caller (None: the session itself), and each client's
+        # share of the upstream across all its sessions and both eras (proxy/core/admission.py).
+        self.admission = Admission(max_in_flight, shares, client)
         self.initialized = False  # a 2025 session: the client sent more than its initialize
         self.era = link.era
         # The upstream's tools (proxy/core/catalog.py): `catalog` is the upstream's own; `catalogs`
@@ -433,23 +182,23 @@ class Relay:
         self._pressured = 0
         self._background: set[asyncio.Task[Any]] = set()
         self._refusing = 0  # refusals of untied server requests being written upstream
-        self._deadlines: _Deadlines | None = None  # the attempt timers, created on the first one
+        self._deadlines: Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
         # Called when the upstream answers a 2026 header or version error (the service asks the
         # upstream again what it speaks); see `protocol_mismatch`.
-        self.on_protocol_mismatch: Callable[[], None] | None = None
+        self.on_protocol_mismatch = on_protocol_mismatch
         self.last_activity = time.monotonic()
         # --auth passthrough: an upstream 401/403 (or 404 refusing the caller on the session) is
         # the caller's to answer; `handle_request` raises it as `AuthRefused` (the HTTP frontend
         # answers the same status, with the challenge).
-        self.pass_auth_refusals = False
+        self.pass_auth_refusals = pass_auth_refusals
         # The principal that opened this 2025 session (jwt, tokens): only it may use the session.
-        self.owner: str | None = None
-        # --auth passthrough: what `vouch` may cost the upstream (proxy/auth/vouch.py); the service
-        # sets one per 2025 session.
-        self.vouch_gate: VouchGate | None = None
+        self.owner = owner
+        # --auth passthrough: what `vouch` may cost the upstream (proxy/auth/vouch.py), one per
+        # 2025 session.
+        self.vouch_gate = vouch_gate
         # --auth jwt|tokens: which principal each task belongs to (one table per service).
-        self.task_owners: TaskOwners | None = None
+        self.task_owners = task_owners
         link.set_unsolicited_handler(self._unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -491,7 +240,7 @@ class Relay:
         if method != "initialize":
             self.initialized = True
         self._streams.append(outbox)
-        if self.shared and _asks_for_logs(request):
+        if self.shared and asks_for_logs(request):
             self._log_streams.add(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure
@@ -501,8 +250,8 @@ class Relay:
             self._inflight[down_id] = task  # type: ignore[assignment]
         if requests is not None:
             requests.enter(task, method in LONG_LIVED)  # type: ignore[arg-type]
-        if caller is not None and (self.max_in_flight is not None or self.shares is not None):
-            self._caller_of[outbox] = caller
+        if caller is not None and self.admission.limited:
+            self.admission.note_caller(outbox, caller)
         owners = self.task_owners
         try:
             if owners is not None and (refused := owners.refused(request, principal)) is not None:
@@ -548,7 +297,7 @@ class Relay:
             if by_id and self._inflight.get(down_id) is task:
                 del self._inflight[down_id]
             if caller is not None:
-                self._caller_of.pop(outbox, None)
+                self.admission.forget_caller(outbox)
             self.last_activity = time.monotonic()
 
     async def _read(
@@ -632,7 +381,7 @@ class Relay:
         uid = link.new_id()
         up: Message = {"jsonrpc": "2.0", "id": uid, "method": request["method"]}
         if idle_s is not None and progress is None:
-            progress = _SilentProgress(None)
+            progress = SilentProgress(None)
         p = params if params is not None else request.get("params")
         if progress is not None and isinstance(p, dict):
             meta = p.get("_meta")
@@ -641,7 +390,7 @@ class Relay:
             up["params"] = p
 
         down_id = request.get("id")
-        timer: _AttemptTimer | None = None
+        timer: AttemptTimer | None = None
 
         def on_message(message: Message) -> None:
             if timer is not None and timer.idle_s is not None:
@@ -652,41 +401,9 @@ class Relay:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
             self._related(message, outbox, progress)
 
-        slots: Slots | None = None
-        waiting = False  # for a slot; once it has one, the attempt gives it back when it ends
-        if self.max_in_flight is not None:
-            key = self._caller_of.get(outbox)
-            slots = self._slots.get(key)
-            if slots is None:
-                slots = self._slots[key] = Slots(self.max_in_flight)
-            waiting = not slots.try_take()
-        share: Slots | None = None
-        share_waiting = False
-        if self.shares is not None:
-            client = self.client if self.client is not None else self._caller_of.get(outbox)
-            if client is not None:
-                share = self.shares.of(client)
-                # Taken once the session's own slot is (a request waiting for that one must not
-                # hold a connection of the client's share meanwhile).
-                share_waiting = waiting or not share.try_take()
-                if not waiting and share_waiting and len(share.waiters) >= self.shares.limit:
-                    if slots is not None:
-                        self._free_slot(slots)
-                    raise self._share_refused()
+        ticket = self.admission.ticket(outbox, self._loop())  # raises at once when the client's share is full
         if response_timeout_s is None:
-            try:
-                if waiting:
-                    assert slots is not None
-                    await slots.take(self._loop())
-                    waiting = False
-                if share_waiting:
-                    assert share is not None
-                    if not share.try_take():
-                        try:
-                            await share.take(self._loop())
-                        except SharesFull:
-                            raise self._share_refused() from None
-                    share_waiting = False
+            async with ticket:
                 exchange = await link.send_request(up, on_message=on_message, headers=headers)
                 if sent is not None:
                     sent.set()
@@ -695,41 +412,25 @@ class Relay:
                 except asyncio.CancelledError:
                     self._cancel_upstream(exchange, "request cancelled by the proxy")
                     raise
-            finally:
-                if slots is not None and not waiting:
-                    self._free_slot(slots)
-                if share is not None and not share_waiting:
-                    share.give_back()
-        # One timer (see _AttemptTimer), cancelling this task when due, turned into TimeoutError
+        # One timer (see AttemptTimer), cancelling this task when due, turned into TimeoutError
         # below (what `asyncio.timeout` does, at a fraction of its cost on every attempt).
         deadlines = self._deadlines
         if deadlines is None:
-            deadlines = self._deadlines = _Deadlines(self._loop())
+            deadlines = self._deadlines = Deadlines(self._loop())
         timer_loop = loop = deadlines.loop
         now = loop.time()
         deadline_at = now + send_deadline_s if send_deadline_s is not None else math.inf
         timer = deadlines.start(asyncio.current_task(loop), response_timeout_s, deadline_at, now, idle_s)
         sent_ex: Exchange | None = None
         try:
-            if waiting:  # waiting for a slot counts against the send deadline
-                assert slots is not None
-                await slots.take(loop)
-                waiting = False
-            if share_waiting:  # so does waiting for the client's share
-                assert share is not None
-                if not share.try_take():
-                    try:
-                        await share.take(loop)
-                    except SharesFull:
-                        raise self._share_refused() from None
-                share_waiting = False
-            sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
-            timer.sent_at = loop.time()
-            if timer.when is None:
-                deadlines.enter(timer)
-            if sent is not None:
-                sent.set()
-            return await sent_ex.response
+            async with ticket:  # waiting for a slot or the client's share counts against the send deadline
+                sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
+                timer.sent_at = loop.time()
+                if timer.when is None:
+                    deadlines.enter(timer)
+                if sent is not None:
+                    sent.set()
+                return await sent_ex.response
         except asyncio.CancelledError:
             if sent_ex is not None:
                 self._cancel_upstream(sent_ex, "request cancelled by the proxy")
@@ -739,29 +440,6 @@ class Relay:
             raise
         finally:
             deadlines.end(timer)
-            if slots is not None and not waiting:
-                self._free_slot(slots)
-            if share is not None and not share_waiting:
-                share.give_back()
-
-    def _share_refused(self) -> UpstreamFailure:
-        """A client with its whole share of the upstream in flight and as many requests waiting:
-        refused at once, before anything was sent (counted)."""
-        SHED.count("http_refused", "upstream_share")
-        assert self.shares is not None
-        limit = self.shares.limit
-        return UpstreamFailure(
-            FailureKind.OVERLOADED,
-            Dispatch.NO,
-            f"this client has its share of the upstream in use ({limit} requests in flight and {limit} waiting)",
-        )
-
-    def _free_slot(self, slots: Slots) -> None:
-        slots.give_back()
-        if slots.idle and len(self._slots) > 64:  # bounded: forget idle callers once there are many
-            for key, entry in list(self._slots.items()):
-                if entry.idle:
-                    del self._slots[key]
 
     def protocol_mismatch(self, error: Any) -> None:
         """An upstream's JSON-RPC error: a 2026 header mismatch (-32020) or unsupported version
@@ -840,7 +518,7 @@ class Relay:
         timeout_s = self.request_timeout_s if self.request_timeout_s is not None else VOUCH_TIMEOUT_S
         try:
             await self.forward(
-                ping, _NullOutbox(), {"authorization": credential} if credential is not None else None, timeout_s
+                ping, NullOutbox(), {"authorization": credential} if credential is not None else None, timeout_s
             )
         except UpstreamFailure as failure:
             if refuses_the_caller(failure.kind, failure.http_status):
@@ -910,7 +588,7 @@ class Relay:
 
         async def list_all() -> None:
             cursor: Any = None
-            sink = _NullOutbox()
+            sink = NullOutbox()
             for _ in range(20):  # pages, at most
                 list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
                 if cursor is not None:

@@ -44,11 +44,12 @@ from urllib.parse import urlsplit
 
 from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
+from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
 from proxy.core.lifecycle import InFlight
+from proxy.core.outbox import ToolCallHandler
 from proxy.core.reaching import ReachingLink
-from proxy.core.relay import Relay, ToolCallHandler
-from proxy.core.shares import ClientShares
+from proxy.core.relay import Relay
 from proxy.core.task_owners import TaskOwners
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
@@ -513,11 +514,9 @@ class Service:
                 shared=shared,
                 shares=self.shares,
                 requests=self.requests,
-                **self._relay_limits(),
+                on_protocol_mismatch=self.renegotiate,
+                **self._relay_options(),
             )
-            self._modern.on_protocol_mismatch = self.renegotiate
-            self._modern.task_owners = self.task_owners
-            self._modern.pass_auth_refusals = self.settings.auth == "passthrough"
             self._modern.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
         return self._modern
 
@@ -539,22 +538,29 @@ class Service:
                 shared=self.settings.listen != "stdio",
                 shares=self.shares,
                 requests=self.requests,
-                **self._relay_limits(),
+                **self._relay_options(),
             )
-            self._reaching.pass_auth_refusals = self.settings.auth == "passthrough"
         return self._reaching
 
     def legacy_supported(self) -> bool:
         return self.capabilities is None or self.capabilities.legacy
 
-    def _relay_limits(self) -> dict[str, Any]:
-        """Every relayed request's timeout; the in-flight cap per session (or per caller of the
-        shared relay) where requests hold pooled connections (an HTTP or SSE upstream)."""
+    def _relay_options(self) -> dict[str, Any]:
+        """What every relay of this service is built with: every relayed request's timeout; the
+        in-flight cap per session (or per caller of the shared relay) where requests hold pooled
+        connections (an HTTP or SSE upstream); task ownership (jwt, tokens); whether an upstream's
+        refusal of the caller's credential is the caller's to answer (passthrough)."""
         cap = None if self._supervised else self.settings.max_requests_per_session
-        return {"request_timeout_s": self.settings.request_timeout_s, "max_in_flight": cap}
+        return {
+            "request_timeout_s": self.settings.request_timeout_s,
+            "max_in_flight": cap,
+            "task_owners": self.task_owners,
+            "pass_auth_refusals": self.settings.auth == "passthrough",
+        }
 
-    async def new_session(self, client: str | None = None) -> tuple[str, Relay]:
-        """A 2025 session for `client` (`ClientIdentity.key`; None: unknown, not counted per client)."""
+    async def new_session(self, client: str | None = None, owner: str | None = None) -> tuple[str, Relay]:
+        """A 2025 session for `client` (`ClientIdentity.key`; None: unknown, not counted per client),
+        usable only by the principal `owner` where one is given (jwt, tokens)."""
         settings = self.settings
         if self.draining:
             SHED.count("http_refused", "shutdown")
@@ -574,12 +580,14 @@ class Service:
             requests=self.requests,
             shares=self.shares,
             client=client,
-            **self._relay_limits(),
+            owner=owner,
+            vouch_gate=(
+                VouchGate(settings.vouch_pings_burst, settings.vouch_pings_per_s)
+                if settings.auth == "passthrough"
+                else None
+            ),
+            **self._relay_options(),
         )
-        relay.task_owners = self.task_owners
-        if settings.auth == "passthrough":
-            relay.pass_auth_refusals = True
-            relay.vouch_gate = VouchGate(settings.vouch_pings_burst, settings.vouch_pings_per_s)
         self.sessions[session_id] = relay
         if client is not None:
             self._session_clients[session_id] = client

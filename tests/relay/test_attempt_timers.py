@@ -92,13 +92,13 @@ async def test_an_unanswered_attempt_times_out_at_its_response_timeout_not_at_th
 
 
 async def test_attempts_that_end_in_time_leave_a_bounded_heap_and_live_ones_still_fire() -> None:
-    from proxy.core.relay import _Deadlines
+    from proxy.core.deadlines import Deadlines
 
     loop = asyncio.get_running_loop()
-    deadlines = _Deadlines(loop)
+    deadlines = Deadlines(loop)
     for _ in range(5000):  # answered in time: each only marks its entry dead
         deadlines.end(deadlines.start(None, 30.0, math.inf, loop.time()))
-    assert len(deadlines.heap) < 2 * _Deadlines.COMPACT_AT, "dead entries are compacted away"
+    assert len(deadlines.heap) < 2 * Deadlines.COMPACT_AT, "dead entries are compacted away"
     victim = loop.create_task(asyncio.sleep(10))
     started = time.monotonic()
     early_dead = deadlines.start(None, 0.05, math.inf, loop.time())

@@ -1,4 +1,4 @@
-"""`proxy.core.shares`: a client's share across its sessions, on the in-memory link (no socket needed
+"""`proxy.core.admission`: a client's share across its sessions, on the in-memory link (no socket needed
 to show the counting; the end-to-end version is tests/e2e/test_limits.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from proxy.core.admission import ClientShares, SharesFull, Slots
 from proxy.core.relay import Relay, ToolCatalog
-from proxy.core.shares import ClientShares, SharesFull, Slots
 from proxy.telemetry.shed import SHED
 from tests.relay.memory_link import MemoryLink, RecordingOutbox
 from tests.relay.test_request_limits import read, until

@@ -377,12 +377,11 @@ class McpHttpApp:
                 await respond_error(send, 400, None, jsonrpc.INVALID_REQUEST, "initialize must be a request")
                 return
             try:
-                new_id, new_relay = await service.new_session(self.clients.key(scope, headers, principal))
+                owner = principal.id if self.identity.binds_sessions and principal is not None else None
+                new_id, new_relay = await service.new_session(self.clients.key(scope, headers, principal), owner)
             except UpstreamFailure as failure:
                 await respond_session_refused(send, message["id"], failure)
                 return
-            if self.identity.binds_sessions and principal is not None:
-                new_relay.owner = principal.id
             credentials = forwarded_headers(headers, True) if self.identity.forward_credentials else None
             ok = await self._answer(
                 new_relay, message, receive, send, credentials, modern=False, session_id=new_id, principal=principal

@@ -39,7 +39,7 @@ from proxy.upstream.h1 import (
     Response,
 )
 
-from .servers import serve
+from ..servers import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 WAIT = 5.0
@@ -865,10 +865,10 @@ async def test_invalid_urls() -> None:
     assert issubclass(InvalidURL, ValueError)
     v6 = HttpClient("http://[::1]:8080/mcp?a=b#frag")
     assert (v6.host, v6.port, v6.target) == ("::1", 8080, "/mcp?a=b")
-    assert "Host: [::1]:8080\r\n" in v6._fixed
+    assert "Host: [::1]:8080\r\n" in v6.writer.fixed
     plain = HttpClient("https://Example.COM")
     assert (plain.host, plain.port, plain.target) == ("example.com", 443, "/")
-    assert "Host: example.com\r\n" in plain._fixed
+    assert "Host: example.com\r\n" in plain.writer.fixed
 
 
 async def test_constructed_outside_a_running_loop() -> None:

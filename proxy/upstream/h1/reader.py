@@ -140,8 +140,9 @@ class ResponseReader:
         self._reason = ""
 
     def on_status(self, reason: bytes) -> None:
+        # Called once per read the reason phrase spans (httptools does not join the pieces).
         self.started = True
-        self._reason = reason.decode("latin-1")
+        self._reason += reason.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.started = True

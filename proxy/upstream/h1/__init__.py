@@ -53,19 +53,13 @@ from .errors import (
     ProxyRefused,
     TlsClosed,
     TlsError,
-    tls_failure_text,
 )
 from .headers import Headers
 from .pool import HttpClient
-from .reader import MAX_HEAD_BYTES
-from .response import HIGH_WATER, LOW_WATER, MAX_INFLATE_PER_READ, Response, Sink
+from .response import Response, Sink
 from .tunnel import ProxyRoute
 
 __all__ = [
-    "HIGH_WATER",
-    "LOW_WATER",
-    "MAX_HEAD_BYTES",
-    "MAX_INFLATE_PER_READ",
     "BodyTooLarge",
     "ClientClosed",
     "ClientError",
@@ -84,5 +78,4 @@ __all__ = [
     "Sink",
     "TlsClosed",
     "TlsError",
-    "tls_failure_text",
 ]

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from proxy.upstream.h1 import (
-    HIGH_WATER,
     BodyTooLarge,
     ClientClosed,
     ClientError,
@@ -38,6 +37,8 @@ from proxy.upstream.h1 import (
     ProtocolError,
     Response,
 )
+from proxy.upstream.h1.reader import MAX_HEAD_BYTES
+from proxy.upstream.h1.response import HIGH_WATER
 
 from ..servers import serve
 
@@ -1103,8 +1104,6 @@ async def test_send_now_refuses_header_injection_and_keeps_the_connection() -> N
 
 
 async def test_an_endless_response_head_fails_the_request_and_stays_bounded() -> None:
-    from proxy.upstream.h1 import MAX_HEAD_BYTES
-
     written: list[int] = []
     ended = asyncio.Event()
 

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from proxy.upstream.h1 import (
-    HIGH_WATER,
     BodyTooLarge,
     ClientClosed,
     ClientError,
@@ -38,8 +37,10 @@ from proxy.upstream.h1 import (
     ProtocolError,
     Response,
 )
+from proxy.upstream.h1.reader import MAX_HEAD_BYTES
+from proxy.upstream.h1.response import HIGH_WATER
 
-from .servers import serve
+from ..servers import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 WAIT = 5.0
@@ -865,10 +866,10 @@ async def test_invalid_urls() -> None:
     assert issubclass(InvalidURL, ValueError)
     v6 = HttpClient("http://[::1]:8080/mcp?a=b#frag")
     assert (v6.host, v6.port, v6.target) == ("::1", 8080, "/mcp?a=b")
-    assert "Host: [::1]:8080\r\n" in v6._fixed
+    assert "Host: [::1]:8080\r\n" in v6.writer.fixed
     plain = HttpClient("https://Example.COM")
     assert (plain.host, plain.port, plain.target) == ("example.com", 443, "/")
-    assert "Host: example.com\r\n" in plain._fixed
+    assert "Host: example.com\r\n" in plain.writer.fixed
 
 
 async def test_constructed_outside_a_running_loop() -> None:
@@ -1103,8 +1104,6 @@ async def test_send_now_refuses_header_injection_and_keeps_the_connection() -> N
 
 
 async def test_an_endless_response_head_fails_the_request_and_stays_bounded() -> None:
-    from proxy.upstream.h1 import MAX_HEAD_BYTES
-
     written: list[int] = []
     ended = asyncio.Event()
 

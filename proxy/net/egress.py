@@ -15,7 +15,7 @@ Contract:
   `ProxyRoute.secrets()` lists the password and that header's values for the secret registry, and
   `ProxyRoute.shown` names the proxy without the password, for logs and error messages.
 - Every upstream connection goes through a CONNECT tunnel, for `http://` upstreams too (see
-  `proxy/upstream/h1.py`): a refusal or an unreachable upstream is then a connection failure that
+  `proxy/upstream/h1/`): a refusal or an unreachable upstream is then a connection failure that
   provably sent nothing, and the event streams pass through byte for byte.
 - A proxy URL that cannot be used (another scheme, no host, a bad port) raises `ValueError` naming
   the variable, never its password.

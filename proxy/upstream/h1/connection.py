@@ -274,7 +274,7 @@ class Connection(asyncio.Protocol):
 
     def on_end(self, keep_alive: bool) -> None:
         response = self.response
-        if response is None or response.complete:
+        if response is None or response.complete or response.error is not None:  # failed: stays failed
             return
         self.keep_alive = self.keep_alive and keep_alive
         response.finish()

@@ -1142,6 +1142,18 @@ async def test_a_large_answer_in_one_read_is_not_mistaken_for_a_large_head() -> 
         assert sink.calls == ["head", "done"] and sink.bodies == [body]
 
 
+async def test_a_body_past_its_bound_that_ends_in_the_same_read_still_fails_the_response() -> None:
+    """A small answer arrives in one read, its end included: the end must not mark a response
+    that already failed (too large) as complete, or `read()` would give b"" instead of raising."""
+    body = b"z" * 2000
+
+    async with raw_server(keep_alive(lambda req: answer(body=body))) as raw, client_for(raw) as client:
+        async with asyncio.timeout(WAIT):
+            resp = await client.request("GET", max_body=1000)
+            with pytest.raises(BodyTooLarge):
+                await resp.read()
+
+
 async def test_a_body_past_its_bound_fails_the_response_and_the_connection_is_not_reused() -> None:
     small, big = b"x" * 1000, b"y" * 300_000
 

@@ -19,16 +19,13 @@ from starlette.routing import Route
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
-from proxy.upstream.http import (
-    HttpLegacyLink,
-    HttpModernLink,
-    HttpUpstream,
-    encode_header_value,
-    forgot_session,
-    parse_retry_after,
-)
+from proxy.upstream.streamable.failures import forgot_session, parse_retry_after
+from proxy.upstream.streamable.headers import encode_header_value
+from proxy.upstream.streamable.legacy import HttpLegacyLink
+from proxy.upstream.streamable.modern import HttpModernLink
+from proxy.upstream.streamable.upstream import HttpUpstream
 
-from .servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
+from ..servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0

@@ -32,7 +32,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Final
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
@@ -45,16 +44,9 @@ from proxy.upstream.streamable.failures import (
     forgot_session,
     read_bounded,
     status_failure_of,
-    translate_exception,
 )
-from proxy.upstream.streamable.headers import ACCEPT_BOTH
-from proxy.upstream.streamable.messages import (
-    StreamState,
-    content_type,
-    iter_json_messages,
-    iter_sse_messages,
-    json_messages,
-)
+from proxy.upstream.streamable.headers import post_headers
+from proxy.upstream.streamable.messages import StreamState, answer_messages, content_type, json_messages
 from proxy.upstream.streamable.owner import HttpClientOwner
 from proxy.upstream.streamable.posts import SmallAnswer, post_small
 
@@ -105,8 +97,7 @@ class HttpLink(LinkBase):
         if self._client.idle:
             # A pooled connection is free: write the request now; the answer comes back through
             # the connection's callbacks (`Flight`), with a task only if it is not plain JSON.
-            h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **(headers or {})}
-            h.update(self._request_headers(message))
+            h = self._post_headers(message, headers)
             flight = Flight(self, ex, message, h, headers)
             try:
                 flight.conn = self._client.send_now(
@@ -114,12 +105,12 @@ class HttpLink(LinkBase):
                 )
             except ValueError:
                 self._pending.discard(ex)
-                raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a request header is not valid") from None
+                raise _invalid_header() from None
             if flight.conn is not None:
                 ex.written = True
                 ex.transport_state = flight
                 return ex
-        # the table's loop, asked once (get_running_loop is a getpid() on 3.11)
+        # the exchange's loop (its table's), asked once for the request
         sent: asyncio.Future[None] = ex.response.get_loop().create_future()
         task = self._spawn_exchange(ex, message, dict(headers or {}), sent)
         try:
@@ -295,11 +286,7 @@ class HttpLink(LinkBase):
     ) -> None:
         """One POST of `message` and the reading of its answer, for exchange `ex`; with `first`,
         the POST was already sent (by `send_request`) and this is its answer and headers."""
-        if first is None:
-            headers = {"accept": ACCEPT_BOTH, "content-type": "application/json", **extra}
-            headers.update(self._request_headers(message))
-        else:
-            headers = first[1]
+        headers = self._post_headers(message, extra) if first is None else first[1]
 
         def on_write() -> None:
             ex.written = True
@@ -309,13 +296,18 @@ class HttpLink(LinkBase):
         state = StreamState()
         try:
             if first is None:
-                response = await self._client.request(
-                    "POST",
-                    headers=headers,
-                    body=dumps(message),
-                    on_write=on_write,
-                    max_body=self._upstream.max_event_bytes,
-                )
+                try:
+                    response = await self._client.request(
+                        "POST",
+                        headers=headers,
+                        body=dumps(message),
+                        on_write=on_write,
+                        max_body=self._upstream.max_event_bytes,
+                    )
+                except ValueError:
+                    if ex.written:
+                        raise  # not the client refusing a header: an internal error, below
+                    raise _invalid_header() from None
             else:
                 response = first[0]
             async with response:
@@ -343,21 +335,9 @@ class HttpLink(LinkBase):
                         Dispatch.UNKNOWN,
                         "upstream answered a request with 202 Accepted and no response",
                     )
-                ctype = content_type(response)
-                if ctype == "application/json":
-                    async for msg in iter_json_messages(response):
-                        if self._route_stream_message(ex, response, msg):
-                            return
-                elif ctype == "text/event-stream":
-                    async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
-                        if self._route_stream_message(ex, response, msg):
-                            return
-                else:
-                    raise UpstreamFailure(
-                        FailureKind.PROTOCOL,
-                        Dispatch.UNKNOWN,
-                        bounded_detail(f"upstream answered an unexpected content type {ctype!r}"),
-                    )
+                async for msg in answer_messages(response, state, self._upstream.max_event_bytes):
+                    if self._route_stream_message(ex, response, msg):
+                        return
         except (Expired, UpstreamFailure):
             raise
         except (*CLIENT_ERRORS, SseError) as exc:
@@ -367,15 +347,15 @@ class HttpLink(LinkBase):
             if state.last_event_id is not None and await self._resume(ex, state):
                 return
             raise self._upstream.translate(exc, ex.written) from None
-        if ex.cancelled or ex.response.done():
+        if not _unanswered(ex):
             return
         if state.last_event_id is not None and await self._resume(ex, state):
             return
-        raise UpstreamFailure(
-            FailureKind.CLOSED,
-            Dispatch.UNKNOWN,
-            "the upstream closed the response stream before the response arrived",
-        )
+        raise _no_answer()
+
+    def _post_headers(self, message: Message, extra: Mapping[str, str] | None) -> dict[str, str]:
+        """The headers of `message`'s POST, on either path: the caller's `extra`, then the era's."""
+        return post_headers({**(extra or {}), **self._request_headers(message)})
 
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return False
@@ -422,7 +402,22 @@ class HttpLink(LinkBase):
 # and the headers its request was sent with.
 FirstAnswer = tuple[Response, dict[str, str]]
 
-_NO_ANSWER: Final = "the upstream closed the response stream before the response arrived"
+
+def _no_answer() -> UpstreamFailure:
+    """The failure of an exchange whose answer ended without its response (either path)."""
+    return UpstreamFailure(
+        FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the response stream before the response arrived"
+    )
+
+
+def _unanswered(ex: Exchange) -> bool:
+    """Whether `ex` still waits for its response (not answered, failed or cancelled meanwhile)."""
+    return not (ex.cancelled or ex.response.done())
+
+
+def _invalid_header() -> UpstreamFailure:
+    """A request the HTTP client refused to write (a header it cannot send): nothing was sent."""
+    return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a request header is not valid")
 
 
 class Flight:
@@ -477,8 +472,8 @@ class Flight:
         for msg in messages:
             if link._route_stream_message(ex, response, msg):
                 return
-        if not (ex.cancelled or ex.response.done()):
-            link._pending.fail(ex, UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, _NO_ANSWER))
+        if _unanswered(ex):
+            link._pending.fail(ex, _no_answer())
 
     def failed(self, error: ClientError) -> None:
         self.conn = None
@@ -486,7 +481,7 @@ class Flight:
             self.ex.transport_state = None
         _wake(self.ex)
         if not self.ex.cancelled:
-            self.link._pending.fail(self.ex, translate_exception(error, True))
+            self.link._pending.fail(self.ex, self.link._upstream.translate(error, True))
 
     def abort(self) -> None:
         conn, self.conn = self.conn, None

@@ -4,8 +4,10 @@
 - `content_type(response)`: the media type alone, lower-cased ("" when absent).
 - `json_messages(raw)`: the message objects of a JSON body; a body that is not JSON is a
   `PROTOCOL` failure (dispatch unknown: the request reached the upstream); anything but objects
-  in a batch is skipped. `iter_json_messages(response)` reads the body (bounded by the request's
-  `max_body`) and yields them.
+  in a batch is skipped.
+- `answer_messages(response, state, max_event_bytes)`: the messages of a 2xx answer, read as
+  its content type says: a JSON body whole (bounded by the request's `max_body`), an event stream
+  as it comes (below); any other content type is a `PROTOCOL` failure (dispatch unknown).
 - `iter_sse_messages(response, state, max_event_bytes)`: the messages of an event stream as they
   come. The stream's whole body has no bound (it lasts as long as its session may), each event
   has (`SseError` past it). An event whose data is not JSON is dropped with a rate-limited warning;
@@ -24,6 +26,7 @@ from proxy.jsonrpc import Message, loads
 from proxy.upstream.base import UPSTREAM_NOTICES
 from proxy.upstream.h1 import Response
 from proxy.upstream.sse.parse import SseParser
+from proxy.upstream.streamable.failures import bounded_detail
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,21 @@ def json_messages(raw: bytes) -> list[Message]:
     return [item for item in parsed if isinstance(item, dict)] if isinstance(parsed, list) else []
 
 
-async def iter_json_messages(response: Response) -> AsyncIterator[Message]:
-    """The answer's messages; its size is bounded by the request's `max_body`."""
-    for item in json_messages(await response.read()):
-        yield item
+async def answer_messages(
+    response: Response, state: StreamState, max_event_bytes: int | None
+) -> AsyncIterator[Message]:
+    """The messages of a 2xx answer: a JSON body's, or an event stream's as they come (`state`
+    keeps what resuming it needs). Raises `UpstreamFailure` for any other content type."""
+    ctype = content_type(response)
+    if ctype == "application/json":
+        for item in json_messages(await response.read()):
+            yield item
+    elif ctype == "text/event-stream":
+        async for item in iter_sse_messages(response, state, max_event_bytes):
+            yield item
+    else:
+        raise UpstreamFailure(
+            FailureKind.PROTOCOL,
+            Dispatch.UNKNOWN,
+            bounded_detail(f"upstream answered an unexpected content type {ctype!r}"),
+        )

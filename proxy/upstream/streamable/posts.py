@@ -22,18 +22,12 @@ from proxy.upstream.streamable.failures import (
     CLIENT_ERRORS,
     MAX_ERROR_BODY,
     WriteFlag,
-    bounded_detail,
     read_bounded,
     status_failure,
     status_failure_of,
 )
-from proxy.upstream.streamable.headers import ACCEPT_BOTH
-from proxy.upstream.streamable.messages import (
-    StreamState,
-    content_type,
-    iter_json_messages,
-    iter_sse_messages,
-)
+from proxy.upstream.streamable.headers import post_headers
+from proxy.upstream.streamable.messages import StreamState, answer_messages
 from proxy.upstream.streamable.owner import HttpClientOwner
 
 
@@ -56,7 +50,7 @@ async def post_small(
     upstream: HttpClientOwner, client: HttpClient, message: Message, headers: Mapping[str, str], what: str
 ) -> SmallAnswer:
     """POST a notification or response on `client`; the answer's body is read (it should be empty)."""
-    h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
+    h = post_headers(headers)
     flag = WriteFlag()
     try:
         async with await client.request(
@@ -75,7 +69,7 @@ async def rpc_once(
     on_other: Callable[[Message], None] | None = None,
 ) -> tuple[Headers, Message]:
     """POST one request and read its response (JSON or SSE); other messages go to `on_other`."""
-    h = {"accept": ACCEPT_BOTH, "content-type": "application/json", **headers}
+    h = post_headers(headers)
     flag = WriteFlag()
     try:
         async with await upstream.client.request(
@@ -83,18 +77,7 @@ async def rpc_once(
         ) as response:
             if not 200 <= response.status < 300:
                 raise await status_failure(response, message.get("id"))
-            ctype = content_type(response)
-            if ctype == "application/json":
-                messages = iter_json_messages(response)
-            elif ctype == "text/event-stream":
-                messages = iter_sse_messages(response, StreamState(), upstream.max_event_bytes)
-            else:
-                raise UpstreamFailure(
-                    FailureKind.PROTOCOL,
-                    Dispatch.UNKNOWN,
-                    bounded_detail(f"upstream answered an unexpected content type {ctype!r}"),
-                )
-            async for msg in messages:
+            async for msg in answer_messages(response, StreamState(), upstream.max_event_bytes):
                 if "method" not in msg and msg.get("id") in (message.get("id"), None):
                     if not upstream.health.up:
                         upstream.health.answered()

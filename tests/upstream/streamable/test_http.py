@@ -609,6 +609,37 @@ async def test_a_json_answer_over_the_message_bound_fails_the_call_on_both_paths
             await up.aclose()
 
 
+async def test_a_header_the_client_cannot_send_is_refused_alike_on_both_paths() -> None:
+    """A caller's header the HTTP client refuses to write (a line break in its value) fails the
+    request before anything is sent, as the same failure whether the request goes through an
+    exchange task (no pooled connection yet) or is written at once on an idle connection."""
+
+    async def endpoint(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        result = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.MODERN)
+            for path in ("exchange task", "idle connection"):
+                with pytest.raises(UpstreamFailure) as info:
+                    await link.send_request(call(link, "t", {}, MODERN_META), headers={"x-bad": "a\r\nInjected: 1"})
+                f = info.value
+                assert (f.kind, f.dispatched, f.detail) == (
+                    FailureKind.PROTOCOL,
+                    Dispatch.NO,
+                    "a request header is not valid",
+                ), path
+                assert link.in_flight == 0, path
+                ok = await answer(await link.send_request(call(link, "t", {}, MODERN_META)))
+                assert text_of(ok) == "ok"  # and now a pooled connection is idle
+        finally:
+            await up.aclose()
+
+
 @pytest.mark.parametrize(
     ("body", "forgotten"),
     [

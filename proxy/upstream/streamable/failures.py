@@ -12,7 +12,7 @@ Shared by Streamable HTTP (both eras) and the legacy HTTP+SSE transport.
   from then on has dispatch unknown; before it, dispatch no.
 - `status_failure(response, request_id)` / `status_failure_of(response, raw, request_id)`: a non-2xx
   answer as `HTTP_STATUS`, with the JSON-RPC error of its (bounded) body if it has one for that
-  request, its `Retry-After`, its `WWW-Authenticate`
+  request, its `Retry-After` (`proxy.recovery.backoff.parse_retry_after`), its `WWW-Authenticate`
   challenge for a 401/403, and where a redirect pointed. Statuses a server sends before processing
   the request are dispatch no, every other one dispatch unknown.
 - `session_refused(detail)`: `--auth passthrough`'s refusal of a credential on a session another
@@ -25,7 +25,6 @@ are never put in a detail, and a redirect names only the scheme, host and path i
 
 from __future__ import annotations
 
-import email.utils
 import re
 import time
 from typing import Any, Final
@@ -33,6 +32,7 @@ from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import RequestId, loads
+from proxy.recovery.backoff import parse_retry_after
 from proxy.secret_values import SECRETS
 from proxy.upstream.h1 import BodyTooLarge, ClientError, ConnectError, InvalidURL, Response
 from proxy.upstream.sse.parse import SseError
@@ -44,23 +44,6 @@ REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 MAX_ERROR_BODY: Final = 64 * 1024
 MAX_DETAIL: Final = 300
 MAX_CHALLENGE: Final = 2048
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unparseable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
 
 
 def bounded_detail(text: str) -> str:
@@ -170,7 +153,7 @@ def status_failure_of(response: Response, raw: bytes, request_id: RequestId | No
         status_dispatch(status),
         bounded_detail(detail),
         http_status=status,
-        retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+        retry_after_s=parse_retry_after(response.headers.get("retry-after"), time.time()),
         body=body,
         challenge=auth_challenge(response) if status in (401, 403) else None,
     )

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
-from proxy.upstream.streamable.failures import forgot_session, parse_retry_after
+from proxy.upstream.streamable.failures import forgot_session
 from proxy.upstream.streamable.headers import encode_header_value
 from proxy.upstream.streamable.legacy import HttpLegacyLink
 from proxy.upstream.streamable.modern import HttpModernLink
@@ -337,13 +337,6 @@ def test_header_value_rule() -> None:
     assert encode_header_value(" padded") == "=?base64?IHBhZGRlZA==?="
     assert encode_header_value("=?base64?abc?=").startswith("=?base64?PT9")
     assert encode_header_value("a\r\nb") == "=?base64?YQ0KYg==?="
-
-
-def test_retry_after_parsing() -> None:
-    assert parse_retry_after("7") == 7.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
-    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
 # --- failures --------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def _target_jsonrpc() -> Any:
 
 
 def _target_sse() -> Any:
-    from proxy.upstream.sse_parse import SseError, SseParser
+    from proxy.upstream.sse.parse import SseError, SseParser
 
     def one(data: bytes) -> None:
         # The first byte picks the chunk size, so the fuzzer explores the boundaries too.
@@ -116,7 +116,7 @@ def _target_policy() -> Any:
 
 _INSTRUMENT = {
     "jsonrpc": ["proxy.jsonrpc", "proxy.frontend.http", "mcp.shared.inbound"],
-    "sse": ["proxy.upstream.sse_parse"],
+    "sse": ["proxy.upstream.sse.parse"],
     "host": ["proxy.frontend.http"],
     "policy": ["proxy.policy", "yaml"],
 }

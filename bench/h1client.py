@@ -6,8 +6,8 @@ A minimal keep-alive HTTP/1.1 server (an asyncio Protocol, no framework) runs in
 on 127.0.0.1 and answers every POST at once with a small JSON body and a Content-Length, so this
 process's CPU time is the client's alone. Each round runs N requests at concurrency 1 and 16 with
 each client, alternating, and the figures printed are the median over rounds of requests/s and of
-CPU time per request (`time.process_time`, this process only). The aiohttp side is the proxy's
-own session (`proxy.upstream.http.new_session`, `_Body`), so the comparison is the one that matters.
+CPU time per request (`time.process_time`, this process only). The aiohttp side is configured as
+the proxy's aiohttp session was (`aiohttp_client`), so the comparison is the one that matters.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Capabilities, Era, Upstream
 
 if TYPE_CHECKING:
-    from proxy.upstream.http import HttpClientOwner
+    from proxy.upstream.streamable.owner import HttpClientOwner
 
 log = logging.getLogger("proxy.service")
 
@@ -128,11 +128,11 @@ def build_upstream(settings: Settings) -> Upstream:
     common: dict[str, Any] = {"headers": headers, "ssl_context": ssl_context, "proxy": proxy}
     upstream: HttpClientOwner
     if url.startswith("sse+"):
-        from proxy.upstream.sse import SseUpstream
+        from proxy.upstream.sse.link import SseUpstream
 
         upstream = SseUpstream(target, **common)
     else:
-        from proxy.upstream.http import HttpUpstream
+        from proxy.upstream.streamable.upstream import HttpUpstream
 
         upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
     upstream.behind_caller_auth = settings.auth == "passthrough"

@@ -10,9 +10,18 @@ Contract:
   `backoff.reconnect_s * multiplier ** retry_index`, capped by `cap_s`, with equal jitter (between
   half and all of it; `jitter: none`, all of it). Unlike full jitter it has a floor, so the
   retries reach across a restart of the upstream (2-5 s) instead of all landing within it.
-- `parse_retry_after(value, now_epoch_s)`: an HTTP `Retry-After` (RFC 9110 §10.2.3), either
-  delta-seconds or an HTTP date, as seconds from now. Garbage, negative or non-finite numbers give
-  None; a date already in the past gives 0.0 (the server says "now").
+- `parse_retry_after(value, now_epoch_s)`: an HTTP `Retry-After` (RFC 9110 §10.2.3) as seconds
+  from now, never negative, never above `MAX_RETRY_AFTER_S` (a year), never an overflow:
+  * delay-seconds, ASCII digits: that many seconds; a fraction (`1.5`) is read too, leniently
+    (the RFC defines an integer). A value above the maximum (`99999999999999999999`) is the
+    maximum: "not for a very long time", which the caller then refuses to wait for (it gives up
+    when the wait exceeds `retry_after_cap_s` or the deadline) and reports as it is.
+  * an HTTP-date (IMF-fixdate, or the obsolete RFC 850 and asctime forms; one without a zone is
+    GMT, as every HTTP-date is): the seconds until then; a date already past gives 0.0 (the server
+    says "now"); one beyond the maximum gives the maximum.
+  * anything else gives None (the header is ignored): absent, empty, not a string, signed
+    (`-5`, `+5`), an exponent or a unit (`1e3`, `5s`), `NaN`/`inf`, non-ASCII digits, a date
+    that does not parse or whose year is out of range.
 - `retry_after_ms_s(value)`: an upstream's `retryAfterMs` as seconds; None unless it is a finite,
   non-negative number. `is_negative_pushback(value)` says whether it is a negative number, which
   (as gRPC's negative pushback) means "do not retry".
@@ -31,7 +40,12 @@ from proxy.policy.compiled import Backoff
 
 # The transport failures that mean "the upstream is not there right now" (FailureKind values).
 UNREACHABLE: frozenset[str] = frozenset({"connect_failed", "not_running", "spawn_failed", "closed"})
-_DELTA_SECONDS = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
+# The longest wait `parse_retry_after` reports: longer than any deadline or Retry-After cap, and
+# small enough that it stays a finite float and its milliseconds fit the 64-bit integers JSON
+# encoders write.
+MAX_RETRY_AFTER_S: float = 365 * 24 * 3600.0
+_DELTA_SECONDS = re.compile(r"([0-9]+)(?:\.[0-9]+)?")
+_MAX_DIGITS = len(str(int(MAX_RETRY_AFTER_S)))  # an integer part longer than this is over the maximum
 
 
 def backoff_cap_s(backoff: Backoff, retry_index: int) -> float:
@@ -68,22 +82,26 @@ def _jittered(cap: float, *, floor: float, backoff: Backoff, rand: Callable[[], 
     return cap * (floor + (1.0 - floor) * min(1.0, max(0.0, r)))
 
 
-def parse_retry_after(value: str, now_epoch_s: float) -> float | None:
-    """Seconds to wait from an HTTP Retry-After value (delta-seconds or HTTP date); None if unusable."""
+def parse_retry_after(value: str | None, now_epoch_s: float) -> float | None:
+    """Seconds to wait from an HTTP Retry-After value (delay-seconds or HTTP-date), at most
+    `MAX_RETRY_AFTER_S`; None if absent or unusable (see the module docstring)."""
     if not isinstance(value, str):
         return None
     text = value.strip()
     if not text:
         return None
-    if _DELTA_SECONDS.fullmatch(text):
-        return float(text)
+    number = _DELTA_SECONDS.fullmatch(text)
+    if number is not None:
+        if len(number.group(1).lstrip("0")) > _MAX_DIGITS:
+            return MAX_RETRY_AFTER_S
+        return min(float(text), MAX_RETRY_AFTER_S)
     if text[0] in "+-" or text[0].isdigit():
         return None  # a negative, signed or malformed number, not a date
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # "-0000" means UTC without a claim about the local zone
+    if when.tzinfo is None:  # asctime and "-0000" carry no zone: an HTTP-date is GMT
         when = when.replace(tzinfo=UTC)
     try:
         delta = when.timestamp() - now_epoch_s
@@ -91,7 +109,7 @@ def parse_retry_after(value: str, now_epoch_s: float) -> float | None:
         return None
     if not math.isfinite(delta):
         return None
-    return max(0.0, delta)
+    return min(max(0.0, delta), MAX_RETRY_AFTER_S)
 
 
 def _is_number(value: Any) -> bool:

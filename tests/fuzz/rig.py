@@ -23,7 +23,7 @@ from proxy.core.service import Service
 from proxy.frontend.http.app import McpHttpApp
 from proxy.policy.store import PolicyStore
 from proxy.settings import Settings
-from proxy.upstream.sse_parse import SseParser
+from proxy.upstream.sse.parse import SseParser
 from tests.fixtures.helpers import PYTHON, SCRIPTED_SERVER
 
 T = TypeVar("T")

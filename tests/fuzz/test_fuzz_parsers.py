@@ -1,6 +1,6 @@
 """Property tests of the pure parsers a peer's bytes reach first.
 
-- The SSE parser (`proxy/upstream/sse_parse.py`) against a reference reading of the WHATWG event
+- The SSE parser (`proxy/upstream/sse/parse.py`) against a reference reading of the WHATWG event
   stream rules written here from the specification, whatever the chunk boundaries: same events,
   same last event id, same reconnection time; the only exception it may raise is `SseError`, and
   only when a line or an event is larger than its bound.
@@ -26,7 +26,7 @@ from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, class
 from proxy import jsonrpc
 from proxy.frontend.hostcheck import HostAllowList, OriginAllowList
 from proxy.frontend.http.checks import plainly_routable
-from proxy.upstream.sse_parse import SseError, SseEvent, SseParser
+from proxy.upstream.sse.parse import SseError, SseEvent, SseParser
 from tests.fuzz.strategies import JSON, jsonrpc_shaped, modern_request
 
 # ---------------------------------------------------------------------------------------------- SSE

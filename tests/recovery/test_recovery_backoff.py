@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
+import orjson
 import pytest
 
 from proxy.policy.compiled import Backoff
 from proxy.recovery.backoff import (
+    MAX_RETRY_AFTER_S,
     backoff_cap_s,
     backoff_delay_s,
     is_negative_pushback,
@@ -48,23 +51,56 @@ def test_no_jitter_is_the_cap_and_does_not_call_rand():
 NOW = 1_700_000_000.0
 
 
+def _http_date(epoch_s: float) -> str:
+    return format_datetime(datetime.fromtimestamp(epoch_s, UTC), usegmt=True)
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
+        # delay-seconds
         ("0", 0.0),
+        ("7", 7.0),
         ("120", 120.0),
         ("  7 ", 7.0),
-        ("1.5", 1.5),
-        (format_datetime(datetime.fromtimestamp(NOW + 30, UTC), usegmt=True), 30.0),
+        ("007", 7.0),
+        ("1.5", 1.5),  # a fraction, read leniently
+        ("31536000", MAX_RETRY_AFTER_S),  # the maximum itself
+        # huge: the maximum, neither 1e20 s nor an overflow nor ignored
+        ("31536001", MAX_RETRY_AFTER_S),
+        ("99999999999999999999", MAX_RETRY_AFTER_S),
+        ("9" * 5000, MAX_RETRY_AFTER_S),
+        ("00000000000000000000000000000007", 7.0),  # leading zeros do not make it huge
+        ("99999999999999999999.5", MAX_RETRY_AFTER_S),
+        # HTTP-date, in each of its three forms
+        (_http_date(NOW + 30), 30.0),
+        (_http_date(NOW + 30).replace("GMT", "-0000"), 30.0),
+        (time.strftime("%a, %d-%b-%y %H:%M:%S GMT", time.gmtime(NOW + 30)), 30.0),  # RFC 850
+        (time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(NOW + 30)), 30.0),  # asctime: GMT
         ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: now
+        (_http_date(NOW), 0.0),
+        (_http_date(NOW + 2 * 365 * 24 * 3600), MAX_RETRY_AFTER_S),  # beyond the maximum
+        ("Fri, 31 Dec 9999 23:59:59 GMT", MAX_RETRY_AFTER_S),
+        # garbage: ignored
         ("-5", None),
+        ("-0", None),
         ("+5", None),
         ("5s", None),
+        ("5 s", None),
+        ("1.", None),
+        (".5", None),
         ("", None),
+        ("   ", None),
+        (None, None),
         ("soon", None),
         ("1e3", None),
         ("NaN", None),
+        ("inf", None),
+        ("Infinity", None),
+        ("\u0661\u0662", None),  # Arabic-Indic digits: not delay-seconds
+        ("\u00b2", None),  # superscript two: a digit to str.isdigit, not to float
         ("Wed, 99 Foo 2015 07:28:00 GMT", None),
+        ("Wed, 21 Oct 99999 07:28:00 GMT", None),  # a year Python's dates cannot hold
     ],
 )
 def test_parse_retry_after(value, expected):
@@ -77,6 +113,15 @@ def test_parse_retry_after(value, expected):
 
 def test_parse_retry_after_rejects_non_strings():
     assert parse_retry_after(5, NOW) is None  # type: ignore[arg-type]
+
+
+def test_the_longest_retry_after_is_a_year_and_its_milliseconds_encode_as_json():
+    """What reports and relayed failures carry (`retryAfterMs`) is an integer of milliseconds:
+    past 64 bits, the JSON encoder refuses it, and the whole answer with it."""
+    assert MAX_RETRY_AFTER_S == 365 * 24 * 3600
+    longest = parse_retry_after("99999999999999999999", NOW)
+    assert longest == MAX_RETRY_AFTER_S
+    assert orjson.loads(orjson.dumps({"retryAfterMs": int(longest * 1000)})) == {"retryAfterMs": 31_536_000_000}
 
 
 @pytest.mark.parametrize(

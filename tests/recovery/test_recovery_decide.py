@@ -8,6 +8,7 @@ import pytest
 
 from proxy.errors import Dispatch
 from proxy.policy.compiled import Backoff, Category, IdempotencyKey, SideEffect, ToolPolicy
+from proxy.recovery.backoff import MAX_RETRY_AFTER_S, parse_retry_after
 from proxy.recovery.decide import (
     CallState,
     Deliver,
@@ -316,3 +317,11 @@ def test_an_unreachable_upstream_is_retried_across_a_restart_not_within_it(kind)
         assert waits == [pytest.approx(first), pytest.approx(second)]
     answered = decide(p, CallState.start(p, now_s=0.0).attempted(), failed(T), now_s=0.0, rand=lambda: 1.0)
     assert isinstance(answered, Retry) and answered.delay_s == pytest.approx(0.2)
+
+
+def test_a_huge_retry_after_gives_up_at_once_and_reports_the_longest_wait():
+    """`Retry-After: 99999999999999999999` is the longest wait the parser reports, which is over
+    any cap: the call stops now, reporting that wait, instead of sleeping or overflowing."""
+    wait = parse_retry_after("99999999999999999999", 0.0)
+    assert wait == MAX_RETRY_AFTER_S
+    assert run(policy(), state(), failed(T, retry_after_s=wait)) == GiveUp(StopReason.DEADLINE_EXHAUSTED, wait)

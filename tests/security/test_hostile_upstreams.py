@@ -25,8 +25,8 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream import stdio
 from proxy.upstream.base import Era
-from proxy.upstream.http import HttpUpstream
 from proxy.upstream.stdio import StdioUpstream
+from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.hostile_http import BOMB_GATE, gzip_bomb, hostile_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]

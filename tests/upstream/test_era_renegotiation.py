@@ -20,7 +20,7 @@ from proxy.core.relay import Relay
 from proxy.core.service import Service
 from proxy.policy.compiled import PolicySet
 from proxy.settings import Settings
-from proxy.upstream.http import HttpUpstream
+from proxy.upstream.streamable.upstream import HttpUpstream
 
 from .servers import serve
 

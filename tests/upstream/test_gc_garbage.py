@@ -25,7 +25,7 @@ import pytest
 from proxy.errors import UpstreamFailure, untraced
 from proxy.upstream.base import Era
 from proxy.upstream.h1 import ClientError, HttpClient
-from proxy.upstream.http import HttpUpstream
+from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.helpers import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

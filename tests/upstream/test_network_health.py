@@ -16,8 +16,8 @@ from proxy.errors import FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.settings import Settings
 from proxy.upstream.base import Era
-from proxy.upstream.http import HttpUpstream
-from proxy.upstream.sse import SseUpstream
+from proxy.upstream.sse.link import SseUpstream
+from proxy.upstream.streamable.upstream import HttpUpstream
 
 from .health import WAIT_S, Gauges
 from .servers import Journal, free_socket, serve, sse_app, streamable_app

@@ -26,8 +26,9 @@ from proxy.net import egress
 from proxy.net.tls import TlsConfigError, client_context
 from proxy.upstream.base import Era
 from proxy.upstream.h1 import HttpClient, TlsClosed, TlsError
-from proxy.upstream.http import HttpUpstream, translate_exception
-from proxy.upstream.sse import SseUpstream
+from proxy.upstream.sse.link import SseUpstream
+from proxy.upstream.streamable.failures import translate_exception
+from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.egress_proxy import EgressProxy
 from tests.fixtures.helpers import free_port, terminate, wait_port
 from tests.fixtures.tls import Pki, make_pki

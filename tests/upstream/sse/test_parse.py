@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.upstream.sse_parse import SseError, SseEvent, SseParser
+from proxy.upstream.sse.parse import SseError, SseEvent, SseParser
 
 
 def feed_all(chunks: list[bytes], parser: SseParser | None = None) -> list[SseEvent]:
@@ -110,7 +110,7 @@ def test_a_long_unterminated_line_is_scanned_once(monkeypatch: pytest.MonkeyPatc
     """Issue 13 item 7: an upstream dribbling one long line made the parser rescan everything it
     had kept on every chunk (quadratic: 41 s of CPU for 15 MiB). The work is counted in bytes
     scanned, not timed: it must stay linear in what was fed."""
-    import proxy.upstream.sse_parse as sse_parse
+    import proxy.upstream.sse.parse as sse_parse
 
     counting = _CountingPattern(sse_parse._LINE_END)
     monkeypatch.setattr(sse_parse, "_LINE_END", counting)

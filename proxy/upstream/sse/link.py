@@ -56,17 +56,17 @@ from proxy.upstream.base import (
     PendingTable,
 )
 from proxy.upstream.h1 import ProxyRoute
-from proxy.upstream.http import (
+from proxy.upstream.sse.parse import SseError, SseParser
+from proxy.upstream.streamable.failures import (
     CLIENT_ERRORS,
     MAX_ERROR_BODY,
-    HttpClientOwner,
-    _Written,
+    WriteFlag,
     bounded_detail,
     read_bounded,
     session_refused,
     status_failure,
 )
-from proxy.upstream.sse_parse import SseError, SseParser
+from proxy.upstream.streamable.owner import HttpClientOwner
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class SseLegacyLink(LinkBase):
             return
         self._closed = True
         self._drop_connection("the proxy closed the upstream link")
-        self._upstream._forget(self)
+        self._upstream.forget(self)
 
     def _not_the_streams_principal(self, headers: Mapping[str, str] | None) -> bool:
         """The POST carried a credential other than the one the open stream was opened with."""
@@ -403,7 +403,7 @@ class SseLegacyLink(LinkBase):
         self, endpoint: str, message: Message, headers: Mapping[str, str] | None, ex: Exchange | None
     ) -> int:
         """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise."""
-        flag = _Written()
+        flag = WriteFlag()
 
         def on_write() -> None:
             flag.written = True
@@ -482,8 +482,9 @@ class SseUpstream(HttpClientOwner):
         self._links.add(link)
         return link
 
-    def _forget(self, link: SseLegacyLink) -> None:
-        self._links.discard(link)
+    def forget(self, link: LinkBase) -> None:
+        if isinstance(link, SseLegacyLink):
+            self._links.discard(link)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(link.aclose() for link in list(self._links)), return_exceptions=True)

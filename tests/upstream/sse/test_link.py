@@ -16,9 +16,9 @@ from starlette.routing import Route
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
-from proxy.upstream.sse import SseLegacyLink, SseUpstream
+from proxy.upstream.sse.link import SseLegacyLink, SseUpstream
 
-from .servers import Journal, free_socket, initialize_request, serve, sse_app
+from ..servers import Journal, free_socket, initialize_request, serve, sse_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0

@@ -10,7 +10,7 @@ Why our own parser and not `httpx-sse`: mcp 2.3.0 depends on `httpx2` (its own S
 there), not on `httpx` + `httpx-sse`, so `httpx-sse` would be one more dependency for ~100 lines.
 Owning it also lets us keep `data` as bytes (orjson parses bytes directly, no str round trip),
 bound the size of one event (a misbehaving upstream cannot make us buffer without limit), and feed
-it from `Response.aiter_raw()` chunks whatever their boundaries.
+it from the HTTP client's chunks whatever their boundaries.
 """
 
 from __future__ import annotations

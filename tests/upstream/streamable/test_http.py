@@ -19,16 +19,13 @@ from starlette.routing import Route
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
-from proxy.upstream.http import (
-    HttpLegacyLink,
-    HttpModernLink,
-    HttpUpstream,
-    encode_header_value,
-    forgot_session,
-    parse_retry_after,
-)
+from proxy.upstream.streamable.failures import forgot_session
+from proxy.upstream.streamable.headers import encode_header_value
+from proxy.upstream.streamable.legacy import HttpLegacyLink
+from proxy.upstream.streamable.modern import HttpModernLink
+from proxy.upstream.streamable.upstream import HttpUpstream
 
-from .servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
+from ..servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -342,13 +339,6 @@ def test_header_value_rule() -> None:
     assert encode_header_value("a\r\nb") == "=?base64?YQ0KYg==?="
 
 
-def test_retry_after_parsing() -> None:
-    assert parse_retry_after("7") == 7.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
-    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
-
-
 # --- failures --------------------------------------------------------------------------------
 def status_app(status: int, headers: dict[str, str] | None = None, jsonrpc_error: bool = False) -> Starlette:
     async def endpoint(request: Request) -> Response:
@@ -608,6 +598,37 @@ async def test_a_json_answer_over_the_message_bound_fails_the_call_on_both_paths
                 assert "exceeds 65536 bytes" in f.detail
                 ok = await answer(await link.send_request(call(link, "small", {"size": 1000}, MODERN_META)))
                 assert len(text_of(ok)) == 1000
+        finally:
+            await up.aclose()
+
+
+async def test_a_header_the_client_cannot_send_is_refused_alike_on_both_paths() -> None:
+    """A caller's header the HTTP client refuses to write (a line break in its value) fails the
+    request before anything is sent, as the same failure whether the request goes through an
+    exchange task (no pooled connection yet) or is written at once on an idle connection."""
+
+    async def endpoint(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        result = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = Starlette(routes=[Route("/mcp", endpoint, methods=["POST"])])
+    async with serve(app) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+        try:
+            link = await up.open(Era.MODERN)
+            for path in ("exchange task", "idle connection"):
+                with pytest.raises(UpstreamFailure) as info:
+                    await link.send_request(call(link, "t", {}, MODERN_META), headers={"x-bad": "a\r\nInjected: 1"})
+                f = info.value
+                assert (f.kind, f.dispatched, f.detail) == (
+                    FailureKind.PROTOCOL,
+                    Dispatch.NO,
+                    "a request header is not valid",
+                ), path
+                assert link.in_flight == 0, path
+                ok = await answer(await link.send_request(call(link, "t", {}, MODERN_META)))
+                assert text_of(ok) == "ok"  # and now a pooled connection is idle
         finally:
             await up.aclose()
 

@@ -117,10 +117,13 @@ def _is_number(value: Any) -> bool:
 
 
 def retry_after_ms_s(value: Any) -> float | None:
-    """An upstream's `retryAfterMs` in seconds, or None when it is absent, garbage or negative."""
+    """An upstream's `retryAfterMs` in seconds, or None when it is absent, garbage or negative;
+    never above `MAX_RETRY_AFTER_S`, as for `Retry-After` (a huge value would overflow the
+    milliseconds the report echoes)."""
     if not _is_number(value) or value < 0:
         return None
-    return float(value) / 1000.0
+    seconds = float(value) / 1000.0
+    return seconds if seconds < MAX_RETRY_AFTER_S else MAX_RETRY_AFTER_S
 
 
 def is_negative_pushback(value: Any) -> bool:

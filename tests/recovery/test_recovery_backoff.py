@@ -136,6 +136,7 @@ def test_the_longest_retry_after_is_a_year_and_its_milliseconds_encode_as_json()
         (None, None, False),
         (math.inf, None, False),
         (math.nan, None, False),
+        (10**23, 365 * 24 * 3600.0, False),  # clamped to a year: the report echoes it in 64-bit milliseconds
     ],
 )
 def test_retry_after_ms(value, seconds, negative):

@@ -28,7 +28,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from proxy.auth.base import AuthRefused
 from proxy.settings import Settings
@@ -112,3 +112,39 @@ class VouchGate:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self.per_s
+
+    async def ask(self, key: str, ping: Callable[[], Awaitable[None]], loop: asyncio.AbstractEventLoop) -> None:
+        """Vouch for principal `key` with `ping` (raising `AuthRefused` when the upstream refuses),
+        within this gate: a remembered refusal is raised again without a ping, a ping already in
+        flight for the same principal is waited for, and beyond the ping budget `VouchLimited` is
+        raised."""
+        for _ in range(2):  # a ping in flight that ended without a verdict: ask once more
+            remembered = self.refused(key)
+            if remembered is not None:
+                raise remembered
+            pending = self.pending.get(key)
+            if pending is None:
+                break
+            verdict = await asyncio.shield(pending)
+            if verdict is True:
+                return
+            if isinstance(verdict, AuthRefused):
+                raise fresh(verdict)
+        wait_s = self.take()
+        if wait_s > 0.0:
+            raise VouchLimited(wait_s)
+        mine: asyncio.Future[AuthRefused | bool] = loop.create_future()
+        self.pending[key] = mine
+        outcome: AuthRefused | bool = False
+        try:
+            await ping()
+            outcome = True
+            self.forget(key)
+        except AuthRefused as refusal:
+            outcome = fresh(refusal)
+            self.remember(key, refusal)
+            raise
+        finally:
+            if self.pending.get(key) is mine:
+                del self.pending[key]
+            mine.set_result(outcome)

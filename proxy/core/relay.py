@@ -1,64 +1,43 @@
 """The session relay: everything that is not recovery, in both directions.
 
-One `Relay` serves one downstream legacy session (over its own upstream link), or all 2026-07-28
+One `Relay` serves one downstream 2025 session (over its own upstream link), or all 2026-07-28
 requests (over the shared modern link). It
 - forwards client requests with the proxy's own upstream ids and progress tokens, and puts the
   caller's id and token back on what returns;
 - hands `tools/call` to the tool-call seam (the recovery engine), which calls `attempt` once per
   attempt;
-- maps server-to-client requests (sampling, elicitation, roots) to ids of its own and their
-  answers back to the upstream's ids;
-- routes server messages that belong to no request. A legacy session's relay has its own upstream
-  link and one client: such a message goes to the newest request stream still open (stdio
-  upstreams cannot say which request a log line belongs to), else to the client's listen stream,
-  else to a bounded backlog flushed when one opens. The modern relay's link is shared by every
-  2026 caller: a message it cannot tie to exactly one caller (by response id, progress token,
-  subscription id, or the request stream a server request arrived on) goes to none of them; it
-  is dropped and counted (`mcp_recovery_dropped_messages_total{reason="untied"}`), and a server
-  request dropped so is answered upstream with an error, so the server does not wait for it.
-  One exception, a log line (`notifications/message`) while exactly one request stream is open on
-  the shared relay and that request asked for log messages (`io.modelcontextprotocol/logLevel`):
-  a 2026 server sends log messages only for a request that asked, and a stdio child writes a
-  request's log lines before its answer, so the line is that request's (a 2026 client of a stdio
-  upstream got none of its log messages before);
+- maps server-to-client requests (sampling, elicitation, roots) and routes server messages tied to
+  no request (proxy/core/routing.py: on the shared link such a message reaches no caller, and an
+  untied server request is answered upstream with an error so the server does not wait for it);
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
-- `--auth passthrough` (`vouch`): lets a caller act on a legacy session in ways the upstream never
+- `--auth passthrough` (`vouch`): lets a caller act on a 2025 session in ways the upstream never
   sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
-  request) only with a credential the upstream accepts on that session; the pings that ask it
-  are bounded per session (`vouch_gate`, proxy/auth/vouch.py).
+  request) only with a credential the upstream accepts on that session (proxy/auth/vouch.py).
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
-Bounds (issue 13): every relayed request other than `tools/call` (whose budget the engine owns)
-has a timeout (`request_timeout_s`); one that runs out is cancelled upstream the way its
-transport and revision require (`_cancel_upstream`) and answered with a JSON-RPC error
-(`REQUEST_TIMEOUT`, -32001) that says so, and counted (`mcp_recovery_relayed_timeouts_total`).
-Requests that are long-lived by design
-(`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight cap bounds
-them. With `max_in_flight`, a session (or, on the shared 2026 relay, one caller) has at most that
-many requests upstream at once, `tools/call` attempts included; more wait their turn within their
-own timeout, so one session cannot hold every pooled upstream connection. With `shares` (a
-`proxy.core.shares.ClientShares` every relay of the upstream shares), a client (`client` for a 2025
-session, the caller on the shared relay) has at most its share upstream across all its sessions
-and both eras (its sessions' upstream listen streams are not counted: each has a connection of
-its own, outside the pool); as many more wait, and a request beyond that is refused at once with an `OVERLOADED`
-failure that was not sent (`mcp_recovery_http_refused_total{reason="upstream_share"}`).
+Bounds: every relayed request other than `tools/call` (whose budget the engine owns) has a timeout
+(`request_timeout_s`); one that runs out is cancelled upstream the way its transport and revision
+require (`_cancel_upstream`), answered with a JSON-RPC error (`REQUEST_TIMEOUT`, -32001) that says
+so, and counted (`mcp_recovery_relayed_timeouts_total`). Requests long-lived by design
+(`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight limits bound
+them (`max_in_flight` per session or caller, and each client's share across its sessions:
+proxy/core/admission.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import functools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import FunctionType, MethodType
 from typing import Any
 
-from proxy.auth.base import AuthRefused, Principal
+from proxy.auth.base import Principal
 from proxy.auth.challenge import upstream_refusal
-from proxy.auth.vouch import VouchGate, VouchLimited, fresh
+from proxy.auth.vouch import VouchGate
 from proxy.core.admission import Admission, ClientShares
 from proxy.core.catalog import Catalogs, ToolCatalog
 from proxy.core.deadlines import AttemptTimedOut, AttemptTimer, Deadlines
@@ -74,6 +53,7 @@ from proxy.core.outbox import (
     progress_token_of,
     timeout_response,
 )
+from proxy.core.routing import Delivery, ServerRequests
 from proxy.core.task_owners import TaskOwners
 from proxy.errors import FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
@@ -84,17 +64,14 @@ from proxy.jsonrpc import (
     Message,
     RequestId,
     bounded,
-    dumps,
     error,
     valid_id,
 )
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import SUBSCRIPTION_ID, UPSTREAM_NOTICES, Era, Exchange, UpstreamLink, discover_request
+from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink, discover_request
 
 log = logging.getLogger("proxy.relay")
 
-BACKLOG_LIMIT = 256
-BACKLOG_BYTES = 4 * 1024 * 1024
 # Refusals of untied server requests (the shared link) being written upstream at once; past it, none.
 REFUSALS_IN_FLIGHT = 64
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
@@ -161,21 +138,11 @@ class Relay:
             handler = handler.__call__
         self._tool_calls: ToolCallHandler | None = handler
         self._inflight: dict[RequestId, asyncio.Task[Any]] = {}
-        self._streams: list[Outbox] = []
-        self._listen: Outbox | None = None
-        self._backlog: deque[tuple[Message, int]] = deque()
-        self._backlog_bytes = 0
-        self._server_ids = itertools.count(1)
-        self._server_requests: dict[str, RequestId] = {}  # our downstream id -> the upstream's id
-        self._server_requests_rev: dict[RequestId, str] = {}
-        # Shared link: the request stream each server request was delivered on (its later
-        # notifications/cancelled goes there, and nowhere else).
-        self._server_request_streams: dict[str, Outbox] = {}
-        # Shared link: the open request streams whose request asked for log messages.
-        self._log_streams: set[Outbox] = set()
         # Several callers share the modern link (unless the service serves one client, on stdio):
-        # what cannot be tied to one of them reaches none.
+        # what cannot be tied to one of them reaches none (proxy/core/routing.py).
         self.shared = (link.era is Era.MODERN and session_id is None) if shared is None else shared
+        self.delivery = Delivery(self.shared)
+        self.server_requests = ServerRequests()
         # Backpressure: a link that can pause reading its upstream (a session's own stdio child)
         # is paused while any of the session's streams holds more than its clients read.
         self._pause = getattr(link, "pause_reading", None) if not self.shared else None
@@ -211,7 +178,7 @@ class Relay:
 
     @property
     def busy(self) -> bool:
-        return bool(self._streams) or bool(self._inflight)
+        return bool(self.delivery.streams) or bool(self._inflight)
 
     # -- client -> upstream -------------------------------------------------------------------
     async def handle_request(
@@ -239,9 +206,7 @@ class Relay:
         self.last_activity = time.monotonic()
         if method != "initialize":
             self.initialized = True
-        self._streams.append(outbox)
-        if self.shared and asks_for_logs(request):
-            self._log_streams.add(outbox)
+        self.delivery.opened(outbox, self.shared and asks_for_logs(request))
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure
         requests = self.requests
@@ -289,9 +254,7 @@ class Relay:
             task.uncancel()
             outbox.send(error(down_id, SHUTTING_DOWN, "the proxy is shutting down: the request was cancelled upstream"))
         finally:
-            self._streams.remove(outbox)
-            if self._log_streams:
-                self._log_streams.discard(outbox)
+            self.delivery.closed(outbox)
             if requests is not None:
                 requests.leave(task)  # type: ignore[arg-type]
             if by_id and self._inflight.get(down_id) is task:
@@ -471,10 +434,8 @@ class Relay:
         401 or 403 raise `AuthRefused` with that status, as a relayed request's refusal does.
         Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked.
 
-        With `vouch_gate` (set under passthrough) and the caller's principal id as `key`, the
-        pings are bounded (proxy/auth/vouch.py): a remembered refusal is raised again without a
-        ping, a ping already in flight for the same principal is waited for, and beyond the
-        session's ping budget `VouchLimited` is raised."""
+        With `vouch_gate` (passthrough) and the caller's principal id as `key`, the pings are
+        bounded (`VouchGate.ask`)."""
         credential = headers.get("authorization") if headers is not None else None
         if credential is not None and credential == getattr(self.link, "caller_authorization", None):
             return
@@ -482,36 +443,7 @@ class Relay:
         if gate is None or key is None:
             await self._vouch_ping(credential)
             return
-        for _ in range(2):  # a ping in flight that ended without a verdict: ask once more
-            remembered = gate.refused(key)
-            if remembered is not None:
-                raise remembered
-            pending = gate.pending.get(key)
-            if pending is None:
-                break
-            verdict = await asyncio.shield(pending)
-            if verdict is True:
-                return
-            if isinstance(verdict, AuthRefused):
-                raise fresh(verdict)
-        wait_s = gate.take()
-        if wait_s > 0.0:
-            raise VouchLimited(wait_s)
-        mine: asyncio.Future[AuthRefused | bool] = self._loop().create_future()
-        gate.pending[key] = mine
-        outcome: AuthRefused | bool = False
-        try:
-            await self._vouch_ping(credential)
-            outcome = True
-            gate.forget(key)
-        except AuthRefused as refusal:
-            outcome = fresh(refusal)
-            gate.remember(key, refusal)
-            raise
-        finally:
-            if gate.pending.get(key) is mine:
-                del gate.pending[key]
-            mine.set_result(outcome)
+        await gate.ask(key, functools.partial(self._vouch_ping, credential), self._loop())
 
     async def _vouch_ping(self, credential: str | None) -> None:
         ping = {"jsonrpc": "2.0", "id": "vouch", "method": "ping"}
@@ -632,13 +564,10 @@ class Relay:
     async def handle_response(self, message: Message) -> None:
         """The client's answer to a server-to-client request."""
         self.last_activity = time.monotonic()
-        down_id: Any = message.get("id")
-        upstream_id = self._server_requests.pop(down_id, None) if isinstance(down_id, str) else None
+        upstream_id = self.server_requests.answered(message.get("id"))
         if upstream_id is None:
             log.info("dropped a client response for an unknown request id")
             return
-        self._server_requests_rev.pop(upstream_id, None)
-        self._server_request_streams.pop(down_id, None)
         try:
             await self.link.send_response({**message, "id": upstream_id})
         except UpstreamFailure as failure:
@@ -654,12 +583,12 @@ class Relay:
                     outbox.send(rewritten)
             return
         if "id" in message and method is not None:
-            mapped = self._map_server_request(message)
+            mapped = self.server_requests.map(message)
             if mapped is None:
                 return
             message = mapped
             if self.shared:
-                self._server_request_streams[mapped["id"]] = outbox
+                self.server_requests.streams[mapped["id"]] = outbox
         outbox.send(message)
 
     def _unsolicited(self, message: Message) -> None:
@@ -670,25 +599,19 @@ class Relay:
             if self.shared:
                 self._refuse_untied_request(message)
                 return
-            mapped = self._map_server_request(message)
+            mapped = self.server_requests.map(message)
             if mapped is None:
                 return
             message = mapped
         elif method == "notifications/cancelled":
             params = message.get("params")
-            if (
-                isinstance(params, dict)
-                and valid_id(params.get("requestId"))
-                and params["requestId"] in self._server_requests_rev
-            ):
-                down = self._server_requests_rev.pop(params["requestId"])
-                self._server_requests.pop(down, None)
-                message = {**message, "params": {**params, "requestId": down}}
-                if self.shared:
-                    stream = self._server_request_streams.pop(down, None)
-                    if stream is not None and not stream.closed:
-                        stream.send(message)
-                        return
+            ours = self.server_requests.cancelled(params.get("requestId")) if isinstance(params, dict) else None
+            if ours is not None:
+                down, stream = ours
+                message = {**message, "params": {**params, "requestId": down}}  # type: ignore[dict-item]
+                if self.shared and stream is not None and not stream.closed:
+                    stream.send(message)
+                    return
         elif method == "notifications/progress":
             return  # progress for no request of ours
         elif method == "notifications/tools/list_changed":
@@ -715,54 +638,9 @@ class Relay:
         self._refusing -= 1
         self._background.discard(task)
 
-    def _map_server_request(self, message: Message) -> Message | None:
-        if not valid_id(message["id"]):
-            UPSTREAM_NOTICES.log(log, logging.INFO, "dropped a server request with an invalid id")
-            return None
-        down = f"proxy-{next(self._server_ids)}"
-        if len(self._server_requests) >= 1024:  # unanswered server requests: forget the oldest
-            oldest = next(iter(self._server_requests))
-            self._server_requests_rev.pop(self._server_requests.pop(oldest), None)
-            self._server_request_streams.pop(oldest, None)
-        self._server_requests[down] = message["id"]
-        self._server_requests_rev[message["id"]] = down
-        return {**message, "id": down}
-
     def deliver(self, message: Message) -> None:
-        """A message tied to no request: on the shared link, nobody (dropped, counted); on a
-        session's own link, the newest open request stream, else the listen stream, else the
-        backlog."""
-        if self.shared:
-            if message.get("method") == "notifications/message" and self._log_streams:
-                sole = self._sole_open_stream()
-                if sole is not None and sole in self._log_streams:
-                    sole.send(message)
-                    return
-            SHED.count("dropped_messages", "untied")
-            return
-        for outbox in reversed(self._streams):
-            if not outbox.closed:
-                outbox.send(message)
-                return
-        if self._listen is not None and not self._listen.closed:
-            self._listen.send(message)
-            return
-        size = len(dumps(message))
-        self._backlog.append((message, size))
-        self._backlog_bytes += size
-        while len(self._backlog) > BACKLOG_LIMIT or (self._backlog_bytes > BACKLOG_BYTES and len(self._backlog) > 1):
-            self._backlog_bytes -= self._backlog.popleft()[1]
-            SHED.count("dropped_messages", "backlog_full")
-
-    def _sole_open_stream(self) -> Outbox | None:
-        """The one request stream still open on this relay, or None when there are none or several."""
-        found: Outbox | None = None
-        for outbox in self._streams:
-            if not outbox.closed:
-                if found is not None:
-                    return None
-                found = outbox
-        return found
+        """A message tied to no request (proxy/core/routing.py)."""
+        self.delivery.deliver(message)
 
     def _pressure(self, on: bool) -> None:
         """A stream of this session passed (True) or drained below (False) its watermark."""
@@ -772,17 +650,10 @@ class Relay:
             self._pause(self._pressured > 0)  # type: ignore[misc]
 
     def attach_listen(self, outbox: Outbox) -> bool:
-        if self._listen is not None and not self._listen.closed:
-            return False
-        self._listen = outbox
-        backlog, self._backlog, self._backlog_bytes = self._backlog, deque(), 0
-        for message, _ in backlog:
-            outbox.send(message)
-        return True
+        return self.delivery.attach_listen(outbox)
 
     def detach_listen(self, outbox: Outbox) -> None:
-        if self._listen is outbox:
-            self._listen = None
+        self.delivery.detach_listen(outbox)
 
     async def settle(self, timeout_s: float = 1.0) -> None:
         """Wait (bounded) for the upstream cancellations this relay sent in the background, so

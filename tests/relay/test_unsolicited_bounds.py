@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from proxy import jsonrpc
-from proxy.core.relay import BACKLOG_BYTES, REFUSALS_IN_FLIGHT, Relay, ToolCatalog
+from proxy.core.relay import REFUSALS_IN_FLIGHT, Relay, ToolCatalog
+from proxy.core.routing import BACKLOG_BYTES
 from proxy.jsonrpc import Message
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
@@ -57,7 +58,7 @@ async def test_the_shared_relay_gives_an_untied_message_to_nobody() -> None:
     relay = Relay(await upstream.open(Era.MODERN), catalog=ToolCatalog())
     assert relay.shared
     stream = Collected()
-    relay._streams.append(stream)  # a caller's request stream is open
+    relay.delivery.streams.append(stream)  # a caller's request stream is open
     before = SHED.get("dropped_messages", "untied")
     relay._unsolicited(_log(0))
     assert stream.messages == []
@@ -71,11 +72,11 @@ async def test_the_shared_relay_ties_a_log_line_only_to_a_sole_request_that_aske
     upstream = StdioUpstream(["true"])
     relay = Relay(await upstream.open(Era.MODERN), catalog=ToolCatalog())
     asked, other = Collected(), Collected()
-    relay._streams.append(asked)
-    relay._log_streams.add(asked)  # what handle_request records for a request with logLevel
+    relay.delivery.streams.append(asked)
+    relay.delivery.log_streams.add(asked)  # what handle_request records for a request with logLevel
     relay._unsolicited(_log(0))
     assert [m["params"]["i"] for m in asked.messages] == [0]
-    relay._streams.append(other)  # a second caller's request, in flight at once
+    relay.delivery.streams.append(other)  # a second caller's request, in flight at once
     before = SHED.get("dropped_messages", "untied")
     relay._unsolicited(_log(1))
     assert [m["params"]["i"] for m in asked.messages] == [0] and other.messages == []

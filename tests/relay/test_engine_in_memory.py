@@ -462,9 +462,9 @@ async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_use
 
 
 def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
-    from proxy.core.engine import _PROGRESS_NOTES, _Progress
+    from proxy.core.call import PROGRESS_NOTES, CallProgress
 
-    progress = _Progress("caller-token", 0.0)
+    progress = CallProgress("caller-token", 0.0)
     huge = {"progressToken": "up-1", "progress": 1, "total": ["x"] * 1000, "message": "m" * 100_000}
     progress.rewrite({"jsonrpc": "2.0", "method": "notifications/progress", "params": huge})
     odd = {"progressToken": "up-1", "progress": True, "message": {"nested": "x" * 1000}}
@@ -472,11 +472,11 @@ def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
     first, second = (note.content for note in progress.notes)
     assert first == {"progress": 1, "message": "m" * 999 + "…"}, "numbers only, the message cut at 1,000"
     assert set(second) == {"message"} and len(second["message"]) <= 80
-    for _ in range(2 * _PROGRESS_NOTES):
+    for _ in range(2 * PROGRESS_NOTES):
         progress.rewrite(
             {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 2, "message": "m"}}
         )
-    assert len(progress.notes) == _PROGRESS_NOTES
+    assert len(progress.notes) == PROGRESS_NOTES
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from proxy.core.engine import _PROGRESS_NOTES, Engine
+from proxy.core.call import PROGRESS_NOTES
+from proxy.core.engine import Engine
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
 from proxy.upstream.base import Exchange, OnMessage
@@ -319,17 +320,17 @@ async def test_progress_messages_of_failed_attempts_are_partial_results_with_the
 
 
 async def test_progress_notes_kept_in_a_result_are_bounded_in_number(tmp_path: Path) -> None:
-    sent_1 = [(n, f"a1 {n}") for n in range(1, _PROGRESS_NOTES + 6)]
+    sent_1 = [(n, f"a1 {n}") for n in range(1, PROGRESS_NOTES + 6)]
     sent_2 = [(n, f"a2 {n}") for n in range(100, 105)]
     link = ProgressLink([answers(*sent_1, then=TRANSIENT), answers(*sent_2, then=TRANSIENT)])
     outbox, _ = await call(tmp_path, "attempts: 2\n", link, request())
     notes, answer = split(outbox)
     assert len(notes) == len(sent_1) + len(sent_2), "relaying is not bounded, only what the result keeps"
     kept = progress_partials(report_of(answer))
-    assert len(kept) == _PROGRESS_NOTES, len(kept)
+    assert len(kept) == PROGRESS_NOTES, len(kept)
     sent = [(1, v, t) for v, t in sent_1] + [(2, v, t) for v, t in sent_2]
     kept_keys = [(p["attempt"], p["content"]["progress"], p["content"]["message"]) for p in kept]
-    assert kept_keys == sent[-_PROGRESS_NOTES:], "the latest notes (the furthest the call got), in their order"
+    assert kept_keys == sent[-PROGRESS_NOTES:], "the latest notes (the furthest the call got), in their order"
 
 
 async def test_progress_notes_kept_in_a_result_are_bounded_in_length(tmp_path: Path) -> None:

@@ -181,5 +181,8 @@ def validate(message: Any) -> str | None:
 
 
 def bounded(text: str, limit: int = 512) -> str:
-    """Bound a string we echo back to a peer."""
+    """At most `limit` characters, ending with an ellipsis when cut: every string the proxy echoes
+    back to a peer, writes to a log or puts into a report is bounded by this one function."""
+    if limit <= 0:
+        return ""
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -27,9 +27,9 @@ from typing import Any
 
 from proxy.core.engine import Engine
 from proxy.core.service import Service
+from proxy.jsonrpc import bounded
 from proxy.policy.render import policy_as_dict, policy_rows
 from proxy.policy.resolve import specific_layers
-from proxy.recovery.redact import bound
 from proxy.telemetry.status import LABEL_LIMIT, StatusObserver
 
 POLL_MS = 2000
@@ -64,7 +64,7 @@ def status_document(
             allowed = None
             if ratio is not None or floor is not None:
                 allowed = (ratio or 0.0) * float(row["window_calls"]) + (floor or 0.0) * float(row["window_s"])  # type: ignore[arg-type]
-            circuits.append({**row, "tool": bound(tool, LABEL_LIMIT), "budget_allowed": allowed})
+            circuits.append({**row, "tool": bounded(tool, LABEL_LIMIT), "budget_allowed": allowed})
         entries = getattr(engine.ledger, "entries", None)
         if entries is not None:
             for entry in entries(now, limit=LEDGER_LIMIT):
@@ -93,13 +93,13 @@ def status_document(
     doc["upstream"] = {
         "description": service.upstream.description,
         "up": health.up,
-        "why": bound(health.why, 300) if health.why else None,
+        "why": bounded(health.why, 300) if health.why else None,
         "restarts": health.restarts,
         "eras": {"legacy": bool(caps and caps.legacy), "modern": bool(caps and caps.modern)},
         "sessions": len(service.sessions),
     }
     names = list(service.catalog.tools)
-    doc["listed_tools"] = [bound(n, LABEL_LIMIT) for n in names[:TOOL_NAMES_LIMIT]]
+    doc["listed_tools"] = [bounded(n, LABEL_LIMIT) for n in names[:TOOL_NAMES_LIMIT]]
     doc["listed_total"] = len(names)
     return doc
 

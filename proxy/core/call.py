@@ -27,6 +27,7 @@ from proxy.jsonrpc import (
     META_PREFIX,
     STRUCTURED_CONTENT_VERSIONS,
     Message,
+    bounded,
 )
 from proxy.policy.compiled import ToolPolicy
 from proxy.recovery import (
@@ -55,7 +56,6 @@ from proxy.recovery import (
 )
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome, outcome_name
-from proxy.recovery.redact import bound
 from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of, unreachable_s
 from proxy.recovery.timers import cut_by
 from proxy.telemetry.events import (
@@ -102,7 +102,7 @@ class CallProgress(ProgressRelay):
                 if isinstance(params.get(k), (int, float)) and not isinstance(params[k], bool)
             }
             text = params["message"]
-            note["message"] = bound(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bound(str(text), 80)
+            note["message"] = bounded(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bounded(str(text), 80)
             self.notes.append(PartialResult("progress", self.attempt, note))
         if self.token is None:
             return None  # the caller asked for no progress: kept as evidence only

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from proxy.errors import UpstreamFailure
-from proxy.jsonrpc import LATEST_MODERN
+from proxy.jsonrpc import LATEST_MODERN, bounded
 from proxy.policy.compile import DEFAULTS_NAMES, policy_file_names
 from proxy.policy.compiled import SideEffect
 from proxy.policy.resolve import annotation_side_effect, is_glob
@@ -71,8 +71,7 @@ class InitError(Exception):
 
 
 def _bounded(text: str, n: int = SHOWN_CHARS) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return bounded(" ".join(str(text).split()), n)
 
 
 # -- listing the tools -------------------------------------------------------------------------

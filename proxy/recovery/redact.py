@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from proxy.jsonrpc import bounded
 from proxy.secret_values import REDACTED, SECRETS
 
 DETAIL_LIMIT: Final = 300
@@ -205,13 +206,6 @@ def scrub_arguments(value: Any, arguments: Mapping[str, Any] | ArgumentValues | 
     return walk(value, 0)
 
 
-def bound(text: str, limit: int) -> str:
-    """At most `limit` characters, ending with an ellipsis when cut."""
-    if limit <= 0:
-        return ""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | ArgumentValues | None = None) -> str:
     """A single-line, bounded, secret-free and argument-free version of `text`. `arguments`: the
     call's arguments, or `argument_values` of them when several texts are redacted for one call."""
@@ -224,4 +218,4 @@ def redact(text: str, limit: int = DETAIL_LIMIT, arguments: Mapping[str, Any] | 
     for pattern, replacement in _PATTERNS:
         out = pattern.sub(replacement, out)
     out = _SPACE.sub(" ", out).strip()
-    return bound(out, limit)
+    return bounded(out, limit)

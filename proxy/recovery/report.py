@@ -52,6 +52,7 @@ from proxy.jsonrpc import (
     META_ATTEMPTS,
     META_UNREACHABLE_MS,
     META_UNRESOLVED,
+    bounded,
 )
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import tool_error_text
@@ -69,7 +70,7 @@ from proxy.recovery.outcome import (
     outcome_name,
 )
 from proxy.recovery.reasons import BUDGET_EXHAUSTED, StopReason
-from proxy.recovery.redact import ArgumentValues, argument_values, bound, redact, scrub_arguments
+from proxy.recovery.redact import ArgumentValues, argument_values, redact, scrub_arguments
 
 MESSAGE_LIMIT: Final = 1200
 PARTIAL_TEXT_LIMIT: Final = 1000
@@ -172,12 +173,12 @@ def rpc_error_as_result(error: Mapping[str, Any]) -> dict[str, Any]:
     code = error.get("code")
     message = error.get("message")
     text = f"The upstream answered with JSON-RPC error {code}: {message if isinstance(message, str) else ''}"
-    jsonrpc_error: dict[str, Any] = {"code": code, "message": bound(str(message or ""), PARTIAL_TEXT_LIMIT)}
+    jsonrpc_error: dict[str, Any] = {"code": code, "message": bounded(str(message or ""), PARTIAL_TEXT_LIMIT)}
     if "data" in error:
         jsonrpc_error["data"] = error["data"]
     return {
         "isError": True,
-        "content": [{"type": "text", "text": bound(text, PARTIAL_TEXT_LIMIT)}],
+        "content": [{"type": "text", "text": bounded(text, PARTIAL_TEXT_LIMIT)}],
         "structuredContent": {"jsonrpcError": jsonrpc_error},
     }
 
@@ -225,7 +226,7 @@ def ledger_summary(structured: Mapping[str, Any]) -> dict[str, Any]:
         summary["classification"] = dict(structured["classification"])
     steps = structured.get("attemptedSteps")
     if isinstance(steps, list) and steps and isinstance(steps[-1], dict) and isinstance(steps[-1].get("detail"), str):
-        summary["lastError"] = bound(steps[-1]["detail"], LAST_ERROR_LIMIT)  # redacted already (`_step`)
+        summary["lastError"] = bounded(steps[-1]["detail"], LAST_ERROR_LIMIT)  # redacted already (`_step`)
     return summary
 
 
@@ -441,13 +442,13 @@ def _message(
         # Nothing recognised the failure: the category is only the policy's label, so the text
         # says so and sends the reader to the tool's own words instead of guessing a cause.
         what = (
-            f"Tool '{bound(policy.tool, 100)}' failed with an error the proxy could not classify "
+            f"Tool '{bounded(policy.tool, 100)}' failed with an error the proxy could not classify "
             f"(reported as {category.value}, the policy's label for unclassified failures) after "
             f"{attempts} attempt(s) in {elapsed_s:.1f} s; the tool's own message is in this result."
         )
     else:
         what = (
-            f"Tool '{bound(policy.tool, 100)}' did not complete: {category.value} failure "
+            f"Tool '{bounded(policy.tool, 100)}' did not complete: {category.value} failure "
             f"({_evidence_phrase(evidence, category, defaulted)}) after {attempts} attempt(s) in {elapsed_s:.1f} s."
         )
     parts = [what]
@@ -461,7 +462,7 @@ def _message(
         if isinstance(earlier.get("attemptCount"), int):
             previous += f" after {earlier['attemptCount']} attempt(s)"
         why += f" The earlier call's cause: {previous}"
-        why += f": {bound(earlier['lastError'], 200)}." if earlier.get("lastError") else "."
+        why += f": {bounded(earlier['lastError'], 200)}." if earlier.get("lastError") else "."
     if retry_after_ms is not None:
         if reason is StopReason.LEDGER_EXHAUSTED:
             why += (
@@ -481,7 +482,7 @@ def _message(
         preserved += " The outcome is unknown: the change may have been applied."
     parts.append(preserved)
     parts.append(f"Next: {' '.join(str(a['description']) for a in actions[:2])}")
-    return bound(" ".join(part for part in parts if part), MESSAGE_LIMIT)
+    return bounded(" ".join(part for part in parts if part), MESSAGE_LIMIT)
 
 
 # --- the unresolved result -----------------------------------------------------------------------
@@ -500,7 +501,7 @@ def _failed_attempt_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str
                     {
                         "source": "failed_attempt",
                         "attempt": record.number,
-                        "content": [{"type": "text", "text": bound(text, PARTIAL_TEXT_LIMIT)}],
+                        "content": [{"type": "text", "text": bounded(text, PARTIAL_TEXT_LIMIT)}],
                     }
                 )
     return partials
@@ -622,14 +623,14 @@ def unresolved_result(
         category, evidence, defaulted = _preflight_classification(stop, earlier)
     classification = {
         "source": evidence.source.value,
-        "code": bound(evidence.code, 100) if isinstance(evidence.code, str) else evidence.code,
-        "rule": bound(evidence.rule, 200) if evidence.rule is not None else None,
+        "code": bounded(evidence.code, 100) if isinstance(evidence.code, str) else evidence.code,
+        "rule": bounded(evidence.rule, 200) if evidence.rule is not None else None,
         "defaulted": defaulted,
     }
 
     retry_after_ms = _ms(stop.retry_after_s)
     outcome_unknown = _is_outcome_unknown(policy, attempts)
-    partials = [{"source": bound(p.source, 100), "attempt": p.attempt, "content": p.content} for p in partial_results]
+    partials = [{"source": bounded(p.source, 100), "attempt": p.attempt, "content": p.content} for p in partial_results]
     partials.extend(_failed_attempt_partials(attempts))
     actions = suggested_actions(
         policy,
@@ -654,7 +655,7 @@ def unresolved_result(
         "deadlineMs": _ms(deadline_s) or 0,
         "attemptedSteps": [_step(record, values) for record in attempts],
         "partialResults": partials,
-        "unresolvedSources": [bound(s, 200) for s in (unresolved_sources or [policy.tool])],
+        "unresolvedSources": [bounded(s, 200) for s in (unresolved_sources or [policy.tool])],
         "outcomeUnknown": outcome_unknown,
         "operation": {
             "tool": policy.tool,

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.jsonrpc import META_DEADLINE_MS
+from proxy.jsonrpc import META_DEADLINE_MS, bounded
 from proxy.policy.compiled import ToolPolicy
-from proxy.recovery.redact import bound
 
 _SLACK_S = 0.001  # float noise between a timer's value and the same value computed from instants
 
@@ -47,7 +46,7 @@ class Cut:
             what = f"attempt {number} got no answer before the caller's deadline ({META_DEADLINE_MS}) of {value}"
         else:
             what = f"attempt {number} got no answer within {value}: cut by {self.key} {value}"
-        where = f" ({bound(_where(self.source), 120)})" if self.source else ""
+        where = f" ({bounded(_where(self.source), 120)})" if self.source else ""
         return f"{what}{where}; {_HINTS[self.key]}"
 
 

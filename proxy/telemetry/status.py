@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from proxy.recovery.redact import bound
+from proxy.jsonrpc import bounded
 from proxy.telemetry.events import AttemptFinished, CallFinished, CallReported, CallSucceeded, Event
 
 MAX_OPEN = 1024
@@ -109,7 +109,7 @@ class StatusObserver:
             self._reports.popitem(last=False)
         # A copy, bounded: the report is the caller's result, which the observer must not hold.
         text = orjson.dumps(event.report, default=str).decode()
-        self._reports[event.call_id] = orjson.loads(text) if len(text) <= REPORT_LIMIT else bound(text, REPORT_LIMIT)
+        self._reports[event.call_id] = orjson.loads(text) if len(text) <= REPORT_LIMIT else bounded(text, REPORT_LIMIT)
 
     def _finished(self, event: CallFinished) -> None:
         now = self._clock()
@@ -209,7 +209,7 @@ class StatusObserver:
             n = sum(r[0] for r in window)
             out.append(
                 {
-                    "tool": bound(tool, LABEL_LIMIT),
+                    "tool": bounded(tool, LABEL_LIMIT),
                     "calls": int(n),
                     "failed": int(sum(r[1] for r in window)),
                     "retries": int(sum(r[4] for r in window)),
@@ -234,8 +234,8 @@ def _call(entry: tuple[float, Event, tuple[Any, ...], Any], offset: float) -> di
     return {
         "at": round(at + offset, 3),
         "call_id": event.call_id or None,
-        "tool": bound(event.tool, LABEL_LIMIT),
-        "principal": bound(event.principal, LABEL_LIMIT) if event.principal is not None else None,
+        "tool": bounded(event.tool, LABEL_LIMIT),
+        "principal": bounded(event.principal, LABEL_LIMIT) if event.principal is not None else None,
         "outcome": event.outcome,
         "stop_reason": event.stop_reason,
         "category": event.category,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ssl
 from typing import Final
 
+from proxy.jsonrpc import bounded
+
 __all__ = [
     "BodyTooLarge",
     "ClientClosed",
@@ -106,8 +108,7 @@ class ConnectionClosed(ClientError):
 
 def printable(text: str, limit: int = 80) -> str:
     """`text` for a message: at most `limit` characters, anything but printable ASCII as `?`."""
-    cleaned = "".join(c if " " <= c <= "~" else "?" for c in text[:limit])
-    return cleaned + ("…" if len(text) > limit else "")
+    return bounded("".join(c if " " <= c <= "~" else "?" for c in text[: limit + 1]), limit)
 
 
 # OpenSSL verification codes that mean "the issuer is not trusted" (a private CA not given).

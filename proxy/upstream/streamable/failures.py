@@ -31,7 +31,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import RequestId, loads
+from proxy.jsonrpc import RequestId, bounded, loads
 from proxy.recovery.backoff import parse_retry_after
 from proxy.secret_values import SECRETS
 from proxy.upstream.h1 import BodyTooLarge, ClientError, ConnectError, InvalidURL, Response
@@ -48,8 +48,7 @@ MAX_CHALLENGE: Final = 2048
 
 def bounded_detail(text: str) -> str:
     # The proxy's credentials go before the cut, which could otherwise keep a prefix of one.
-    text = SECRETS.head(text, MAX_DETAIL + 1)
-    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
+    return bounded(SECRETS.head(text, MAX_DETAIL + 1), MAX_DETAIL)
 
 
 # What the HTTP client raises for a failed exchange (its own errors; socket errors, to be safe).

@@ -23,10 +23,10 @@ import pytest
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
-from proxy.upstream import stdio
 from proxy.upstream.base import Era
 from proxy.upstream.http import HttpUpstream
 from proxy.upstream.stdio import StdioUpstream
+from proxy.upstream.stdio import upstream as stdio
 from tests.fixtures.hostile_http import BOMB_GATE, gzip_bomb, hostile_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]

@@ -1,5 +1,5 @@
 """`SessionLink`: one 2025 session's view of the shared children (`--stdio-sessions shared`,
-shared.py), with what `Relay` needs of an `UpstreamLink`.
+shared.py): what `Relay` needs of an `UpstreamLink`.
 
 - Each request is placed on a child (`SharedSessions.place`) under the proxy's own request id, and
   counted in flight there until it is answered, so that what a child sends without naming a

@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import proxy.upstream.stdio.early as early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import LATEST_MODERN, Message
 from proxy.upstream.base import (
@@ -68,7 +69,6 @@ from proxy.upstream.base import (
     discover_request,
     initialize_request,
 )
-from proxy.upstream.stdio import early
 from proxy.upstream.stdio.adopt import adopt
 from proxy.upstream.stdio.link import StdioLink
 from proxy.upstream.stdio.process import (
@@ -140,7 +140,7 @@ class StdioUpstream:
         self.shared_sessions = shared_sessions and not single_session
         self.shared_children = max(1, shared_children)
         self._shared: SharedSessions | None = None
-        # the warm pool (module docstring); one session, or shared sessions, need none
+        # the warm pool (spares.py); one session, or shared sessions, need none
         self.spares = 0 if single_session or self.shared_sessions else spares
         self.spare_starts = max(1, spare_starts)
         self.spare_idle_s = spare_idle_s
@@ -155,12 +155,12 @@ class StdioUpstream:
         self._closed = False
         self._spawned = 0
         self._running: set[Child] = set()  # every child started and not yet exited
-        # Children being started (`_spawn`, between the process's creation and its return) and the
+        # Children being started (`spawn`, between the process's creation and its return) and the
         # stops run in the background (`_in_background`): `aclose` waits for both. The set keeps
         # the tasks alive, since the event loop keeps only weak references to them.
         self._spawning: set[asyncio.Future[None]] = set()
         self._background: set[asyncio.Task[object]] = set()
-        # Children starting at once (see `_spawn`); 0: the CPU count, at least 2.
+        # Children starting at once (see `spawn`); 0: the CPU count, at least 2.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
         self._start_slots: asyncio.Semaphore | None = None
         self.nice = nice  # `--stdio-nice`: applied once a child has started (`_started`)
@@ -283,7 +283,7 @@ class StdioUpstream:
 
     async def check(self) -> None:
         """Start a throwaway child (never the warm spare) and ask it a 2025 `initialize`, which
-        every stdio server answers; its answer marks the upstream up (in `_on_line`). Raises
+        every stdio server answers; its answer marks the upstream up (in `StdioLink.on_line`). Raises
         `UpstreamFailure` when the child exits or stays silent."""
         link = StdioLink(self, Era.LEGACY, takes_spare=False)
         try:

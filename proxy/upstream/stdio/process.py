@@ -339,7 +339,7 @@ def lower_priority(pid: int, nice: int) -> None:
     runs `nice` below the proxy from now on, and so does what they start later (inherited).
 
     Applied once the child has started, not before: a start is most of a Python server's CPU, a
-    niced one on a busy host took longer than its start timeout, and starts are already bounded
+    niced one on a busy host can take longer than its start timeout, and starts are already bounded
     (`--stdio-max-starting`). On a host with autogroup scheduling each session is weighed as one
     task whatever its processes' nice, and each guard leads a session of its own, so that group
     is lowered too (best effort: unprivileged writes are rate-limited by the kernel). In a

@@ -4,7 +4,8 @@
 
 Without it each 2025 session starts its own server process, and a session per call pays a process
 start per call. Here at most N children (`SharedChild`, each a supervised `StdioLink`: respawned
-after a crash, its handshake replayed) serve every session:
+after a crash, its handshake replayed) serve every session, each session through its own
+`SessionLink` (shared_link.py; the children know it by `Session`, what they need of it):
 
 - Each child is initialized by the proxy, with its own `initialize` (`notifications/initialized`
   follows), before its first request; each session's `initialize` is answered by the proxy from

@@ -264,7 +264,7 @@ class SharedChild:
         if not valid_id(message["id"]):
             return
         answer = error(message["id"], INTERNAL_ERROR, "the proxy cannot tie this request to one client")
-        self.owner._background(self.link.send_response(answer))
+        self.owner.background(self.link.send_response(answer))
 
     def reset(self) -> StdioLink:
         """Stop using this child (reaped): a fresh link takes its place, started when needed."""
@@ -344,7 +344,7 @@ class SharedSessions:
         """Start and initialize every child at once, in the background (the upstream's probe
         awaits it, so that a ready proxy has its children running); one that fails is started
         again when a request needs it."""
-        return self._background(self._start_all())
+        return self.background(self._start_all())
 
     async def _start_all(self) -> None:
         await asyncio.gather(*(self._start(child) for child in self.children))
@@ -352,7 +352,7 @@ class SharedSessions:
     def warm(self, child: SharedChild) -> None:
         """Start and initialize `child` in the background."""
         if not child.warming and not child.running:
-            self._background(self._start(child))
+            self.background(self._start(child))
 
     async def _start(self, child: SharedChild) -> None:
         child.warming = True
@@ -407,7 +407,7 @@ class SharedSessions:
                 del self.server_requests[key]
                 child = self.children[key[0]]
                 answer = error(key[1], INTERNAL_ERROR, "the client's session ended")
-                self._background(child.link.send_response(answer))
+                self.background(child.link.send_response(answer))
         home = session.home
         emptied = []
         for uri, sessions in list(home.subscriptions.items()):
@@ -441,13 +441,14 @@ class SharedSessions:
                 break
             if child.homed or child.busy or now - child.used_at <= idle_s:
                 continue
-            self._background(child.reset().aclose())
+            self.background(child.reset().aclose())
             reaped += 1
         if reaped:
             log.info("stopped %d shared upstream children unused for %g s", reaped, idle_s)
         return reaped
 
-    def _background(self, coroutine: Any) -> asyncio.Task[Any]:
+    def background(self, coroutine: Any) -> asyncio.Task[Any]:
+        """Run `coroutine` without waiting for it, kept (strongly) until it ends."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy.upstream import early
+from proxy.upstream.stdio import early
 
 if TYPE_CHECKING:
     from proxy.settings import Settings

@@ -23,9 +23,9 @@ import pytest
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
-from proxy.upstream import stdio
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream
+from proxy.upstream.stdio import upstream as stdio
 from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.hostile_http import BOMB_GATE, gzip_bomb, hostile_http
 

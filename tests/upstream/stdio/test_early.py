@@ -11,10 +11,9 @@ import sys
 
 import pytest
 
-from proxy.upstream import early
 from proxy.upstream.base import Era
-from proxy.upstream.stdio import StdioUpstream
-from tests.upstream.test_stdio import CHILD, _call
+from proxy.upstream.stdio import StdioUpstream, early
+from tests.upstream.stdio.test_link import CHILD, _call
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -29,8 +29,7 @@ import pytest
 from proxy.core.service import Service
 from proxy.errors import UpstreamFailure
 from proxy.settings import Settings
-from proxy.upstream.startwait import STRETCH
-from proxy.upstream.stdio import StdioUpstream
+from proxy.upstream.stdio import STRETCH, StdioUpstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(120)]
 

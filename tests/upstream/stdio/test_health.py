@@ -21,7 +21,7 @@ from proxy.jsonrpc import Message
 from proxy.settings import Settings
 from proxy.upstream.stdio import StdioUpstream
 
-from .health import WAIT_S, Gauges
+from ..health import WAIT_S, Gauges
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

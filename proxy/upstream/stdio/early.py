@@ -1,22 +1,23 @@
-"""Start the stdio upstream of `serve --listen stdio` before the proxy's own imports (issue 12).
+"""Start the stdio upstream of `serve --listen stdio` before the proxy's own imports.
 
 Contract:
 - `start(argv)` is the first thing `proxy.cli.main` does. When `argv` plainly asks for
   `serve --listen stdio` with a command (after `--`, else `MCP_RECOVERY_UPSTREAM_COMMAND`), it
-  starts that command under `_guard.py` exactly as `StdioUpstream._spawn` would (its own session
+  starts that command under `_guard.py` exactly as `StdioUpstream.spawn` would (its own session
   and process group, stdin/stdout/stderr piped, other descriptors closed, the guard told the
   proxy's pid), so the child boots while the proxy imports pydantic, uvicorn, OpenTelemetry and
   sets itself up. Anything unusual (help, an abbreviated or unknown way to say `--listen`,
   `--upstream` as well, an unparsable command) starts nothing: the normal path then spawns the
-  child as before, so this is only ever an earlier start, never a different one.
+  child itself, so this is only ever an earlier start, never a different one.
 - `take(command)` hands the early child, once, to the `StdioUpstream` whose command is exactly the
   one started; a later child (a respawn) is spawned the normal way.
 - `discard()` ends an early child nobody took (the settings were invalid, the proxy stopped before
   the upstream was built). A proxy that dies without calling it still takes the child with it:
   the guard's parent-death signal does that.
 
-Only the standard library, and only cheap modules of it, are imported here: whatever this module
-costs is added to the client's wait before the child even starts.
+Only the standard library, and only cheap modules of it, are imported here (and by the package's
+`__init__`, which runs first): whatever this module costs is added to the client's wait before
+the child even starts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class EarlyChild:
 
     def kill(self, grace_s: float = 2.0) -> None:
         """End the guard's whole group now: SIGTERM (the guard then ends the command's group), and
-        SIGKILL to the group if it is still there after `grace_s`, as `_Child.terminate` does for
+        SIGKILL to the group if it is still there after `grace_s`, as `Child.terminate` does for
         a spawned child. The guard escalates by itself when it can act; a guard that cannot (not
         yet past its start, stopped, or stuck) must not leave a command that ignores SIGTERM
         running with the proxy's pipes."""

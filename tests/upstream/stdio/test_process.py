@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from proxy.upstream.stdio import _ChildProtocol
+from proxy.upstream.stdio.process import ChildProtocol as _ChildProtocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

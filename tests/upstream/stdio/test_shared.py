@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 
 from proxy.upstream.base import Era
-from proxy.upstream.stdio import StdioUpstream
-from proxy.upstream.stdio_shared import SessionLink
+from proxy.upstream.stdio import SessionLink, StdioUpstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0

@@ -6,7 +6,7 @@ a time, up to `STRETCH` times the timeout. "Busy" means its processes (every pro
 its guard leads: the command, `npx` and what they started) spent at least `BUSY_SHARE` of the last
 window running or waiting for a CPU (`/proc/PID/schedstat`: time on a CPU and time runnable on a
 run queue). Why: on a busy host a Node or Python server spends most of its start waiting for a
-CPU (a Node SDK server took 8-17 s at a load of ~10 on two cores, 1 s on an idle one), which is not
+CPU (a Node SDK server can take 8-17 s at a load of ~10 on two cores, 1 s on an idle one), which is not
 a broken server; a server that waits for a request it will never answer, a start blocked on a lock
 or on a host that never answers, sits idle and is reported at the timeout. Not busy by this
 measure, so reported at the timeout too: a start that waits on the network (`npx` downloading a

@@ -104,19 +104,19 @@ def test_a_nice_out_of_range_is_refused() -> None:
 async def test_the_child_started_before_the_settings_were_read_is_lowered_when_taken() -> None:
     """`serve --listen stdio --stdio-nice 5 -- CMD`: `proxy.upstream.early` starts CMD's guard before the
     settings exist; the upstream that takes it lowers it once it has started, as any other."""
-    import proxy.upstream.early
+    from proxy.upstream.stdio import early
 
     command = [sys.executable, "-c", REPORTING_CHILD]
-    proxy.upstream.early.start(["serve", "--listen", "stdio", "--", *command])
-    assert proxy.upstream.early._early is not None, "the early start ran"
+    early.start(["serve", "--listen", "stdio", "--", *command])
+    assert early._early is not None, "the early start ran"
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     upstream = StdioUpstream(command, single_session=True, nice=5)
     try:
         _, facts = await _facts(upstream)
-        assert upstream._spawned == 1 and proxy.upstream.early._early is None, "the early child was the one taken"
+        assert upstream._spawned == 1 and early._early is None, "the early child was the one taken"
     finally:
         await upstream.aclose()
-        proxy.upstream.early.discard()
+        early.discard()
     expected = min(19, ours + 5)
     assert facts["nice"] == expected and facts["grandchild"] == expected
     if facts["autogroup"] is not None:

@@ -1,6 +1,6 @@
 """Run an upstream command so that nothing it starts can outlive the proxy.
 
-Usage (by `proxy.upstream.stdio`, never by hand): python -I -S _guard.py PARENT_PID -- COMMAND [ARGS...]
+Usage (by `proxy.upstream.stdio`, by its path, never by hand): python -I -S _guard.py PARENT_PID -- COMMAND [ARGS...]
 
 The proxy starts this guard in a new session (so the guard leads its own process group) with the
 upstream's stdin/stdout/stderr. The guard:
@@ -15,8 +15,9 @@ upstream's stdin/stdout/stderr. The guard:
 - is a child subreaper (PR_SET_CHILD_SUBREAPER): a process that left the group (`setsid`,
   `setpgid`) is still in the guard's tree, and becomes the guard's own child once its parent is
   gone. When the group has been ended, so are those (SIGTERM, then SIGKILL), before the guard
-  exits. Before, a grandchild that called `setsid` while holding the pipes outlived the command,
-  the guard and the proxy's stop, and kept the child's stdout open: the proxy never saw its end.
+  exits: otherwise a grandchild that called `setsid` while holding the pipes would outlive the
+  command, the guard and the proxy's stop, and keep the child's stdout open, so that the proxy
+  never saw its end.
 
 Only the standard library is used (it runs with -S for a fast start). Why a guard process and not
 just PDEATHSIG on the upstream: PDEATHSIG is per process and is not inherited, so a grandchild of
@@ -149,8 +150,9 @@ def _group_is_only_me(pgid: int) -> bool:
 
 def _let_go_of_the_pipes() -> None:
     """The command has the proxy's stdin and stdout; the guard keeps no copy of its own (they
-    become /dev/null). Before, the guard's copy kept the command's stdout open: a server that
-    closed its stdout and kept running was never seen to end, and its link waited for ever."""
+    become /dev/null). A copy kept here would hold the command's stdout open: a server that
+    closed its stdout and kept running would never be seen to end, and its link would wait for
+    ever."""
     try:
         null = os.open(os.devnull, os.O_RDWR)
     except OSError:

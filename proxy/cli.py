@@ -22,7 +22,7 @@ from proxy.upstream.stdio import early
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
-# Only cheap modules above: `serve --listen stdio` starts its upstream (`proxy.upstream.early`) before the
+# Only cheap modules above: `serve --listen stdio` starts its upstream (`proxy.upstream.stdio.early`) before the
 # rest (pydantic, asyncio, the server) is imported, so that the two overlap.
 
 

@@ -132,7 +132,7 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
         description="a stdio child must answer its first request (the handshake) within this after it was started;"
-        " up to 6 times this while it is still busy starting (proxy/upstream/startwait.py)",
+        " up to 6 times this while it is still busy starting (proxy/upstream/stdio/startwait.py)",
     )
     stdio_max_starting: int = Field(
         0, ge=0, le=256, description="stdio children starting at once, the others wait (0: the CPU count, at least 2)"

@@ -275,8 +275,8 @@ class Service:
         if self._supervised:
             # stdio: every relay ends what it still runs and its cancellations are written (each
             # bounded), then the upstream stops every child at once, one bound for all of them
-            # (proxy/upstream/stdio.py `stop_children`); closing a relay's link after that is
-            # quick. Closed one relay after another, the children were stopped one group after
+            # (proxy/upstream/stdio/process.py `stop_children`); closing a relay's link after that
+            # is quick. Closing one relay after another would stop the children one group after
             # another, each with its own bound.
             relays = [*sessions, *self._era_relays()]
             await asyncio.gather(*(relay.end_requests() for relay in relays), return_exceptions=True)
@@ -348,7 +348,7 @@ class Service:
         """For /readyz: the upstream answered a probe, and its health is not down; the same verdict
         as `mcp_recovery_upstream_up`.
 
-        A stdio upstream's health follows its children (see proxy/upstream/stdio.py). An HTTP or
+        A stdio upstream's health follows its children (see proxy/upstream/stdio/upstream.py). An HTTP or
         SSE upstream is also probed again when the last check is older than
         `ready_check_interval_s`, bounded in time, so an upstream that went away while no traffic
         flowed is noticed; the verdict is cached in between.

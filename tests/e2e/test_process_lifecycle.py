@@ -114,7 +114,7 @@ def test_sigterm_stops_a_stdio_proxy_with_status_0(tmp_path: Path) -> None:
 
 
 def test_no_upstream_process_outlives_a_killed_stdio_proxy(tmp_path: Path) -> None:
-    """The child `--listen stdio` starts before its imports (`proxy.upstream.early`) and then adopts is
+    """The child `--listen stdio` starts before its imports (`proxy.upstream.stdio.early`) and then adopts is
     still guarded: a SIGKILLed proxy takes it (and what it started) with it."""
     journal = Journal(tmp_path / "journal.jsonl")
     with initialized_stdio_proxy(tmp_path, journal) as proc:

@@ -10,7 +10,7 @@ on the upstream's journal (`flooded` once it wrote the last one) or on an HTTP a
 
 Links: an HTTP upstream's 2025 POST response stream and its GET listen stream, the HTTP shared
 2026 link, a legacy SSE upstream's session stream, and the shared 2026 stdio child. (A 2025
-session's own stdio child is paused instead: tests/upstream/test_stdio_backpressure.py.)
+session's own stdio child is paused instead: tests/upstream/stdio/test_backpressure.py.)
 """
 
 from __future__ import annotations

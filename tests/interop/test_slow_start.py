@@ -1,7 +1,7 @@
 """The npm reference server (server-everything, stdio) starting more slowly than
 `--stdio-start-timeout-s`, as a Node server does on a busy host (8-17 s at a load of ~10 on this
 2-core machine, with the default of 10 s): behind the proxy it is waited for while it is busy
-starting, and served (proxy/upstream/startwait.py).
+starting, and served (proxy/upstream/stdio/startwait.py).
 
 The slowness is made deterministic rather than borrowed from the machine's load: a preload
 (`node --require`) keeps the server's process busy on a CPU for longer than the start timeout

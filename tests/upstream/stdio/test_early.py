@@ -1,4 +1,4 @@
-"""`serve --listen stdio` starts its upstream before the proxy's imports (`proxy.upstream.early`) and the
+"""`serve --listen stdio` starts its upstream before the proxy's imports (`proxy.upstream.stdio.early`) and the
 single-session `StdioUpstream` adopts that very process: pipes, stderr logging, exit, respawn and
 shutdown work as for a child it spawned itself. Real processes over real pipes, on both loops."""
 

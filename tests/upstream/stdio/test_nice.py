@@ -102,7 +102,7 @@ def test_a_nice_out_of_range_is_refused() -> None:
 
 
 async def test_the_child_started_before_the_settings_were_read_is_lowered_when_taken() -> None:
-    """`serve --listen stdio --stdio-nice 5 -- CMD`: `proxy.upstream.early` starts CMD's guard before the
+    """`serve --listen stdio --stdio-nice 5 -- CMD`: `proxy.upstream.stdio.early` starts CMD's guard before the
     settings exist; the upstream that takes it lowers it once it has started, as any other."""
     from proxy.upstream.stdio import early
 

@@ -1,4 +1,4 @@
-"""How long the proxy waits for a stdio child's first answer (proxy/upstream/startwait.py), and the
+"""How long the proxy waits for a stdio child's first answer (proxy/upstream/stdio/startwait.py), and the
 start-up probe's bound made of those waits.
 
 Real children under the proxy's guard, over real pipes:
@@ -11,7 +11,7 @@ Real children under the proxy's guard, over real pipes:
   timeout is served legacy-only: the probe's bound is the sum of its steps (it was the default 15 s,
   or the start timeout + 5 s, shorter than the two starts inside it);
 - a probe that fails says what each step met (and one cut by the service's bound names its step:
-  tests/upstream/test_stdio_health.py).
+  tests/upstream/stdio/test_health.py).
 Outcomes only: no duration is asserted (a busy start is busy for as long as the machine makes it).
 """
 

@@ -34,7 +34,8 @@ from prometheus_client import CollectorRegistry
 from proxy.auth import Authenticator, build_authenticator
 from proxy.auth.tokens import read_secret_file
 from proxy.core.engine import Engine
-from proxy.core.service import Service, build_upstream, upstream_secrets
+from proxy.core.service import Service
+from proxy.core.upstreams import build_upstream, upstream_secrets
 from proxy.policy.store import PolicyStore
 from proxy.secret_values import SECRETS
 from proxy.settings import LOOPBACK_HOSTS, Settings

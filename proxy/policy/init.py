@@ -2,7 +2,7 @@
 
 Contract:
 - `list_tools(settings, timeout_s)` reaches the upstream the settings name (the proxy's own
-  adapters: `proxy.core.service.build_upstream`), opens one 2025 session (`initialize`,
+  adapters: `proxy.core.upstreams.build_upstream`), opens one 2025 session (`initialize`,
   `notifications/initialized`; a server that refuses `initialize` but lists 2026-07-28 in its
   `server/discover` answer is asked in that revision), and returns every tool of every
   `tools/list` page (following `nextCursor`, at most `MAX_PAGES` pages and `MAX_TOOLS` tools). The
@@ -78,7 +78,7 @@ def _bounded(text: str, n: int = SHOWN_CHARS) -> str:
 
 
 async def list_tools(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:
-    from proxy.core.service import build_upstream, upstream_secrets
+    from proxy.core.upstreams import build_upstream, upstream_secrets
     from proxy.secret_values import SECRETS
 
     SECRETS.set(upstream_secrets(settings))  # a failure's detail never shows a configured header

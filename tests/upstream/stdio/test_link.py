@@ -247,7 +247,7 @@ async def test_ending_a_session_does_not_wait_for_its_child_to_exit() -> None:
 async def test_the_stderr_budget_comes_from_the_settings(caplog: pytest.LogCaptureFixture) -> None:
     """`--stderr-burst-lines` and `--stderr-lines-per-s` reach every child's log budget (they were
     constants): with a burst of 5 and no refill, 5 of the 5000 lines are logged, the rest counted."""
-    from proxy.core.service import build_upstream
+    from proxy.core.upstreams import build_upstream
     from proxy.settings import Settings
     from proxy.telemetry.shed import SHED
 

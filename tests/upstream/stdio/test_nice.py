@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core.service import build_upstream
+from proxy.core.upstreams import build_upstream
 from proxy.settings import Settings
 from proxy.upstream.base import Era
 from proxy.upstream.stdio import StdioUpstream

@@ -17,8 +17,8 @@ from proxy.recovery.ledger import InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.telemetry.events import CallFinished, CallSucceeded, Telemetry
 from proxy.telemetry.status import StatusObserver
-from tests.relay.memory_link import RecordingOutbox
-from tests.relay.test_engine_in_memory import TRANSIENT, ScriptedLink
+from tests.core.memory_link import RecordingOutbox
+from tests.core.test_engine_in_memory import TRANSIENT, ScriptedLink
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from proxy.core.engine import Engine
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
 from proxy.upstream.base import Exchange, OnMessage
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from proxy.core.engine import Engine
 from proxy.core.relay import Relay
 from proxy.policy.compiled import PolicySet
 from proxy.upstream.base import Era, Exchange, OnMessage
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 

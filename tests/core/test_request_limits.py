@@ -15,7 +15,7 @@ import pytest
 
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -15,7 +15,7 @@ from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
 from proxy.policy.compiled import PolicySet
 from proxy.upstream.base import Exchange, OnMessage
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 
@@ -117,7 +117,7 @@ async def test_our_meta_keys_never_reach_the_upstream() -> None:
     assert not [k for k in meta if k.startswith("io.mcp-recovery-proxy/")]
     assert meta["traceparent"] == "00-x", "the caller's trace context passes unchanged"
     # nothing added: the shipped defaults have no idle timer, so the proxy needs no progress token
-    # of its own (a policy's idle_timeout adds one: tests/relay/test_engine_progress.py)
+    # of its own (a policy's idle_timeout adds one: tests/core/test_engine_progress.py)
     assert meta.keys() == {"traceparent"}
 
 

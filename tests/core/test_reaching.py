@@ -15,7 +15,7 @@ from proxy.core.relay import Relay
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.policy.compiled import PolicySet
 from proxy.upstream.base import Era
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.upstream.base import Exchange, OnMessage
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
+from tests.core.memory_link import MemoryLink, RecordingOutbox
 
 pytestmark = pytest.mark.anyio
 

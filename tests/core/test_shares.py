@@ -11,8 +11,8 @@ import pytest
 from proxy.core.admission import ClientShares, SharesFull, Slots
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.telemetry.shed import SHED
-from tests.relay.memory_link import MemoryLink, RecordingOutbox
-from tests.relay.test_request_limits import read, until
+from tests.core.memory_link import MemoryLink, RecordingOutbox
+from tests.core.test_request_limits import read, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

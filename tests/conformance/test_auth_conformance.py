@@ -38,7 +38,7 @@ WRAPPER = Path(__file__).resolve().with_name("auth_via_proxy.py")
 SCENARIO_TIMEOUT_S = 400  # the proxy's start (bounded at 150 s in auth_via_proxy.py) and the scenario
 WORKERS = int(os.environ.get("MCP_AUTH_CONFORMANCE_WORKERS", "2"))
 
-pytestmark = [pytest.mark.slow, pytest.mark.conformance, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.conformance, pytest.mark.timeout(3600)]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {}
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.conformance,
     pytest.mark.timeout(SUITE_TIMEOUT + 3 * STARTUP_TIMEOUT + 60),
 ]

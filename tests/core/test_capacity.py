@@ -33,7 +33,7 @@ def test_a_shells_open_files_limit_is_raised_to_what_the_caps_hold() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 2 * 4096 + 3 * 1024 + 512
     code = (
-        "import resource; from proxy import capacity; "
+        "import resource; from proxy.core import capacity; "
         "capacity.open_files_for(connections=4096, sessions=1024); "
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )

@@ -15,7 +15,7 @@ from mcp import Client
 
 from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio]
 APPROVE = "io.mcp-recovery-proxy/approveBudget"
 
 

@@ -23,7 +23,7 @@ from tests.fixtures.demo_http import demo_over_http
 from tests.fixtures.helpers import PYTHON
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio, pytest.mark.timeout(600)]
 BOUND_S = 240.0
 OPENING_AT_ONCE = 40
 

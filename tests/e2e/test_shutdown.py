@@ -29,7 +29,7 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, pid_alive, scripted_stdio_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio]
 GRACE_S = 3.0
 BOUND_S = 60.0
 UNRESOLVED = "io.mcp-recovery-proxy/unresolved"

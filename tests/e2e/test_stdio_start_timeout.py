@@ -20,7 +20,7 @@ from mcp.types import TextContent
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio]
 BOUND_S = 100.0
 INITIALIZE = {
     "jsonrpc": "2.0",

@@ -30,7 +30,7 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT, terminate
 from tests.interop.harness import skip_or_fail, started
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.interop, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.interop, pytest.mark.timeout(900)]
 RUN_BOUND_S = 60.0
 APP = {"name": "app", "version": "1"}
 

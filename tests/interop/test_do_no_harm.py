@@ -43,7 +43,7 @@ from tests.interop.harness import (
 from tests.interop.test_ts2_client import Ts2Client
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.interop]
 
 HERE = Path(__file__).resolve().parent
 SERVER = HERE / "fastmcp_server.py"

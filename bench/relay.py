@@ -126,11 +126,19 @@ class Processes:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._extra_pids: set[int] = set()
 
-    def start(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
             # A session of its own: Ctrl-C reaches only this script, which then stops them in order.
             proc = subprocess.Popen(
-                list(argv), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, env=env
+                list(argv),
+                cwd=cwd or REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                env=env,
             )
         self._procs.append(proc)
         return proc
@@ -409,15 +417,20 @@ def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tupl
 
 
 def start_proxy(
-    procs: Processes, upstream: Sequence[str] | str, workdir: Path, extra: Sequence[str]
+    procs: Processes, upstream: Sequence[str] | str, workdir: Path, extra: Sequence[str], tree: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
+    """A proxy in front of `upstream`; with `tree`, the proxy of that checkout (an older commit,
+    say) instead of this one's, run by the same interpreter and dependencies."""
     port, admin = free_port(), free_port()
     log = workdir / f"proxy-{port}.log"
-    entry = ["-m", "proxy"] if RELAY == "engine" else [str(REPO / "bench" / "_plain_relay.py")]
+    entry = ["-m", "proxy"] if RELAY == "engine" else [str((tree or REPO) / "bench" / "_plain_relay.py")]
     argv = [PYTHON, *entry, "serve", "--listen", f"http://127.0.0.1:{port}/mcp", "--admin", f"127.0.0.1:{admin}"]
     argv += list(extra)
     argv += ["--upstream", upstream] if isinstance(upstream, str) else ["--", *upstream]
-    proc = procs.start(argv, log, env={**os.environ, "BENCH_RELAY": RELAY})
+    env = {**os.environ, "BENCH_RELAY": RELAY}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)  # ahead of this checkout's editable install
+    proc = procs.start(argv, log, env=env, cwd=tree)
     wait_until(lambda: ready(admin), "proxy", proc, log, timeout_s=60)
     return proc, port
 
@@ -434,18 +447,26 @@ def run_once(
     stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(wait_ms)]
     px_stdio, stdio_port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg)
     px_http, http_port = start_proxy(procs, f"http://127.0.0.1:{up_port}/mcp", workdir, args.proxy_arg)
+    topologies: list[tuple[str, str, int | None, list[int] | None, subprocess.Popen[bytes] | None]] = [
+        ("direct", f"http://127.0.0.1:{up_port}/mcp", None, [up.pid], None),
+        ("http→stdio", f"http://127.0.0.1:{stdio_port}/mcp", px_stdio.pid, None, px_stdio),
+        ("http→http", f"http://127.0.0.1:{http_port}/mcp", px_http.pid, [up.pid], None),
+    ]
+    if args.baseline_tree is not None:  # the same legs through the baseline checkout's proxy, interleaved
+        base = args.baseline_tree
+        bx_stdio, bstdio_port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg, tree=base)
+        bx_http, bhttp_port = start_proxy(procs, f"http://127.0.0.1:{up_port}/mcp", workdir, args.proxy_arg, tree=base)
+        topologies[2:2] = [("http→stdio base", f"http://127.0.0.1:{bstdio_port}/mcp", bx_stdio.pid, None, bx_stdio)]
+        topologies.append(("http→http base", f"http://127.0.0.1:{bhttp_port}/mcp", bx_http.pid, [up.pid], None))
     try:
         for conc in args.concurrency:
-            for name, url, proxy_pid, up_pids in (
-                ("direct", f"http://127.0.0.1:{up_port}/mcp", None, [up.pid]),
-                ("http→stdio", f"http://127.0.0.1:{stdio_port}/mcp", px_stdio.pid, None),
-                ("http→http", f"http://127.0.0.1:{http_port}/mcp", px_http.pid, [up.pid]),
-            ):
+            for name, url, proxy_pid, up_pids, stdio_proxy in topologies:
                 leg_lua = lua
                 if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind the proxy)
                     leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(url))
                 if up_pids is None:  # the stdio upstream: the proxy's guard and its children
-                    up_pids = descendants(px_stdio.pid)
+                    assert stdio_proxy is not None
+                    up_pids = descendants(stdio_proxy.pid)
                     procs.watch(up_pids)
                 res, p_cpu, u_cpu, busy = measure(
                     wrk, leg_lua, url=url, concurrency=conc, args=args, proxy_pid=proxy_pid, upstream_pids=up_pids
@@ -495,7 +516,7 @@ def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
         if d:
             cmp_ += f", p50 {x.p50_ms - d.p50_ms:+.2f} ms"
         checks = []
-        target = CPU_TARGET_MS[x.leg]
+        target = CPU_TARGET_MS[x.leg.removesuffix(" base")]
         checks.append(f"CPU≤{target:g}: {'PASS' if (x.proxy_cpu_ms or 0) <= target else 'FAIL'}")
         if x.wait_ms > 0:
             checks.append(f"thr≥-10%: {'PASS' if ratio >= 1 - THROUGHPUT_TARGET else 'FAIL'}")
@@ -507,14 +528,14 @@ def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
 
 def print_table(legs: list[Leg]) -> None:
     head = (
-        f"{'run':>3} {'wait':>5} {'leg':<10} {'c':>3} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'run':>3} {'wait':>5} {'leg':<15} {'c':>3} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'proxy ms/call':>13} {'upstr ms/call':>13} {'busy':>5}  {'vs direct':<30} targets"
     )
     print(head)
     print("-" * len(head))
     for x, cmp_, checks in verdicts(legs):
         print(
-            f"{x.run:>3} {x.wait_ms:>4g}ms {x.leg:<10} {x.concurrency:>3} {x.calls_per_s:>8.0f} "
+            f"{x.run:>3} {x.wait_ms:>4g}ms {x.leg:<15} {x.concurrency:>3} {x.calls_per_s:>8.0f} "
             f"{x.p50_ms:>7.2f} {x.p99_ms:>7.2f} "
             f"{fmt(x.proxy_cpu_ms, '.3f'):>13} {x.upstream_cpu_ms:>13.3f} {x.busy_pct:>4.0f}%  {cmp_:<30} {checks}"
         )
@@ -540,7 +561,7 @@ def print_medians(legs: list[Leg]) -> None:
         median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
         spread = ", ".join(f"{100 * v:+.1f}%" for v in values)
         verdict = f"  thr≥-10%: {'PASS' if median >= -THROUGHPUT_TARGET else 'FAIL'}" if wait > 0 else ""
-        print(f"  {wait:>4g}ms {leg:<10} c={conc:<3} median {100 * median:+.1f}%  ({spread}){verdict}")
+        print(f"  {wait:>4g}ms {leg:<15} c={conc:<3} median {100 * median:+.1f}%  ({spread}){verdict}")
 
 
 # --------------------------------------------------------------------------- profile
@@ -710,6 +731,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat the whole matrix")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every leg as JSON here")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        metavar="DIR",
+        help="also run each proxied leg through the proxy of another checkout (`git worktree add DIR COMMIT`), "
+        "legs interleaved, so a change is measured against its baseline in one run",
+    )
     parser.add_argument("--profile", metavar="DIR", help="after the legs, profile the proxy with py-spy into DIR")
     parser.add_argument("--profile-only", action="store_true", help="skip the measured legs")
     parser.add_argument("--top", type=int, default=15, help="hotspots to print per profile")

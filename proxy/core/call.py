@@ -17,7 +17,14 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from proxy.auth.base import Principal
-from proxy.core.deadlines import AttemptTimedOut
+from proxy.core.attempt_end import (
+    is_success,
+    result_label,
+    rpc_error_of,
+    timed_out,
+    trace_entries,
+    uncancel,
+)
 from proxy.core.outbox import Outbox, ProgressRelay, progress_token_of
 from proxy.core.relay import Relay
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller, untraced
@@ -39,7 +46,6 @@ from proxy.recovery import (
     PartialResult,
     Refused,
     Retry,
-    RpcError,
     StopReason,
     Success,
     TransportError,
@@ -55,9 +61,8 @@ from proxy.recovery import (
     with_attempts_meta,
 )
 from proxy.recovery.classify import SUCCESS as _SUCCESS
-from proxy.recovery.outcome import Outcome, outcome_name
+from proxy.recovery.outcome import Outcome
 from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of, unreachable_s
-from proxy.recovery.timers import cut_by
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -72,7 +77,6 @@ from proxy.upstream.base import Era
 if TYPE_CHECKING:
     from proxy.core.engine import Engine
 
-TRACE_KEYS = ("traceparent", "tracestate")
 UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 PROGRESS_NOTES = 20
@@ -257,8 +261,8 @@ class ToolCall:
                         e.policies().version,
                         policy.attempts,
                         state.deadline_s,
-                        trace_meta=_trace_entries(meta),
-                        trace_headers=_trace_entries(self.headers),
+                        trace_meta=trace_entries(meta),
+                        trace_headers=trace_entries(self.headers),
                         principal=self.principal,
                     )
                 )
@@ -403,7 +407,7 @@ class ToolCall:
             self.label,
             number,
             duration,
-            _result_label(outcome),
+            result_label(outcome),
             UNCLASSIFIED if classified.defaulted else classified.category.value if classified.category else None,
             classified.dispatched.value,
             classified.evidence.source.value,
@@ -484,7 +488,7 @@ class ToolCall:
         e, policy, state = self.e, self.policy, self.state
         now = e.clock()
         last = self.attempts[-1].outcome if self.attempts else None
-        error = _rpc_error_of(last)
+        error = rpc_error_of(last)
         if error is not None:
             self.relay.protocol_mismatch(error)  # -32020/-32022: the service asks the upstream again
         if error is not None and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(error):
@@ -592,67 +596,3 @@ class ToolCall:
                 self.principal,
             )
         )
-
-
-def uncancel() -> None:
-    """Take back the shutdown's cancellation of the current task: the call answers instead."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-
-
-_NO_TRACE: Mapping[str, str] = {}
-
-
-def _trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
-    if not source or ("traceparent" not in source and "tracestate" not in source):
-        return _NO_TRACE
-    return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
-
-
-def is_success(response: Message) -> bool:
-    """What `outcome_from_response` calls a `Success`: an object result that is not isError, and
-    no error object."""
-    result = response.get("result")
-    return (
-        result.__class__ is dict and result.get("isError") is not True and response.get("error").__class__ is not dict
-    )
-
-
-def timed_out(
-    number: int, timeout_s: float, timeout: TimeoutError, policy: ToolPolicy, deadline_s: float
-) -> TransportError:
-    """A timed-out attempt: not sent (the send deadline), silent past the idle timer, or
-    unanswered. The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
-    counts as sent (dispatch unknown), the side that never repeats a state-changing call. The
-    detail names the timer that cut it, its value and the policy key that changes it."""
-    was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
-    if not was_sent:
-        return TransportError(
-            FailureKind.NOT_RUNNING,
-            Dispatch.NO,
-            f"attempt {number}: the upstream was not ready to take the request before the deadline",
-        )
-    idle_s = timeout.idle_s if isinstance(timeout, AttemptTimedOut) else None
-    return TransportError(
-        FailureKind.TIMEOUT, Dispatch.UNKNOWN, cut_by(policy, timeout_s, idle_s, deadline_s).detail(number)
-    )
-
-
-def _rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:
-    """The JSON-RPC error object an attempt ended with: from the wire, or from an HTTP error's body."""
-    match outcome:
-        case RpcError(error=error):
-            return error
-        case TransportError(body={"error": dict() as error}):
-            return error
-        case _:
-            return None
-
-
-def _result_label(outcome: Outcome) -> str:
-    """The attempt-result label of the metrics: the outcome's shape, with timeouts apart."""
-    if isinstance(outcome, TransportError) and outcome.kind is FailureKind.TIMEOUT:
-        return "timeout"
-    name = outcome_name(outcome)
-    return "rpc_error" if name == "jsonrpc_error" else name

@@ -26,8 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from proxy.core.outbox import NullOutbox, Outbox
+from proxy.jsonrpc import Message
+from proxy.upstream.base import discover_request
 
 log = logging.getLogger("proxy.catalog")
 
@@ -152,3 +156,50 @@ class Catalogs:
         self.upstream.changed()
         for catalog in self._of.values():
             catalog.changed()
+
+
+# How a listing reaches the upstream: a relay's `forward` (request, outbox, headers) -> response.
+Forward = Callable[[Message, Outbox, Mapping[str, str] | None], Awaitable[Message]]
+MAX_PAGES = 20  # pages of tools/list read per listing, at most
+
+
+def tool_lister(
+    forward: Forward,
+    catalog: ToolCatalog,
+    request: Message | None,
+    headers: Mapping[str, str] | None,
+    *,
+    modern: bool,
+) -> Callable[[], Awaitable[None]]:
+    """A listing of every page of the upstream's tools into `catalog`, sent with `forward`. The
+    envelope of `request` (a 2026 call's `_meta`) is reused so the listing is a valid request of the
+    same revision; with `headers`, only its `Authorization` goes along (passthrough)."""
+    if request is not None:
+        params = request.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
+    else:
+        envelope = {}
+    if not envelope and modern:
+        envelope = discover_request(0)["params"]["_meta"]
+    credential = headers.get("authorization") if headers is not None else None
+    credentials = {"authorization": credential} if credential is not None else None
+
+    async def list_all() -> None:
+        cursor: Any = None
+        sink = NullOutbox()
+        for _ in range(MAX_PAGES):
+            list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
+            if cursor is not None:
+                list_params["cursor"] = cursor
+            listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
+            response = await forward(listing, sink, credentials)
+            result = response.get("result")
+            cursor = result.get("nextCursor") if isinstance(result, dict) else None
+            last = not isinstance(cursor, str)
+            catalog.observe(result, complete=last)
+            if last:
+                return
+        catalog.observe({"tools": []}, complete=True)  # MAX_PAGES pages: as much as the proxy reads
+
+    return list_all

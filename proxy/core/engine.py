@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.auth.base import Principal
-from proxy.core.call import TRACE_KEYS, ToolCall, new_event, timed_out, uncancel
+from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
+from proxy.core.call import ToolCall, new_event
 from proxy.core.outbox import Outbox
 from proxy.core.relay import Relay
 from proxy.errors import UpstreamFailure, untraced

@@ -39,7 +39,7 @@ from proxy.auth.base import Principal
 from proxy.auth.challenge import upstream_refusal
 from proxy.auth.vouch import VouchGate
 from proxy.core.admission import Admission, ClientShares
-from proxy.core.catalog import Catalogs, ToolCatalog
+from proxy.core.catalog import Catalogs, ToolCatalog, tool_lister
 from proxy.core.deadlines import AttemptTimedOut, AttemptTimer, Deadlines
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import (
@@ -68,7 +68,7 @@ from proxy.jsonrpc import (
     valid_id,
 )
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink, discover_request
+from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
 
@@ -507,35 +507,7 @@ class Relay:
         self, catalog: ToolCatalog, request: Message | None, headers: Mapping[str, str] | None
     ) -> Callable[[], Awaitable[None]]:
         """A listing of every page of the upstream's tools into `catalog`, through this relay."""
-        if request is not None:
-            params = request.get("params")
-            meta = params.get("_meta") if isinstance(params, dict) else None
-            envelope = {k: v for k, v in (meta or {}).items() if k.startswith("io.modelcontextprotocol/")}
-        else:
-            envelope = {}
-        if not envelope and self.era is Era.MODERN:
-            envelope = discover_request(0)["params"]["_meta"]
-        credential = headers.get("authorization") if headers is not None else None
-        credentials = {"authorization": credential} if credential is not None else None
-
-        async def list_all() -> None:
-            cursor: Any = None
-            sink = NullOutbox()
-            for _ in range(20):  # pages, at most
-                list_params: dict[str, Any] = {"_meta": envelope} if envelope else {}
-                if cursor is not None:
-                    list_params["cursor"] = cursor
-                listing = {"jsonrpc": "2.0", "id": 0, "method": "tools/list", "params": list_params}
-                response = await self.forward(listing, sink, credentials)
-                result = response.get("result")
-                cursor = result.get("nextCursor") if isinstance(result, dict) else None
-                last = not isinstance(cursor, str)
-                catalog.observe(result, complete=last)
-                if last:
-                    return
-            catalog.observe({"tools": []}, complete=True)  # 20 pages: as much as the proxy reads
-
-        return list_all
+        return tool_lister(self.forward, catalog, request, headers, modern=self.era is Era.MODERN)
 
     async def handle_notification(
         self, message: Message, headers: Mapping[str, str] | None = None, principal: Principal | None = None

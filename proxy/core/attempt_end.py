@@ -1,0 +1,86 @@
+"""What the end of one attempt means to the engine: success or not, which timer cut it, the
+JSON-RPC error it carried, its metrics label; and the trace context a call passes on.
+
+Pure functions of their arguments (no I/O), shared by the engine's fast path and the call's
+attempt loop so both read an attempt's end the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.core.deadlines import AttemptTimedOut
+from proxy.errors import Dispatch, FailureKind
+from proxy.jsonrpc import Message
+from proxy.policy.compiled import ToolPolicy
+from proxy.recovery import RpcError, TransportError
+from proxy.recovery.outcome import Outcome, outcome_name
+from proxy.recovery.timers import cut_by
+
+TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def uncancel() -> None:
+    """Take back the shutdown's cancellation of the current task: the call answers instead."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+_NO_TRACE: Mapping[str, str] = {}
+
+
+def trace_entries(source: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not source or ("traceparent" not in source and "tracestate" not in source):
+        return _NO_TRACE
+    return {k: v for k, v in source.items() if k in TRACE_KEYS and isinstance(v, str)}
+
+
+def is_success(response: Message) -> bool:
+    """What `outcome_from_response` calls a `Success`: an object result that is not isError, and
+    no error object."""
+    result = response.get("result")
+    return (
+        result.__class__ is dict and result.get("isError") is not True and response.get("error").__class__ is not dict
+    )
+
+
+def timed_out(
+    number: int, timeout_s: float, timeout: TimeoutError, policy: ToolPolicy, deadline_s: float
+) -> TransportError:
+    """A timed-out attempt: not sent (the send deadline), silent past the idle timer, or
+    unanswered. The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
+    counts as sent (dispatch unknown), the side that never repeats a state-changing call. The
+    detail names the timer that cut it, its value and the policy key that changes it."""
+    was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True
+    if not was_sent:
+        return TransportError(
+            FailureKind.NOT_RUNNING,
+            Dispatch.NO,
+            f"attempt {number}: the upstream was not ready to take the request before the deadline",
+        )
+    idle_s = timeout.idle_s if isinstance(timeout, AttemptTimedOut) else None
+    return TransportError(
+        FailureKind.TIMEOUT, Dispatch.UNKNOWN, cut_by(policy, timeout_s, idle_s, deadline_s).detail(number)
+    )
+
+
+def rpc_error_of(outcome: Outcome | None) -> dict[str, Any] | None:
+    """The JSON-RPC error object an attempt ended with: from the wire, or from an HTTP error's body."""
+    match outcome:
+        case RpcError(error=error):
+            return error
+        case TransportError(body={"error": dict() as error}):
+            return error
+        case _:
+            return None
+
+
+def result_label(outcome: Outcome) -> str:
+    """The attempt-result label of the metrics: the outcome's shape, with timeouts apart."""
+    if isinstance(outcome, TransportError) and outcome.kind is FailureKind.TIMEOUT:
+        return "timeout"
+    name = outcome_name(outcome)
+    return "rpc_error" if name == "jsonrpc_error" else name

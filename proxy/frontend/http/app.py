@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
-import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -46,9 +46,9 @@ from proxy.frontend.hostcheck import (
     duplicated,
 )
 from proxy.frontend.http.checks import SINGLE_HEADERS, check_modern_headers, forwarded_headers
-from proxy.frontend.http.identity import CREDENTIAL_RECHECK_S, Identity
+from proxy.frontend.http.identity import Identity
+from proxy.frontend.http.listen import serve_listen
 from proxy.frontend.http.outbox import (
-    PING_INTERVAL_S,
     ClientGone,
     LateWatches,
     Receive,
@@ -57,7 +57,6 @@ from proxy.frontend.http.outbox import (
     next_message,
     primes,
     sse,
-    watch_disconnect,
 )
 from proxy.frontend.http.respond import (
     JSON,
@@ -611,40 +610,13 @@ class McpHttpApp:
         if not relay.attach_listen(stream):
             await respond_error(send, 409, None, jsonrpc.INVALID_REQUEST, "Conflict: a listen stream is already open")
             return
-        gone = asyncio.create_task(watch_disconnect(receive, stream, None))
         self._listening.add(stream)
         recheck = principal is not None and self.identity.binds_sessions and self.auth is not None
-        wait_s = min(PING_INTERVAL_S, CREDENTIAL_RECHECK_S) if recheck else PING_INTERVAL_S
-        pinged_at = checked_at = time.monotonic()
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [*SSE_HEADERS, (b"mcp-session-id", session_id.encode())],
-                }
-            )
-            while not stream.closed and session_id in self.service.sessions:
-                item = stream.pop()
-                if item is not None:
-                    await send({"type": "http.response.body", "body": sse(item[1]), "more_body": True})
-                    continue
-                await stream.wait(wait_s)
-                now = time.monotonic()
-                if recheck and now - checked_at >= CREDENTIAL_RECHECK_S:
-                    checked_at = now
-                    if not await self.identity.still_valid(headers):
-                        break
-                if stream.closed or stream.has_items or now - pinged_at < PING_INTERVAL_S:
-                    continue
-                pinged_at = now
-                await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
-            with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            still_valid = functools.partial(self.identity.still_valid, headers) if recheck else None
+            await serve_listen(send, receive, stream, session_id, self.service.sessions, still_valid)
         finally:
             self._listening.discard(stream)
-            gone.cancel()
-            stream.close()
             relay.detach_listen(stream)
 
     async def _delete(self, send: Send, headers: dict[str, str], principal: Principal | None) -> None:

@@ -17,7 +17,7 @@
 - Bounded for a client that does not read: every response and listen stream queues at most
   `--stream-buffer-bytes` (then a response stream drops what is not its answer and a listen
   stream is closed, counted), and the buffers kept for resumption are bounded in bytes per
-  response (`--replay-stream-bytes`) and in total (`--replay-total-bytes`) (`_Replays`).
+  response (`--replay-stream-bytes`) and in total (`--replay-total-bytes`) (`resume.Replays`).
 """
 
 from __future__ import annotations

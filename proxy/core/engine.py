@@ -180,9 +180,9 @@ class Engine:
     ) -> Message:
         """Attempt 1 of a call whose first attempt only its own answer can affect: nothing in the
         ledger, no approval or caller deadline, no progress token, no idempotency key, breaker
-        or start-event observer, and room under the concurrency limit. It is what `_Call.run` does in that
+        or start-event observer, and room under the concurrency limit. It is what `ToolCall.run` does in that
         case, without building the call's state unless the answer is not a success; then the
-        call goes on in `_Call.attempts_loop` with this attempt as its first."""
+        call goes on in `ToolCall.attempts_loop` with this attempt as its first."""
         label = name  # the bounded label: a catalog name (else "other")
         flying = self.calls_in_flight
         flying[label] = flying.get(label, 0) + 1

@@ -331,7 +331,7 @@ def private_reads(root: Path = REPO) -> list[Finding]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 for alias, full in zip(node.names, _from_names(node, module, path), strict=True):
-                    if _private(alias.name) and full.split(".")[0] == PACKAGE:
+                    if _private(alias.name):
                         found.append(Finding(rel, node.lineno, f"imports {alias.name} from {full.rpartition('.')[0]}"))
             elif isinstance(node, ast.Attribute) and _private(node.attr):
                 value = node.value

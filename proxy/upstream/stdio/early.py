@@ -26,6 +26,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 GUARD = str(Path(__file__).with_name("_guard.py"))
@@ -80,7 +81,7 @@ class EarlyChild:
 _early: EarlyChild | None = None
 
 
-def command_from_argv(argv: list[str], environ: os._Environ[str] | dict[str, str]) -> list[str] | None:
+def command_from_argv(argv: list[str], environ: Mapping[str, str]) -> list[str] | None:
     """The command `serve --listen stdio` will run, when `argv` says so plainly; else None."""
     if not argv or argv[0] != "serve":
         return None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import proxy.core.server as server
+import proxy.server as server
 from proxy.core.engine import Engine
 from proxy.core.service import Service, build_upstream
 from proxy.policy.store import PolicyStore
@@ -41,7 +41,7 @@ def build_quiet_engine_service(
         policies=lambda: policies.current,
         telemetry=None,
         upstream_name=upstream.description,
-        max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/core/server.py builds it
+        max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
     )
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
 

@@ -157,7 +157,7 @@ async def run(mode: str, calls: int, concurrency: int, profile: str | None) -> f
             policies=lambda: policies.current,
             telemetry=telemetry,
             upstream_name="echo",
-            max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/core/server.py builds it
+            max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
         )
     service = Service(settings, EchoUpstream(), tool_calls=engine, telemetry=telemetry)  # type: ignore[arg-type]
     await service.start()

@@ -347,7 +347,7 @@ def _main(argv: list[str]) -> int:
         if args.command == "demo" and "policies" not in values:
             settings = settings.model_copy(update={"policies": _demo_policies()})
         _configure_logging(settings)
-        from proxy.core.server import run
+        from proxy.server import run
 
         if args.command == "demo":
             _print_demo_banner(settings)

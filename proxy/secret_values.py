@@ -3,7 +3,7 @@ from everything the proxy writes or returns.
 
 Contract:
 - `SECRETS.set(values)` is called once at start with the values of `--upstream-header`
-  (proxy/core/server.py); tests set and clear it themselves. Pattern-based redaction
+  (proxy/server.py); tests set and clear it themselves. Pattern-based redaction
   (proxy/recovery/redact.py) cannot know that an opaque `X-Api-Key: 7f3a…` is a secret; the
   registry does, and it runs first.
 - The few places where text leaves the proxy apply it, and nothing else needs to: the log

@@ -46,14 +46,7 @@ KNOWN_PRIVATE_READS = {
     # resolve_tool_policy keeps its results in PolicySet._cache.
     ("proxy/policy/resolve.py", "reads policy_set._cache"),
 }
-KNOWN_VIOLATIONS = {
-    # core/server.py builds and runs the frontends' servers (uvicorn, the stdio frontend).
-    ("proxy/core/server.py", "proxy.frontend.uvicorn_h1"),
-    ("proxy/core/server.py", "proxy.frontend.stdio"),
-    ("proxy/core/server.py", "proxy.frontend.http.app"),
-    # ProxyRoute, what an egress proxy route is, is defined in upstream/h1/tunnel.py.
-    ("proxy/net/egress.py", "proxy.upstream.h1"),
-}
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
 # Above 700 lines today, not to grow: the Redis/Valkey store (state/shared.py) and the

@@ -12,7 +12,7 @@ waits no further line is read from stdin (backpressure: a client that keeps writ
 never reads cannot grow the proxy's buffer without bound).
 
 Shutdown: stdin closing is the client's way to stop a stdio server, so it is a graceful shutdown,
-like SIGTERM (proxy/core/server.py): requests in flight may finish within `--shutdown-grace-s`, the
+like SIGTERM (proxy/server.py): requests in flight may finish within `--shutdown-grace-s`, the
 rest end (a `tools/call` as an unresolved `shutdown` result, cancelled upstream), then the
 children stop. After SIGTERM stdin is still read until then: a new request gets a JSON-RPC error
 (`SHUTTING_DOWN`). A SIGTERM after stdin closed (the client's next step when the server does not

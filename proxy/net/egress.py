@@ -29,7 +29,24 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from proxy.upstream.h1 import ProxyRoute
+
+@dataclass(frozen=True, slots=True)
+class ProxyRoute:
+    """An HTTP egress proxy that every connection tunnels through (CONNECT).
+
+    `authorization` is the `Proxy-Authorization` value (a credential: sent on CONNECT requests
+    only, never logged); `shown` names the proxy in messages, without its password;
+    `secret_values` are what the secret registry must remove (proxy/secret_values.py)."""
+
+    host: str
+    port: int
+    authorization: str | None = None
+    shown: str = ""
+    secret_values: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"ProxyRoute({self.shown or f'{self.host}:{self.port}'})"
+
 
 __all__ = ["ProxyRoute", "route_for"]
 

@@ -4,7 +4,7 @@ The admin server and the MCP server start side by side; the MCP server binds its
 its lifespan start-up (the upstream probe) completed. /readyz answered 200 in between, and a client
 told "ready" got a refused connection (seen once in CI as ConnectionRefused right after /readyz
 200). This test holds the MCP server between its start-up and its bind, the way a busy machine
-does, and asks /readyz in that window: the real proxy (`proxy.core.server.run`) in this process, a real
+does, and asks /readyz in that window: the real proxy (`proxy.server.run`) in this process, a real
 stdio upstream, real sockets.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.core.server import run
 from proxy.frontend.http.app import McpHttpApp
+from proxy.server import run
 from proxy.settings import Settings
 from tests.fixtures.helpers import free_port
 from tests.proxy_process import scripted_stdio_command

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy import jsonrpc
-from proxy.core.server import build_service
 from proxy.core.service import Service
 from proxy.frontend.http.app import McpHttpApp
 from proxy.policy.store import PolicyStore
+from proxy.server import build_service
 from proxy.settings import Settings
 from proxy.upstream.sse.parse import SseParser
 from tests.fixtures.helpers import PYTHON, SCRIPTED_SERVER

@@ -268,6 +268,6 @@ def test_redis_is_imported_only_for_a_shared_store() -> None:
     import subprocess
     import sys
 
-    code = "import proxy.core.server, sys; print('redis' in sys.modules)"
+    code = "import proxy.server, sys; print('redis' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

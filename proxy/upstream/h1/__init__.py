@@ -39,6 +39,8 @@ The modules, each with one job:
 - `pool`: `HttpClient`, the keep-alive pool to the origin and its `request`/`send_now`.
 """
 
+from proxy.net.egress import ProxyRoute
+
 from .connection import Connection
 from .errors import (
     BodyTooLarge,
@@ -57,7 +59,6 @@ from .errors import (
 from .headers import Headers
 from .pool import HttpClient
 from .response import Response, Sink
-from .tunnel import ProxyRoute
 
 __all__ = [
     "BodyTooLarge",

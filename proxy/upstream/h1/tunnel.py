@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from dataclasses import dataclass
+
+from proxy.net.egress import ProxyRoute
 
 from .errors import ConnectError, ProxyRefused, printable
 from .reader import MAX_HEAD_BYTES
@@ -22,24 +23,6 @@ __all__ = ["ProxyRoute", "Tunnel"]
 
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: ([^\r\n]*))?\r\n")
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyRoute:
-    """An HTTP egress proxy that every connection tunnels through (CONNECT).
-
-    `authorization` is the `Proxy-Authorization` value (a credential: sent on CONNECT requests
-    only, never logged); `shown` names the proxy in messages, without its password;
-    `secret_values` are what the secret registry must remove (proxy/secret_values.py)."""
-
-    host: str
-    port: int
-    authorization: str | None = None
-    shown: str = ""
-    secret_values: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        return f"ProxyRoute({self.shown or f'{self.host}:{self.port}'})"
 
 
 class Tunnel:

@@ -90,7 +90,7 @@ def loads(data: bytes | str) -> Any:
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether `value` nests more than `limit` containers, asked of orjson's own serialiser: it
     refuses more than `_ORJSON_DEPTH` levels, so `value` wrapped in the difference fails exactly
-    when it is too deep. C speed: a Python walk of a 4 MiB body of small lists took seconds."""
+    when it is too deep. C speed: a Python walk of a 4 MiB body of small lists would take seconds."""
     wrapped = value
     for _ in range(_ORJSON_DEPTH - limit):
         wrapped = [wrapped]

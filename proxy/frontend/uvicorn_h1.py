@@ -2,8 +2,8 @@
 
 uvicorn writes the status line and headers when the app sends `http.response.start`, and the body
 with `http.response.body`: two `send()` calls per answer, and on loopback each one runs the
-receiver's half of TCP in the sender's system call too. In the proxy's relay benchmark these
-writes were the largest single share of the frontend's CPU. This protocol gives uvicorn a
+receiver's half of TCP in the sender's system call too, which makes two writes per answer the
+largest single share of the frontend's CPU (bench/relay.py). This protocol gives uvicorn a
 transport that holds a response head until the next write (the body, in the same event-loop step
 for every JSON answer) and writes both at once. A head with a `content-length` waits for its body
 (a client cannot use one without the other); any other head (a stream that starts before its
@@ -154,7 +154,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     - **Head size**: the bytes of a request head (request line and headers) are counted as they
       arrive, before the parser sees them; past `max_head_bytes` the connection is answered 431
       and closed. httptools has no limit of its own, and its Python wrapper joins a header that
-      arrives in pieces by concatenation (a 1 GB header took 2.4 GB and stalled the loop).
+      arrives in pieces by concatenation (a 1 GB header would take 2.4 GB and stall the loop).
     - **Head time**: a head must be complete `head_timeout_s` after the connection opened or its
       first byte arrived (408, then close). An idle keep-alive connection is uvicorn's own
       `timeout_keep_alive` (closed silently).

@@ -180,9 +180,9 @@ class Upstream(Protocol):
 class NoticeBudget:
     """A token bucket for the log lines an upstream's messages cause one by one (an event that is
     not JSON, a server request with an invalid id): `burst` lines at once, then `rate` a second;
-    what it refuses is summed up in one line when logging resumes. Before, an upstream writing
-    100,000 such events in one response made 100,000 warnings. (A stdio child's stderr and
-    non-JSON stdout have a bucket per child: stdio.py.)"""
+    what it refuses is summed up in one line when logging resumes, so that an upstream writing
+    100,000 such events in one response cannot make 100,000 warnings. (A stdio child's stderr and
+    non-JSON stdout have a bucket per child: proxy/upstream/stdio/process.py.)"""
 
     __slots__ = ("at", "burst", "dropped", "rate", "tokens")
 

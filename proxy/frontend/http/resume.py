@@ -106,7 +106,7 @@ REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
 
 def replay_key(n: int) -> str:
     """The key of a resumable stream's event ids (`<key>:<seq>`): 128 random bits, so nobody
-    derives another stream's ids from their own (they were `r1`, `r2`, ...), and the counter in
+    derives another stream's ids from their own (as they could from a plain counter), and the counter in
     hex after them, so two keys never collide. At most 22 + 16 characters, never a `:`."""
     return f"{secrets.token_urlsafe(16)}{n:x}"
 

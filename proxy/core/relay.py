@@ -271,8 +271,8 @@ class Relay:
         backing off: `retry_after_s` is waited), within what is left of `timeout_s`. A read repeats
         nothing; and a client's `tools/call` must not fail on the listing its SDK makes around it:
         the Python SDK lists tools inside `call_tool` to check a result against the tool's output
-        schema, and a 2026 call whose tool call the engine had answered came back -32603 ("upstream
-        unavailable") when that listing was on the stdio child as it was killed."""
+        schema, so without this a 2026 call whose tool call the engine answered would come back
+        -32603 ("upstream unavailable") when that listing was on a stdio child as it was killed."""
         loop = self._loop()
         started = loop.time()
         try:

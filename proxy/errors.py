@@ -56,8 +56,8 @@ class UpstreamFailure(ProxyError):
         challenge: str | None = None,
     ) -> None:
         # Every failure is built here, and its detail and body reach /readyz, logs and callers:
-        # the proxy's own credentials go now, whatever the upstream echoed (an upstream answering
-        # 401 with the request headers it received is the case that leaked them).
+        # the proxy's own credentials go now, whatever the upstream echoed (an upstream may answer
+        # 401 with the request headers it received, credentials included).
         detail = SECRETS.scrub(detail)
         if body is not None:
             body = SECRETS.scrub_value(body)

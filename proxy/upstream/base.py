@@ -216,9 +216,10 @@ UPSTREAM_NOTICES = NoticeBudget()
 def ours(value: object) -> TypeGuard[RequestId]:
     """Whether `value` can be an id (or progress token, or subscription id) the proxy sent: a str
     or an int, compared by type as well as value. Python takes `true` and `1.0` for 1 (equal, and
-    the same dict key): an upstream answering `"id": true` resolved request 1 of a stdio link, and
-    an answer with `"id": 1.0` on a 2025 HTTP request's own stream was taken for that request's
-    answer yet resolved nothing, so its caller waited for its timeout."""
+    the same dict key): by value alone, an upstream answering `"id": true` would resolve request 1
+    of a stdio link, and an answer with `"id": 1.0` on a 2025 HTTP request's own stream would be
+    taken for that request's answer yet resolve nothing, leaving its caller to wait for its
+    timeout."""
     cls = value.__class__
     return cls is int or cls is str
 

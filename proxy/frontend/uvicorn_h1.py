@@ -165,7 +165,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       event streams included, and keeps the refused connection open). Past
       `max_connections_per_client` from one client address (`proxy.frontend.clients.address_key`: an
       IPv6 client by its /64), likewise: without it, one address holding every connection
-      (idle ones, half-sent heads, each renewed before its timeout) had the port answer 503 to
+      (idle ones, half-sent heads, each renewed before its timeout) would have the port answer 503 to
       everyone else. Peers in `trusted_peers` (the ingresses `--forwarded-allow-ips` names) carry
       many clients' connections and are not capped per address. At either cap, the connection
       that has waited longest for a request head and runs no request (a half-sent head, an idle

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Final, Protocol, TypeGuard
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
@@ -115,39 +115,54 @@ class UpstreamLink(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Health(Enum):
+    """Whether an upstream answers: UNKNOWN until the first verdict, then UP from any answer and
+    DOWN from a failure that shows nothing answers any more, back and forth."""
+
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
+
+
 class UpstreamHealth:
     """Whether the upstream answers, as its adapter sees it in the traffic it relays; the source of
     `mcp_recovery_upstream_up` and of `/readyz` after the start-up probe.
 
-    `up` is None until the first verdict, then True from any answer (a JSON-RPC response, result or
-    error) until a failure that shows nothing answers any more: for stdio, losing the last child
-    that had answered (it exited, or a new one could not be started); for HTTP and SSE, a
-    connection that cannot be established. Hot paths compare the flag and call `answered()` only
-    when it is not already True, so an answer costs one attribute check. Every change of `up`, and
-    every unexpected exit of a supervised child (`restarts`, cumulative), is reported once to
-    `on_report`.
+    `state` is `Health.UNKNOWN` until the first verdict, then UP from any answer (a JSON-RPC
+    response, result or error) until a failure that shows nothing answers any more: for stdio,
+    losing the last child that had answered (it exited, or a new one could not be started); for
+    HTTP and SSE, a connection that cannot be established. Hot paths compare `state` with
+    `Health.UP` and call `answered()` only when it differs, so an answer costs one comparison.
+    Every change of `state`, and every unexpected exit of a supervised child (`restarts`,
+    cumulative), is reported once to `on_report`. `up` reads the state as None (unknown), True or
+    False, the form the status page and readiness show.
     """
 
-    __slots__ = ("on_report", "restarts", "up", "why")
+    __slots__ = ("on_report", "restarts", "state", "why")
 
     def __init__(self) -> None:
-        self.up: bool | None = None
+        self.state = Health.UNKNOWN
         self.why: str | None = None  # what the last failure was, while down
         self.restarts = 0
         self.on_report: Callable[[], None] | None = None
 
+    @property
+    def up(self) -> bool | None:
+        state = self.state
+        return None if state is Health.UNKNOWN else state is Health.UP
+
     def answered(self) -> None:
-        if self.up is True:
+        if self.state is Health.UP:
             return
-        self.up, self.why = True, None
+        self.state, self.why = Health.UP, None
         self.report()
 
     def failed(self, why: str) -> bool:
         """Nothing answers any more. True if that was news (and was reported)."""
         self.why = why
-        if self.up is False:
+        if self.state is Health.DOWN:
             return False
-        self.up = False
+        self.state = Health.DOWN
         self.report()
         return True
 

@@ -56,8 +56,8 @@ class UpstreamFailure(ProxyError):
         challenge: str | None = None,
     ) -> None:
         # Every failure is built here, and its detail and body reach /readyz, logs and callers:
-        # the proxy's own credentials go now, whatever the upstream echoed (an upstream answering
-        # 401 with the request headers it received is the case that leaked them).
+        # the proxy's own credentials go now, whatever the upstream echoed (an upstream may answer
+        # 401 with the request headers it received, credentials included).
         detail = SECRETS.scrub(detail)
         if body is not None:
             body = SECRETS.scrub_value(body)
@@ -97,8 +97,8 @@ def untraced(exc: E) -> E:
     failure stored in a future or an attribute, or caught by a frame that still holds the exchange
     it belongs to, forms a reference cycle (exception -> traceback -> frame -> exchange ->
     future -> exception) that only the cyclic garbage collector frees, in pauses that stop every
-    call in flight (issue 16). Called where a failure is stored (`Future.set_exception`, which on
-    3.11 keeps the traceback it has then) and where it is finally handled; the proxy never shows a
+    call in flight. Called where a failure is stored (`Future.set_exception` keeps the traceback
+    the exception has then) and where it is finally handled; the proxy never shows a
     traceback of an upstream failure (its kind and detail say what happened)."""
     todo: list[BaseException] = [exc]
     seen = 0

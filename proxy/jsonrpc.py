@@ -58,8 +58,8 @@ META_UNRESOLVED: Final = META_PREFIX + "unresolved"  # the unresolved report, on
 STRUCTURED_CONTENT_VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", *MODERN_VERSIONS})
 
 
-# orjson parses 1024 levels but serialises only about 254: a message between the two was accepted,
-# then failed in `dumps` on its way out (a 500 and a traceback per request). Nothing in MCP nests
+# orjson parses 1024 levels but serialises only about 254: a message between the two would be
+# accepted, then fail in `dumps` on its way out (a 500 and a traceback per request). Nothing in MCP nests
 # anywhere near this deep; the margin leaves room for the levels the proxy wraps around a message.
 MAX_DEPTH: Final = 200
 _ORJSON_DEPTH: Final = 254  # the most nested containers orjson.dumps serialises (measured, orjson 3.x)
@@ -90,7 +90,7 @@ def loads(data: bytes | str) -> Any:
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether `value` nests more than `limit` containers, asked of orjson's own serialiser: it
     refuses more than `_ORJSON_DEPTH` levels, so `value` wrapped in the difference fails exactly
-    when it is too deep. C speed: a Python walk of a 4 MiB body of small lists took seconds."""
+    when it is too deep. C speed: a Python walk of a 4 MiB body of small lists would take seconds."""
     wrapped = value
     for _ in range(_ORJSON_DEPTH - limit):
         wrapped = [wrapped]

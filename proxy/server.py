@@ -12,8 +12,8 @@ with a JSON-RPC error) while the listeners stay open; requests in flight may fin
 cancelled upstream); then the servers stop, and the service stops every upstream child. A second
 signal ends the grace period at once. uvicorn's own signal handling is replaced for this
 (`_Server.handle_exit`): it would close the listeners at once and cancel what still runs after
-its own few seconds; and since it no longer captures the signal, it raises none again on exit
-(a re-raised SIGTERM had killed the finished process, status 143). `run` installs a handler of its
+its own few seconds; and since it does not capture the signal, it raises none again on exit
+(a re-raised SIGTERM would kill the finished process, status 143). `run` installs a handler of its
 own first, for a signal that comes before uvicorn's are in place. With `--listen stdio`, stdin
 closing is a shutdown too (proxy/frontend/stdio.py).
 """
@@ -85,12 +85,12 @@ def _server(
     on_signal: Callable[[], None] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server that tells the app when shutdown starts: uvicorn waits for open responses
-    and then cancels them, and a 2025 listen stream never ends by itself (its cancellation was
-    logged as "Exception in ASGI application"). A stop signal goes to `on_signal` (the proxy's
+    and then cancels them, and a 2025 listen stream never ends by itself (uvicorn would log its
+    cancellation as "Exception in ASGI application"). A stop signal goes to `on_signal` (the proxy's
     graceful shutdown, which then tells the servers to exit) instead of stopping the server at
     once. uvicorn is imported only here and in `_uvicorn_config`: `--listen stdio` without
-    `--admin` never needs it, and its ~50 ms of imports were on the way to a stdio client's first
-    answer (issue 12)."""
+    `--admin` never needs it, and its ~50 ms of imports would delay a stdio client's first
+    answer."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -324,7 +324,7 @@ async def _serve(
                     await admin_task
         return 0
     # Imported here: `--listen stdio` does not need the HTTP frontend, and its imports (the MCP
-    # SDK's types above all) were most of a stdio proxy's start-up, which a local client waits
+    # SDK's types above all) would be most of a stdio proxy's start-up, which a local client waits
     # for (bench/stdio_startup.py).
     from proxy.frontend.http.app import McpHttpApp
 

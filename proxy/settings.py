@@ -183,7 +183,7 @@ class Settings(BaseSettings):
     call_log: Literal["all", "problems", "off"] = Field(
         "problems", description="which tools/call get a log line: all, problems (all but first-attempt successes), off"
     )
-    # Identity (issue 14; proxy/auth/). Cross-field checks are in proxy.auth.check_settings.
+    # Identity (proxy/auth/). Cross-field checks are in proxy.auth.check_settings.
     auth: Literal["none", "passthrough", "jwt", "tokens"] = Field(
         "none", description="who may call: none, passthrough (the upstream authenticates), jwt, tokens"
     )

@@ -204,8 +204,9 @@ def build_admin_app(
     call_data: bool = True,
 ) -> ASGIApp:
     """`listening` says whether the MCP listener accepts connections: the admin server starts
-    beside it and answered /readyz 200 while the main one was still between its start-up and its
-    bind, so a client (or a Kubernetes probe) told "ready" got a refused connection. `call_data`
+    beside it, and without this would answer /readyz 200 while the main one is still between its
+    start-up and its bind, so a client (or a Kubernetes probe) told "ready" would get a refused
+    connection. `call_data`
     False (and no `admin_token`): only the probes are served (`admin_access`)."""
     # --auth jwt: the issuer's keys, reported by /readyz (proxy/auth/jwt.py, keys_status)
     keys_status: Callable[[], dict[str, Any]] | None = getattr(auth, "keys_status", None)

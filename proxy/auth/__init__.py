@@ -1,4 +1,4 @@
-"""Identity (issue 14): which mode authenticates callers, built from the settings.
+"""Identity: which mode authenticates callers, built from the settings.
 
 `build_authenticator(settings)` checks the auth settings together (`check_settings`) and returns
 the mode's `Authenticator` (proxy/auth/base.py), or None for `none` (the request path then does

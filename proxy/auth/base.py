@@ -1,4 +1,4 @@
-"""The authentication seam: who is calling, and how a refusal is told (issue 14).
+"""The authentication seam: who is calling, and how a refusal is told.
 
 Contract (stable: `proxy/auth/jwt.py` and every other mode plug in here):
 - An `Authenticator` turns the headers of one HTTP request on the MCP port into a `Principal`,

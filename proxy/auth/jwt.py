@@ -1,4 +1,4 @@
-"""`--auth jwt`: the proxy is the OAuth resource server and verifies bearer JWTs itself (issue 14).
+"""`--auth jwt`: the proxy is the OAuth resource server and verifies bearer JWTs itself.
 
 Contract:
 - Keys come from the issuer's JWKS, whose URL its metadata names: RFC 8414

@@ -13,7 +13,7 @@ Contract:
   truncated to 128 bits, so a budget belongs to one credential and the id reveals nothing of it
   (a keyed hash: without the key, a leaked id cannot be tested against guessed tokens). The
   key is random per process unless `--auth-hash-key-file` names one: replicas sharing recovery
-  state (issue 15's shared store) must share the key, or one replica's ids mean nothing to
+  state (`--state`, the shared store) must share the key, or one replica's ids mean nothing to
   another. A request without `Authorization` is `anonymous` (the upstream will refuse it).
 - A refreshed token is a new credential and so a new principal: budgets spent under the old
   token are not the new token's to approve (the proxy cannot tell that two tokens name one user).

@@ -16,8 +16,8 @@ Contract:
   known.
 - A call whose tool the catalog lacks waits for that listing (`ready`), bounded by its own wait,
   which never cuts the listing short: the listing goes on for the calls after it, whatever the
-  deadline of the one that started it (a short caller deadline used to skip the listing, and a
-  read-only tool was then treated as state-changing).
+  deadline of the one that started it (else a short caller deadline would skip the listing, and a
+  read-only tool would be treated as state-changing).
 - A client's own complete listing (`observe`) counts as one.
 """
 

@@ -48,7 +48,7 @@ class Deadlines:
     __slots__ = ("armed_at", "dead", "handle", "heap", "loop", "seq")
 
     # Compact early: dead entries kept long would carry their objects into the collector's old
-    # generation (the tail latency showed the full collections that followed).
+    # generation, whose full collections are pauses in the tail latency.
     COMPACT_AT = 64
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -194,7 +194,7 @@ class Engine:
             # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
             timeout_s = policy.first_timeout_s
             try:
-                # positional: on Python 3.11 a call with keywords is not specialized (see Relay.attempt)
+                # positional: the interpreter does not specialize a call with keywords (see Relay.attempt)
                 response = await relay.attempt(
                     request, outbox, headers, timeout_s, policy.first_send_s, None, None, None, policy.idle_timeout_s
                 )

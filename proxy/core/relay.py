@@ -131,8 +131,8 @@ class Relay:
         self.protocol_version: str | None = None
         self.session_id = session_id
         # An object handler (the engine) is called through its bound __call__: calling the instance
-        # goes through its type's tp_call, on Python 3.11 an interpreter frame of its own per call,
-        # while a bound method is called like a function.
+        # goes through its type's tp_call, an interpreter frame of its own per call, while a bound
+        # method is called like a function.
         handler: Any = tool_calls
         if handler is not None and not isinstance(handler, FunctionType | MethodType):
             handler = handler.__call__
@@ -271,8 +271,8 @@ class Relay:
         backing off: `retry_after_s` is waited), within what is left of `timeout_s`. A read repeats
         nothing; and a client's `tools/call` must not fail on the listing its SDK makes around it:
         the Python SDK lists tools inside `call_tool` to check a result against the tool's output
-        schema, and a 2026 call whose tool call the engine had answered came back -32603 ("upstream
-        unavailable") when that listing was on the stdio child as it was killed."""
+        schema, so without this a 2026 call whose tool call the engine answered would come back
+        -32603 ("upstream unavailable") when that listing was on a stdio child as it was killed."""
         loop = self._loop()
         started = loop.time()
         try:
@@ -318,8 +318,8 @@ class Relay:
         headers: Mapping[str, str] | None = None,
         response_timeout_s: float | None = None,
         send_deadline_s: float | None = None,
-        # No keyword-only parameters: on Python 3.11 they keep every call (the engine's, once per
-        # attempt, positional) off the interpreter's specialized call path.
+        # Not keyword-only: the engine calls this once per attempt with positional arguments, the
+        # form the interpreter specializes (a call with keyword arguments is not).
         progress: ProgressRelay | None = None,
         params: dict[str, Any] | None = None,
         sent: asyncio.Event | None = None,

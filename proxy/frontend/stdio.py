@@ -90,10 +90,9 @@ class StdioFrontend:
                     if not line:
                         break
                 except asyncio.LimitOverrunError as over:
-                    # Drop what was read of the line and go on to its end; one error per line. (A
-                    # readline() here discards the buffer and raises ValueError, after which the
-                    # line's tail is read as a line of its own; the frontend used to stop there,
-                    # ending the session over one bad line.)
+                    # Drop what was read of the line and go on to its end; one error per line, and
+                    # the session goes on. (A readline() here would discard the buffer and raise
+                    # ValueError, after which the line's tail is read as a line of its own.)
                     await reader.readexactly(over.consumed)
                     if not skipping:
                         skipping = True

@@ -2,8 +2,8 @@
 
 uvicorn writes the status line and headers when the app sends `http.response.start`, and the body
 with `http.response.body`: two `send()` calls per answer, and on loopback each one runs the
-receiver's half of TCP in the sender's system call too. In the proxy's relay benchmark these
-writes were the largest single share of the frontend's CPU. This protocol gives uvicorn a
+receiver's half of TCP in the sender's system call too, which makes two writes per answer the
+largest single share of the frontend's CPU (bench/relay.py). This protocol gives uvicorn a
 transport that holds a response head until the next write (the body, in the same event-loop step
 for every JSON answer) and writes both at once. A head with a `content-length` waits for its body
 (a client cannot use one without the other); any other head (a stream that starts before its
@@ -154,7 +154,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     - **Head size**: the bytes of a request head (request line and headers) are counted as they
       arrive, before the parser sees them; past `max_head_bytes` the connection is answered 431
       and closed. httptools has no limit of its own, and its Python wrapper joins a header that
-      arrives in pieces by concatenation (a 1 GB header took 2.4 GB and stalled the loop).
+      arrives in pieces by concatenation (a 1 GB header would take 2.4 GB and stall the loop).
     - **Head time**: a head must be complete `head_timeout_s` after the connection opened or its
       first byte arrived (408, then close). An idle keep-alive connection is uvicorn's own
       `timeout_keep_alive` (closed silently).
@@ -165,7 +165,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       event streams included, and keeps the refused connection open). Past
       `max_connections_per_client` from one client address (`proxy.frontend.clients.address_key`: an
       IPv6 client by its /64), likewise: without it, one address holding every connection
-      (idle ones, half-sent heads, each renewed before its timeout) had the port answer 503 to
+      (idle ones, half-sent heads, each renewed before its timeout) would have the port answer 503 to
       everyone else. Peers in `trusted_peers` (the ingresses `--forwarded-allow-ips` names) carry
       many clients' connections and are not capped per address. At either cap, the connection
       that has waited longest for a request head and runs no request (a half-sent head, an idle

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from math import floor
 
 from proxy.policy.compiled import Category, ToolPolicy
@@ -45,7 +46,17 @@ from proxy.recovery.reasons import StopReason
 WINDOW_S = 10
 MAX_TOOLS = 1024
 OTHERS_FRESH_S = 2.0
-_CLOSED, _OPEN, _HALF_OPEN = 0, 1, 2
+
+
+class Circuit(Enum):
+    """A tool's circuit breaker. CLOSED -> OPEN after `breaker_failures` transient failures in a
+    row; OPEN -> HALF_OPEN at the first admission once the cooldown is over; HALF_OPEN -> CLOSED
+    on a success or a non-transient answer, -> OPEN on a transient failure. The value is what the
+    status page shows."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
 
 
 @dataclass(slots=True)
@@ -56,7 +67,7 @@ class _ToolState:
     retries: list[float] = field(default_factory=lambda: [0] * WINDOW_S)
     # breaker
     breaker: bool = False  # a policy with a breaker was seen for this tool (for the metrics)
-    state: int = _CLOSED
+    state: Circuit = Circuit.CLOSED
     failures: int = 0
     open_until_s: float = 0.0
     trial_until_s: float = 0.0
@@ -165,12 +176,12 @@ class AntiStorm:
         st.others_at_s = now_s
 
     def _breaker_admits(self, st: _ToolState, policy: ToolPolicy, now_s: float, *, first: bool) -> Refused | None:
-        if st.state == _CLOSED or policy.anti_storm.breaker_failures is None:
+        if st.state is Circuit.CLOSED or policy.anti_storm.breaker_failures is None:
             return None
-        if st.state == _OPEN:
+        if st.state is Circuit.OPEN:
             if now_s < st.open_until_s:
                 return Refused(StopReason.CIRCUIT_OPEN, st.open_until_s - now_s)
-            st.state = _HALF_OPEN
+            st.state = Circuit.HALF_OPEN
             st.trial_until_s = 0.0
         # half-open: one trial call at a time; a trial that never reported is superseded
         if first and now_s >= st.trial_until_s:
@@ -188,22 +199,26 @@ class AntiStorm:
         st.breaker = True
         if category is not Category.TRANSIENT:
             st.failures = 0
-            st.state = _CLOSED
+            st.state = Circuit.CLOSED
             return
         st.failures += 1
-        if st.state == _HALF_OPEN or st.failures >= threshold:
-            st.state = _OPEN
+        if st.state is Circuit.HALF_OPEN or st.failures >= threshold:
+            st.state = Circuit.OPEN
             st.open_until_s = now_s + self._cooldown_s(policy)
             st.failures = 0
 
     def circuit_open(self, tool: str, now_s: float) -> bool:
         """Whether the tool's circuit refuses calls now (open, or half-open with a trial running)."""
         st = self._tools.get(tool)
-        if st is None or st.state == _CLOSED:
+        if st is None:
             return False
-        if st.state == _OPEN:
-            return now_s < st.open_until_s
-        return now_s < st.trial_until_s
+        match st.state:
+            case Circuit.CLOSED:
+                return False
+            case Circuit.OPEN:
+                return now_s < st.open_until_s
+            case Circuit.HALF_OPEN:
+                return now_s < st.trial_until_s
 
     def circuits(self, now_s: float) -> list[tuple[str, bool]]:
         """(tool, refusing now) for every tracked tool whose policy has a breaker (for /metrics;
@@ -220,12 +235,12 @@ class AntiStorm:
             circuit: str | None = None
             open_for_s = 0.0
             if st.breaker:
-                if st.state == _OPEN and now_s < st.open_until_s:
-                    circuit, open_for_s = "open", st.open_until_s - now_s
-                elif st.state != _CLOSED:
-                    circuit = "half_open"  # cooled down: the next call is the trial
+                if st.state is Circuit.OPEN and now_s < st.open_until_s:
+                    circuit, open_for_s = Circuit.OPEN.value, st.open_until_s - now_s
+                elif st.state is not Circuit.CLOSED:
+                    circuit = Circuit.HALF_OPEN.value  # cooled down: the next call is the trial
                 else:
-                    circuit = "closed"
+                    circuit = Circuit.CLOSED.value
             out.append(
                 {
                     "tool": tool,

@@ -169,9 +169,9 @@ class TlsContext:
 
 def _tls_connection(current: TlsContext) -> type[aioredis.SSLConnection]:
     """redis-py's TLS connection, given our context instead of its own: its own would be built per
-    connection, synchronously on the event loop, loading the system roots (a first connect and
-    PING took 320-355 ms with it, 47-60 ms with the shared context, at load 10 here), and would
-    trust the system roots besides --state-ca."""
+    connection, synchronously on the event loop, loading the system roots (several times the cost
+    of a connect and PING with the shared context), and would trust the system roots besides
+    --state-ca."""
 
     class SharedContextConnection(aioredis.SSLConnection):
         def _connection_arguments(self) -> Mapping[str, Any]:

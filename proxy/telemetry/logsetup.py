@@ -6,8 +6,8 @@ and `extra` fields, passes one formatter that removes the proxy's own credential
 
 The same formatter keeps a message to one bounded line: its control characters (line breaks
 included) are written as escapes and it is cut at `MAX_MESSAGE_CHARS`, whatever a peer put in
-the text a log call quotes (a method or tool name, an upstream's error). A caller's method name
-holding a line break and a forged log line used to be written as two lines, the forged one
+the text a log call quotes (a method or tool name, an upstream's error): a caller's method name
+holding a line break and a forged log line must not be written as two lines, the forged one
 looking like the proxy's own. A traceback (the record's exception) keeps its lines.
 """
 

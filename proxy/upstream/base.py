@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Final, Protocol, TypeGuard
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
@@ -115,39 +115,54 @@ class UpstreamLink(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Health(Enum):
+    """Whether an upstream answers: UNKNOWN until the first verdict, then UP from any answer and
+    DOWN from a failure that shows nothing answers any more, back and forth."""
+
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
+
+
 class UpstreamHealth:
     """Whether the upstream answers, as its adapter sees it in the traffic it relays; the source of
     `mcp_recovery_upstream_up` and of `/readyz` after the start-up probe.
 
-    `up` is None until the first verdict, then True from any answer (a JSON-RPC response, result or
-    error) until a failure that shows nothing answers any more: for stdio, losing the last child
-    that had answered (it exited, or a new one could not be started); for HTTP and SSE, a
-    connection that cannot be established. Hot paths compare the flag and call `answered()` only
-    when it is not already True, so an answer costs one attribute check. Every change of `up`, and
-    every unexpected exit of a supervised child (`restarts`, cumulative), is reported once to
-    `on_report`.
+    `state` is `Health.UNKNOWN` until the first verdict, then UP from any answer (a JSON-RPC
+    response, result or error) until a failure that shows nothing answers any more: for stdio,
+    losing the last child that had answered (it exited, or a new one could not be started); for
+    HTTP and SSE, a connection that cannot be established. Hot paths compare `state` with
+    `Health.UP` and call `answered()` only when it differs, so an answer costs one comparison.
+    Every change of `state`, and every unexpected exit of a supervised child (`restarts`,
+    cumulative), is reported once to `on_report`. `up` reads the state as None (unknown), True or
+    False, the form the status page and readiness show.
     """
 
-    __slots__ = ("on_report", "restarts", "up", "why")
+    __slots__ = ("on_report", "restarts", "state", "why")
 
     def __init__(self) -> None:
-        self.up: bool | None = None
+        self.state = Health.UNKNOWN
         self.why: str | None = None  # what the last failure was, while down
         self.restarts = 0
         self.on_report: Callable[[], None] | None = None
 
+    @property
+    def up(self) -> bool | None:
+        state = self.state
+        return None if state is Health.UNKNOWN else state is Health.UP
+
     def answered(self) -> None:
-        if self.up is True:
+        if self.state is Health.UP:
             return
-        self.up, self.why = True, None
+        self.state, self.why = Health.UP, None
         self.report()
 
     def failed(self, why: str) -> bool:
         """Nothing answers any more. True if that was news (and was reported)."""
         self.why = why
-        if self.up is False:
+        if self.state is Health.DOWN:
             return False
-        self.up = False
+        self.state = Health.DOWN
         self.report()
         return True
 
@@ -180,9 +195,9 @@ class Upstream(Protocol):
 class NoticeBudget:
     """A token bucket for the log lines an upstream's messages cause one by one (an event that is
     not JSON, a server request with an invalid id): `burst` lines at once, then `rate` a second;
-    what it refuses is summed up in one line when logging resumes. Before, an upstream writing
-    100,000 such events in one response made 100,000 warnings. (A stdio child's stderr and
-    non-JSON stdout have a bucket per child: stdio.py.)"""
+    what it refuses is summed up in one line when logging resumes, so that an upstream writing
+    100,000 such events in one response cannot make 100,000 warnings. (A stdio child's stderr and
+    non-JSON stdout have a bucket per child: proxy/upstream/stdio/process.py.)"""
 
     __slots__ = ("at", "burst", "dropped", "rate", "tokens")
 
@@ -216,9 +231,10 @@ UPSTREAM_NOTICES = NoticeBudget()
 def ours(value: object) -> TypeGuard[RequestId]:
     """Whether `value` can be an id (or progress token, or subscription id) the proxy sent: a str
     or an int, compared by type as well as value. Python takes `true` and `1.0` for 1 (equal, and
-    the same dict key): an upstream answering `"id": true` resolved request 1 of a stdio link, and
-    an answer with `"id": 1.0` on a 2025 HTTP request's own stream was taken for that request's
-    answer yet resolved nothing, so its caller waited for its timeout."""
+    the same dict key): by value alone, an upstream answering `"id": true` would resolve request 1
+    of a stdio link, and an answer with `"id": 1.0` on a 2025 HTTP request's own stream would be
+    taken for that request's answer yet resolve nothing, leaving its caller to wait for its
+    timeout."""
     cls = value.__class__
     return cls is int or cls is str
 

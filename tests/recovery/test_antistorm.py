@@ -8,7 +8,7 @@ import pytest
 
 from proxy.policy.compiled import AntiStorm as Limits
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
-from proxy.recovery.antistorm import MAX_TOOLS, WINDOW_S, AntiStorm
+from proxy.recovery.antistorm import MAX_TOOLS, WINDOW_S, AntiStorm, Circuit
 from proxy.recovery.reasons import StopReason
 
 T = Category.TRANSIENT
@@ -136,3 +136,27 @@ def test_the_tracked_tools_are_bounded() -> None:
     for i in range(MAX_TOOLS + 10):
         a.record(f"tool{i}", p, T, 0.0)
     assert len(a._tools) == MAX_TOOLS
+
+
+def test_the_breaker_walks_closed_open_half_open_and_back() -> None:
+    p = policy(breaker_failures=2, breaker_cooldown_s=5.0)
+    a = AntiStorm()
+
+    def circuit(now: float) -> object:
+        (row,) = a.snapshot(now)
+        return row["circuit"]
+
+    a.record("t", p, None, 0.0)
+    assert circuit(0.0) == Circuit.CLOSED.value
+    a.record("t", p, T, 0.1)
+    assert circuit(0.1) == Circuit.CLOSED.value, "one failure of two"
+    a.record("t", p, T, 0.2)
+    assert circuit(0.2) == Circuit.OPEN.value
+    assert circuit(5.2) == Circuit.HALF_OPEN.value, "cooled down: the next call is the trial"
+    assert a.admit_first("t", p, 5.2) is None
+    a.record("t", p, T, 5.3)
+    assert circuit(5.3) == Circuit.OPEN.value, "a failed trial opens it again"
+    assert a.admit_first("t", p, 10.3) is None
+    a.record("t", p, Category.VALIDATION, 10.4)
+    assert circuit(10.4) == Circuit.CLOSED.value, "any answer of the upstream closes it"
+    assert [c.value for c in Circuit] == ["closed", "open", "half_open"]

@@ -97,8 +97,8 @@ class Replay:
 
 
 # Resumption buffers: one response may keep its answer (up to the 16 MiB message limit) and some
-# notifications; all of them together hold at most `REPLAY_TOTAL_BYTES` (200 calls with 8 MiB
-# answers held 1.8 GB for 30 s when only the event count was bounded). Defaults of
+# notifications; all of them together hold at most `REPLAY_TOTAL_BYTES` (with only the event count
+# bounded, 200 calls with 8 MiB answers would hold 1.8 GB for 30 s). Defaults of
 # `--replay-stream-bytes` and `--replay-total-bytes`.
 REPLAY_STREAM_BYTES: int = Settings.model_fields["replay_stream_bytes"].default
 REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
@@ -106,7 +106,7 @@ REPLAY_TOTAL_BYTES: int = Settings.model_fields["replay_total_bytes"].default
 
 def replay_key(n: int) -> str:
     """The key of a resumable stream's event ids (`<key>:<seq>`): 128 random bits, so nobody
-    derives another stream's ids from their own (they were `r1`, `r2`, ...), and the counter in
+    derives another stream's ids from their own (as they could from a plain counter), and the counter in
     hex after them, so two keys never collide. At most 22 + 16 characters, never a `:`."""
     return f"{secrets.token_urlsafe(16)}{n:x}"
 

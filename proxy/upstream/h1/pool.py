@@ -19,7 +19,8 @@ import collections
 import contextlib
 import ssl
 from collections.abc import Callable, Mapping
-from typing import Final
+from enum import Enum
+from typing import Final, TypeAlias
 from urllib.parse import urlsplit
 
 from .connection import Connection
@@ -40,8 +41,17 @@ from .tunnel import ProxyRoute, Tunnel
 __all__ = ["HttpClient"]
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
-_TIMED_OUT: Final = object()
-_CLIENT_CLOSED: Final = object()
+
+
+class _NoConnection(Enum):
+    """Why a request waiting for a connection was woken without one (besides None: a free slot)."""
+
+    TIMED_OUT = "timed out"
+    CLIENT_CLOSED = "client closed"
+
+
+# What a waiter is handed: an idle connection, None (a free slot, now the waiter's), or why neither.
+_Handed: TypeAlias = Connection | _NoConnection | None
 
 
 class HttpClient:
@@ -110,7 +120,7 @@ class HttpClient:
         self._idle: dict[Connection, None] = {}  # insertion-ordered: popitem() is LIFO
         self._all: set[Connection] = set()
         self._open = 0  # slots taken: connecting, busy and idle connections
-        self._waiters: collections.deque[asyncio.Future[object]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[_Handed]] = collections.deque()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -285,7 +295,7 @@ class HttpClient:
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> Connection | None:
         """Wait for an idle connection (returned) or a free slot (None: the slot is ours)."""
-        waiter: asyncio.Future[object] = loop.create_future()
+        waiter: asyncio.Future[_Handed] = loop.create_future()
         self._waiters.append(waiter)
         timer = loop.call_later(self.connect_timeout_s, _expire, waiter)
         try:
@@ -300,18 +310,18 @@ class HttpClient:
             raise
         finally:
             timer.cancel()
-        if handed is _TIMED_OUT:
+        if handed is _NoConnection.TIMED_OUT:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
             raise PoolTimeout(
                 f"no connection to {self.host}:{self.port} freed up within {self.connect_timeout_s} s "
                 f"({self.max_connections} in use)"
             )
-        if handed is _CLIENT_CLOSED:
+        if handed is _NoConnection.CLIENT_CLOSED:
             raise ClientClosed("the HTTP client was closed while waiting for a connection")
-        return handed  # type: ignore[return-value]
+        return handed
 
-    def _give_back(self, handed: object) -> None:
+    def _give_back(self, handed: _Handed) -> None:
         if isinstance(handed, Connection):
             self.put_back(handed)
         elif handed is None:
@@ -364,7 +374,7 @@ class HttpClient:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(_CLIENT_CLOSED)
+                waiter.set_result(_NoConnection.CLIENT_CLOSED)
         for conn in list(self._all):
             if conn.transport is not None:
                 conn.transport.close()
@@ -372,6 +382,6 @@ class HttpClient:
             await asyncio.sleep(0)  # let connection_lost run, so that callers see their failures
 
 
-def _expire(waiter: asyncio.Future[object]) -> None:
+def _expire(waiter: asyncio.Future[_Handed]) -> None:
     if not waiter.done():
-        waiter.set_result(_TIMED_OUT)
+        waiter.set_result(_NoConnection.TIMED_OUT)

@@ -17,6 +17,7 @@ After an error the reader must not be fed again.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Final, Protocol
 
 import httptools
@@ -24,13 +25,27 @@ import httptools
 from .errors import ProtocolError
 from .headers import Headers
 
-__all__ = ["MAX_HEAD_BYTES", "ReaderEvents", "ResponseReader", "UnsolicitedResponse"]
+__all__ = ["MAX_HEAD_BYTES", "Phase", "ReaderEvents", "ResponseReader", "UnsolicitedResponse"]
 
 # A response's status line and headers larger than this fail the request (a peer sending an
 # endless head must not grow the proxy's memory); checked after each read, so the bound is this
 # plus one read.
 MAX_HEAD_BYTES: Final = 64 * 1024
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
+
+
+class Phase(Enum):
+    """Where a `ResponseReader` is in the answer to the current request.
+
+    IDLE (no request yet) -> AWAITING (`expect`) -> HEAD (a byte of the status line or a header
+    came) -> BODY (the head is complete) -> DONE (`on_end`). An interim 1xx answer keeps HEAD; the
+    answer to a HEAD request goes from HEAD to DONE. `expect` starts over at AWAITING."""
+
+    IDLE = "idle"
+    AWAITING = "awaiting"
+    HEAD = "head"
+    BODY = "body"
+    DONE = "done"
 
 
 class ReaderEvents(Protocol):
@@ -64,21 +79,18 @@ class _Unexpected(Exception):
 class ResponseReader:
     """The responses of one connection, one request at a time (no pipelining).
 
-    `awaiting`: a request was announced and its answer's head has not come yet. `started`: some
-    of that answer's head arrived (its status line, a header). `until_eof`: the current answer's
-    body has neither a length nor chunked framing, so it ends when the connection does."""
+    `phase` (a `Phase`; read it, never set it) is where the current answer is. `until_eof`: the
+    current answer's body has neither a length nor chunked framing, so it ends when the connection
+    does."""
 
     __slots__ = (
         "_events",
         "_head_bytes",
         "_head_only",
-        "_in_body",
-        "_interim",
         "_items",
         "_parser",
         "_reason",
-        "awaiting",
-        "started",
+        "phase",
         "until_eof",
     )
 
@@ -88,19 +100,27 @@ class ResponseReader:
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_bytes = 0  # read while the head of the current answer is incomplete
         self._head_only = False
-        self._in_body = False
-        self._interim = False
         self._items: list[tuple[str, str]] = []
         self._reason = ""
-        self.awaiting = False
-        self.started = False
+        self.phase = Phase.IDLE
         self.until_eof = False
+
+    @property
+    def awaiting(self) -> bool:
+        """A request was announced and its answer's head is not complete yet."""
+        phase = self.phase
+        return phase is Phase.AWAITING or phase is Phase.HEAD
+
+    @property
+    def started(self) -> bool:
+        """Some of the current answer's head arrived (its status line, a header)."""
+        phase = self.phase
+        return phase is Phase.HEAD or phase is Phase.BODY or phase is Phase.DONE
 
     def expect(self, head_only: bool = False) -> None:
         """A request went out: the next response is its answer (`head_only`: a HEAD request's)."""
-        self.awaiting = True
+        self.phase = Phase.AWAITING
         self._head_only = head_only
-        self.started = False
 
     def feed(self, data: bytes) -> ProtocolError | None:
         """Parse `data`, calling the events for what it completes; the peer's error, if any."""
@@ -112,7 +132,8 @@ class ResponseReader:
         except httptools.HttpParserError as exc:
             kind = UnsolicitedResponse if isinstance(exc.__context__, _Unexpected) else ProtocolError
             return _invalid(kind, exc)
-        if self.awaiting:  # head incomplete
+        phase = self.phase
+        if phase is Phase.AWAITING or phase is Phase.HEAD:  # head incomplete
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 return _invalid(ProtocolError, _HeadTooLarge(f"the response head exceeds {MAX_HEAD_BYTES} bytes"))
@@ -121,8 +142,8 @@ class ResponseReader:
     def feed_eof(self) -> bool:
         """The peer closed the connection. True if that ended a body delimited by the close (then
         `on_end(False)` was called); False if no body was coming or it was cut short."""
-        if self._in_body and self.until_eof:
-            self._in_body = False
+        if self.phase is Phase.BODY and self.until_eof:
+            self.phase = Phase.DONE
             self._events.on_end(False)
             return True
         return False
@@ -134,28 +155,29 @@ class ResponseReader:
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if not self.awaiting:
+        phase = self.phase
+        if phase is not Phase.AWAITING and phase is not Phase.HEAD:
             raise _Unexpected
         self._items = []
         self._reason = ""
 
     def on_status(self, reason: bytes) -> None:
         # Called once per read the reason phrase spans (httptools does not join the pieces).
-        self.started = True
+        self.phase = Phase.HEAD
         self._reason += reason.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.started = True
+        if self.phase is Phase.AWAITING:  # not for a trailer, which comes in BODY
+            self.phase = Phase.HEAD
         self._items.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.started = True
         self._head_bytes = 0
         parser = self._parser
         assert parser is not None  # callbacks run only inside feed_data
         status = parser.get_status_code()
         if status < 200:  # an interim answer (103 Early Hints...): the real one follows
-            self._interim = True
+            self.phase = Phase.HEAD
             return
         headers = Headers(self._items)
         first = headers.first
@@ -165,9 +187,8 @@ class ResponseReader:
             and "chunked" not in first.get("transfer-encoding", "").lower()
             and status not in _NO_BODY_STATUSES
         )
-        self.awaiting = False
         head_only = self._head_only
-        self._in_body = not head_only
+        self.phase = Phase.DONE if head_only else Phase.BODY
         events = self._events
         events.on_head(status, self._reason, headers)
         if head_only:
@@ -176,16 +197,14 @@ class ResponseReader:
             events.on_end(False)
 
     def on_body(self, data: bytes) -> None:
-        if self._in_body:  # not a HEAD answer's body
+        if self.phase is Phase.BODY:  # not a HEAD answer's body
             self._events.on_body(data)
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
+        # HEAD: an interim answer's end (the real one follows); DONE: a HEAD answer's, ended with its head
+        if self.phase is not Phase.BODY:
             return
-        if not self._in_body:  # a HEAD answer's, ended with its head
-            return
-        self._in_body = False
+        self.phase = Phase.DONE
         self._events.on_end(self._parser.should_keep_alive())  # type: ignore[union-attr]
 
 

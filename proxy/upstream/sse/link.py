@@ -51,6 +51,7 @@ from proxy.upstream.base import (
     Era,
     Exchange,
     Handshake,
+    Health,
     LinkBase,
     OnMessage,
     PendingTable,
@@ -376,7 +377,7 @@ class SseLegacyLink(LinkBase):
             return
         conn.endpoint.set_result(target)
         self._accepted(conn.authorization)  # the upstream opened the session's stream with it
-        if not self._health.up:  # the server speaks: it announced where to POST
+        if self._health.state is not Health.UP:  # the server speaks: it announced where to POST
             self._health.answered()
 
     def _on_data(self, data: bytes) -> None:
@@ -389,7 +390,7 @@ class SseLegacyLink(LinkBase):
             return
         if is_response(message):
             self._pending.resolve(message)
-            if not self._health.up:  # the one check an answer pays for the gauge
+            if self._health.state is not Health.UP:  # the one check an answer pays for the gauge
                 self._health.answered()
             return
         if message.get("method") == "notifications/progress" and self._pending.route_progress(message):

@@ -17,7 +17,7 @@ upstream's stdin/stdout/stderr. The guard:
   gone. When the group has been ended, so are those (SIGTERM, then SIGKILL), before the guard
   exits: otherwise a grandchild that called `setsid` while holding the pipes would outlive the
   command, the guard and the proxy's stop, and keep the child's stdout open, so that the proxy
-  never saw its end.
+  would never see its end.
 
 Only the standard library is used (it runs with -S for a fast start). Why a guard process and not
 just PDEATHSIG on the upstream: PDEATHSIG is per process and is not inherited, so a grandchild of

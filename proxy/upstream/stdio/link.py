@@ -32,6 +32,7 @@ from proxy.upstream.base import (
     Era,
     Exchange,
     Handshake,
+    Health,
     LinkBase,
     OnMessage,
     PendingTable,
@@ -277,7 +278,7 @@ class StdioLink(LinkBase):
                         if self._upstream.start_s is None:
                             self._upstream.start_s = time.monotonic() - child.started_at
                     self._quick_deaths = 0
-                    if not self._health.up:  # the one check an answer pays for the gauge
+                    if self._health.state is not Health.UP:  # the one check an answer pays for the gauge
                         self._health.answered()
             return
         if self._pending.route_related(message):

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
-from proxy.upstream.base import Era, Exchange, LinkBase, OnMessage, PendingTable, ours
+from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, ours
 from proxy.upstream.h1 import ClientError, Connection, Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import (
@@ -369,7 +369,7 @@ class HttpLink(LinkBase):
                     msg = {**msg, "id": ex.upstream_id}
                 self._on_response(ex, response, msg)
                 self._pending.resolve(msg)
-                if not self._health.up:  # the one check an answer pays for the gauge
+                if self._health.state is not Health.UP:  # the one check an answer pays for the gauge
                     self._health.answered()
                 return True
             self._pending.resolve(msg)  # another exchange's (a resumed stream); unknown ids are dropped

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message, dumps
+from proxy.upstream.base import Health
 from proxy.upstream.h1 import Headers, HttpClient, Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import (
@@ -79,7 +80,7 @@ async def rpc_once(
                 raise await status_failure(response, message.get("id"))
             async for msg in answer_messages(response, StreamState(), upstream.max_event_bytes):
                 if "method" not in msg and msg.get("id") in (message.get("id"), None):
-                    if not upstream.health.up:
+                    if upstream.health.state is not Health.UP:
                         upstream.health.answered()
                     return response.headers, msg
                 if on_other is not None:

@@ -843,6 +843,23 @@ async def test_requests_after_aclose_raise_client_closed() -> None:
             assert isinstance(ClientClosed(), ClientError)
 
 
+async def test_aclose_wakes_a_request_waiting_for_a_connection_with_client_closed() -> None:
+    gate = asyncio.Event()
+    async with raw_server(_gated(gate)) as raw:
+        client = HttpClient(url(raw), max_connections=1, connect_timeout_s=WAIT)
+        async with asyncio.timeout(WAIT):
+            busy = asyncio.create_task(client.request("GET"))
+            await raw.wait_requests(1)
+            waiting = asyncio.create_task(client.request("GET"))
+            await asyncio.sleep(0)  # one step: with no idle connection and no free slot, it queues
+            await client.aclose()
+            with pytest.raises(ClientClosed, match="while waiting for a connection"):
+                await waiting
+            with pytest.raises(ConnectionClosed):
+                await busy
+            gate.set()
+
+
 async def test_aclose_fails_a_request_in_flight() -> None:
     async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await raw.next_request(reader)

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.upstream.h1.errors import ProtocolError
 from proxy.upstream.h1.headers import Headers
-from proxy.upstream.h1.reader import MAX_HEAD_BYTES, ResponseReader, UnsolicitedResponse
+from proxy.upstream.h1.reader import MAX_HEAD_BYTES, Phase, ResponseReader, UnsolicitedResponse
 
 Event = tuple[object, ...]
 
@@ -368,3 +368,41 @@ def test_a_closed_reader_ignores_what_it_is_fed() -> None:
     reader.close()
     assert reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") is None
     assert recorder.events == []
+
+
+def test_the_phase_walks_idle_awaiting_head_body_done_for_each_request() -> None:
+    reader = ResponseReader(Recorder())
+    seen = [reader.phase]
+    reader.expect()
+    seen.append(reader.phase)
+    for piece in (b"HTTP/1.1 103 Early Hints\r\n\r\n", b"HTTP/1.1 200 OK\r\n", b"Transfer-Encoding: chunked\r\n\r\n"):
+        assert reader.feed(piece) is None
+        seen.append(reader.phase)
+    assert reader.feed(b"2\r\nok\r\n0\r\nX-Trailer: t\r\n") is None
+    seen.append(reader.phase)
+    assert reader.feed(b"\r\n") is None
+    seen.append(reader.phase)
+    reader.expect(head_only=True)
+    seen.append(reader.phase)
+    assert reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n") is None
+    seen.append(reader.phase)
+    assert seen == [
+        Phase.IDLE,
+        Phase.AWAITING,
+        Phase.HEAD,  # the interim answer's end: still waiting for the real head
+        Phase.HEAD,
+        Phase.BODY,
+        Phase.BODY,  # a trailer is not a head
+        Phase.DONE,
+        Phase.AWAITING,
+        Phase.DONE,  # a HEAD request's answer ends with its head
+    ]
+
+
+def test_a_close_delimited_body_ends_in_done_at_eof() -> None:
+    reader = ResponseReader(Recorder())
+    reader.expect()
+    assert reader.feed(b"HTTP/1.0 200 OK\r\n\r\nabc") is None
+    assert reader.phase is Phase.BODY and reader.until_eof
+    assert reader.feed_eof()
+    assert reader.phase is Phase.DONE

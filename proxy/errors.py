@@ -15,7 +15,7 @@ E = TypeVar("E", bound=BaseException)
 
 
 class Dispatch(StrEnum):
-    """Whether the upstream may have started executing an attempt (RECOVERY.md "dispatched")."""
+    """Whether the upstream may have started executing an attempt (docs/recovery.md "dispatched")."""
 
     NO = "no"  # provably not sent, or refused before processing
     UNKNOWN = "unknown"

@@ -420,7 +420,7 @@ class ToolCall:
             e.antistorm.record(self.label, policy, None, ended)
         if self.approved_id is not None:
             e.clear(self.op)
-            result = with_attempts_meta(result, 1, self.approved_id)  # RECOVERY §4: the approval shows
+            result = with_attempts_meta(result, 1, self.approved_id)  # the approval shows (docs/recovery.md, "Ledger")
         telemetry = e.telemetry
         if telemetry.active:
             telemetry.emit_success(

@@ -294,7 +294,7 @@ class Service:
 
     def renegotiate(self) -> None:
         """The upstream answered a 2026 header or version error (-32020, -32022): proxy and upstream
-        disagree about the protocol, so ask it again what it speaks (RECOVERY.md §1: renegotiate
+        disagree about the protocol, so ask it again what it speaks (docs/recovery.md, "Classification": renegotiate
         before further tool calls), at most once per `ready_check_interval_s`."""
         if self._supervised or self._stopping or self.capabilities is None:
             return  # a stdio child is asked on every (re)start

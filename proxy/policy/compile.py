@@ -1,4 +1,4 @@
-"""Loading a policy folder into a frozen `PolicySet` (RECOVERY.md §6, docs/policies.md).
+"""Loading a policy folder into a frozen `PolicySet` (docs/policies.md).
 
 Contract:
 - `load_policy_dir(folder)` reads the `*.yaml` / `*.yml` files directly in `folder`, following

@@ -3,8 +3,8 @@
 Contract:
 - Every value here is immutable and already validated; nothing in the request path re-checks it.
 - `PolicySet.resolve(tool, annotations)` returns the effective `ToolPolicy` of one tool, applying the
-  precedence of RECOVERY.md §6 per setting (exact file > most specific glob > upstream annotations
-  for the side-effect class > defaults file > built-in defaults); see docs/policies.md.
+  precedence of docs/policies.md ("Precedence") per setting: exact file > most specific glob >
+  upstream annotations for the side-effect class > defaults file > built-in defaults.
 - Each `ToolPolicy` carries `sources`: for every setting (keyed by its dotted attribute name, e.g.
   `attempts`, `backoff.max_s`), where its value came from: `<file>:<yaml key>`,
   `annotations:readOnlyHint`, `derived:...`, or `built-in`. `policies explain` prints them.
@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 
 class Category(StrEnum):
-    """The four error categories of RECOVERY.md §1."""
+    """The four error categories of docs/recovery.md, "Classification"."""
 
     TRANSIENT = "transient"
     VALIDATION = "validation"
@@ -30,7 +30,7 @@ class Category(StrEnum):
 
 
 class SideEffect(StrEnum):
-    """What repeating a tool could do: the side-effect class of RECOVERY.md §2."""
+    """What repeating a tool could do: the side-effect class of docs/recovery.md, "Decision"."""
 
     READ_ONLY = "read_only"
     IDEMPOTENT = "idempotent"

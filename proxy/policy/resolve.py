@@ -1,4 +1,5 @@
-"""Precedence: the effective `ToolPolicy` of one tool from a `PolicySet`'s layers (RECOVERY.md §6).
+"""Precedence: the effective `ToolPolicy` of one tool from a `PolicySet`'s layers
+(docs/policies.md, "Precedence").
 
 Contract, for EACH setting separately (a file only overrides the settings it writes):
 1. the file naming the tool exactly;

@@ -1,4 +1,4 @@
-"""The live policy snapshot, and how it is reloaded while the proxy runs (RECOVERY.md §6).
+"""The live policy snapshot, and how it is reloaded while the proxy runs (docs/policies.md, "Precedence").
 
 Contract:
 - `store.current` is the `PolicySet` a call reads once at its start; reading it is a plain

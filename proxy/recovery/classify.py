@@ -1,4 +1,5 @@
-"""Classify one attempt's outcome into a category, with the evidence that decided it (RECOVERY.md §1).
+"""Classify one attempt's outcome into a category, with the evidence that decided it
+(docs/recovery.md, "Classification").
 
 Contract: `classify(outcome, policy)` is a pure function; the first source that matches wins:
 

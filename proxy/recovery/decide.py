@@ -1,6 +1,6 @@
 """Decide what follows an attempt: deliver, retry after a delay, or give up with one stop reason.
 
-Contract (RECOVERY.md §2; Envoy's two stages, "would we retry" then "may we retry"):
+Contract (docs/recovery.md, "Decision"; Envoy's two stages, "would we retry" then "may we retry"):
 - `decide(policy, state, classified, now_s=, rand=, admission=, cancelled=)` is pure: time and
   randomness are arguments, and `admission` is called at most once, and only when every other
   check said yes (it may spend a retry-budget token). The first "no" wins, in this order:

@@ -1,4 +1,4 @@
-"""Operation budgets across calls: one budget per operation, never silently reset (RECOVERY.md §4).
+"""Operation budgets across calls: one budget per operation, never silently reset (docs/recovery.md, "Ledger").
 
 Contract:
 - `operation_digest(...)` identifies an operation: SHA-256 (hex) over the canonical JSON (sorted

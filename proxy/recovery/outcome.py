@@ -127,7 +127,7 @@ def outcome_name(outcome: Outcome) -> str:
 
 
 class EvidenceSource(StrEnum):
-    """Which of RECOVERY.md §1's sources decided the category."""
+    """Which source of evidence decided the category (docs/recovery.md, "Classification")."""
 
     TRANSPORT = "transport"
     HTTP = "http"

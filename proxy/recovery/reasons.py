@@ -1,4 +1,4 @@
-"""Why the proxy stopped trying: one distinct reason per "no" (RECOVERY.md §2), a bounded label set.
+"""Why the proxy stopped trying: one distinct reason per "no" (docs/recovery.md, "Decision"), a bounded label set.
 
 Success is not a stop reason. Each member is also a metric label and the `stopReason` of an
 unresolved result.
@@ -30,4 +30,4 @@ BUDGET_EXHAUSTED: Final = frozenset(
 """Stop reasons that mean the budget ran out (`budgetExhausted: true`)."""
 
 LEDGER_RECORDED: Final = frozenset({StopReason.ATTEMPTS_EXHAUSTED, StopReason.DEADLINE_EXHAUSTED})
-"""Stop reasons the engine records in the ledger (RECOVERY.md §4)."""
+"""Stop reasons the engine records in the ledger (docs/recovery.md, "Ledger")."""

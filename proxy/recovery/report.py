@@ -1,4 +1,5 @@
-"""The enriched unresolved result (RECOVERY.md §5), and the two light touches on other results.
+"""The enriched unresolved result (docs/recovery.md, "The unresolved result"), and the two light
+touches on other results.
 
 Contract:
 - `unresolved_result(...)` returns a CallToolResult dict with `isError: true`. The report (every key
@@ -566,7 +567,7 @@ def _earlier_budget(earlier: ExhaustedEntry) -> dict[str, Any]:
 
 def _preflight_classification(stop: GiveUp, earlier: ExhaustedEntry | None) -> tuple[Category, Evidence, bool]:
     """The category and evidence of a call stopped before attempt 1 (ledger, breaker, overload)."""
-    if earlier is None:  # breaker or overload: transient, not dispatched (RECOVERY.md §1.1)
+    if earlier is None:  # breaker or overload: transient, not dispatched (docs/recovery.md, "Classification")
         return Category.TRANSIENT, Evidence(EvidenceSource.TRANSPORT, code=stop.reason.value), False
     raw = earlier.summary.get("errorCategory")
     category = Category(raw) if raw in _CATEGORY_VALUES else Category.TRANSIENT

@@ -1,6 +1,6 @@
 """Shipped classification rules: what real MCP servers and their runtimes say when a call fails.
 
-Contract (RECOVERY.md §1.4):
+Contract (docs/recovery.md, "Shipped rules"):
 - `SHIPPED_RULES` is an ordered table; `shipped_rule_for(text)` returns the first rule whose pattern
   is found in the text (case-insensitive), or None. `classify` consults it after the upstream's own
   `errorCategory` and the tool's policy rules, and before *unclassified*: a policy rule that

@@ -1,4 +1,4 @@
-"""Where the ledger, the approvals and the retry budget live (RECOVERY.md §4; docs/state.md).
+"""Where the ledger, the approvals and the retry budget live (docs/recovery.md, "Ledger"; docs/state.md).
 
 `--state memory` (the default) keeps them in the process: the engine's `InMemoryLedger` and its
 `AntiStorm` are the whole truth, and `build_state` returns None (nothing else runs, nothing on the

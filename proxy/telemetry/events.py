@@ -21,8 +21,8 @@ Contract:
 - An observer may route events itself: `handler_for(event_type)` returns the callable that
   takes events of that type, or None for a type it ignores (it is then never called for them);
   without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
-- `CallReported` carries the unresolved report (the `_meta` report of RECOVERY.md §5, already
-  redacted and bounded, exactly as the caller gets it) of a call the engine gave up on, just
+- `CallReported` carries the unresolved report (the `_meta` report of docs/recovery.md, "The
+  unresolved result", already redacted and bounded, exactly as the caller gets it) of a call the engine gave up on, just
   before its `CallFinished`. It is built only when some observer takes it (`Telemetry.reports`:
   the status page's observer does; the metrics and the call log route it nowhere).
 - `Telemetry.emit` calls every observer synchronously on the event loop; an observer that raises

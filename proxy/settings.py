@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from proxy.state.config import check_url
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
@@ -239,8 +241,6 @@ class Settings(BaseSettings):
     def _check_state(cls, value: str) -> str:
         if value == "memory":
             return value
-        from proxy.state import check_url
-
         check_url(value)  # the scheme, and nothing in the URL that would turn TLS verification off
         return value
 

@@ -28,8 +28,8 @@ from typing import Any
 from proxy.core.engine import Engine
 from proxy.core.service import Service
 from proxy.jsonrpc import bounded
+from proxy.policy.compiled import specific_layers
 from proxy.policy.render import policy_as_dict, policy_rows
-from proxy.policy.resolve import specific_layers
 from proxy.telemetry.status import LABEL_LIMIT, StatusObserver
 
 POLL_MS = 2000

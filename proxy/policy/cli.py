@@ -17,9 +17,8 @@ from typing import Any
 
 from proxy.errors import PolicyError
 from proxy.policy.compile import load_builtin_policies, load_policy_dir
-from proxy.policy.compiled import PolicySet
+from proxy.policy.compiled import PolicySet, specific_layers
 from proxy.policy.render import format_table, policy_as_dict, policy_rows
-from proxy.policy.resolve import specific_layers
 
 PathArg = str | os.PathLike[str] | None
 

@@ -25,11 +25,15 @@ from types import MappingProxyType
 from typing import Any
 
 from proxy.errors import PolicyError
-from proxy.policy.compiled import Category, IdempotencyKey, Layer, PolicySet, Rule, SideEffect
-from proxy.policy.regex import compile_rule_text
-from proxy.policy.resolve import (
+from proxy.policy.compiled import (
     SETTINGS,
     YAML_KEY,
+    Category,
+    IdempotencyKey,
+    Layer,
+    PolicySet,
+    Rule,
+    SideEffect,
     effective_values,
     glob_specificity,
     invariant_violations,
@@ -37,6 +41,7 @@ from proxy.policy.resolve import (
     resolve_tool_policy,
     specific_layers,
 )
+from proxy.policy.regex import compile_rule_text
 from proxy.policy.schema import PolicyFile, RuleModel
 from proxy.policy.source import ParsedFile, parse_policy_file
 

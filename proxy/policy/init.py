@@ -14,7 +14,7 @@ Contract:
 - `draft(tools)` is the folder as `init` would write it: `{file name: text}`. `defaults.yaml` is
   the shipped defaults byte for byte; each tool gets a file of its own naming it exactly, with its
   side-effect class inferred from its annotations (the same rule the proxy applies at run time:
-  `proxy.policy.resolve.annotation_side_effect`) and a comment saying where the value came from,
+  `proxy.policy.compiled.annotation_side_effect`) and a comment saying where the value came from,
   and its description's first line as a comment. A tool whose name the policy loader would read
   as a glob is not drafted (`Draft.skipped` says why).
 - `write(folder, draft, dry_run)` never overwrites: a file that does not exist is written; a file
@@ -50,8 +50,7 @@ import yaml
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import LATEST_MODERN, bounded
 from proxy.policy.compile import DEFAULTS_NAMES, policy_file_names
-from proxy.policy.compiled import SideEffect
-from proxy.policy.resolve import annotation_side_effect, is_glob
+from proxy.policy.compiled import SideEffect, annotation_side_effect, is_glob
 from proxy.policy.source import parse_policy_file
 from proxy.upstream.base import Era, Upstream, UpstreamLink, discover_request, initialize_request
 

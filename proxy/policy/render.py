@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.policy.compiled import Rule, ToolPolicy
-from proxy.policy.resolve import SETTINGS, YAML_KEY
+from proxy.policy.compiled import SETTINGS, YAML_KEY, Rule, ToolPolicy
 
 _DURATIONS = frozenset(
     {

@@ -34,9 +34,8 @@ from typing import Any, Literal
 from proxy.errors import PolicyError
 from proxy.filewatch import FolderWatcher, log_refused
 from proxy.policy.compile import load_builtin_policies, load_policy_dir
-from proxy.policy.compiled import PolicySet
+from proxy.policy.compiled import PolicySet, resolve_defaults
 from proxy.policy.render import policy_as_dict
-from proxy.policy.resolve import resolve_defaults
 
 log = logging.getLogger("proxy.policy")
 

@@ -76,7 +76,7 @@ from proxy.recovery.antistorm import WINDOW_S, AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
-from proxy.state import StateConfigError, check_url
+from proxy.state.config import StateConfigError, check_url
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")

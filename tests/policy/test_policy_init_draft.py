@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.policy.compile import load_policy_dir
+from proxy.policy.compiled import annotation_side_effect
 from proxy.policy.init import draft, shipped_defaults, side_effect_of, write
-from proxy.policy.resolve import annotation_side_effect
 
 
 @pytest.mark.parametrize(

@@ -165,7 +165,7 @@ def test_shipped_defaults_say_what_recovery_md_promises() -> None:
 
 def test_the_built_in_values_are_the_shipped_defaults_file() -> None:
     """A folder without defaults.yaml (built-in values) and the shipped file give a tool the same."""
-    from proxy.policy.resolve import SETTINGS, _attr
+    from proxy.policy.compiled import SETTINGS, _attr
 
     shipped = load_builtin_policies().resolve("anything", {"readOnlyHint": True})
     built_in = PolicySet(version="none").resolve("anything", {"readOnlyHint": True})

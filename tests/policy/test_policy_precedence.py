@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.policy.compiled import Category, IdempotencyKey, PolicySet, SideEffect
-from proxy.policy.resolve import glob_specificity
+from proxy.policy.compiled import Category, IdempotencyKey, PolicySet, SideEffect, glob_specificity
 
 FOLDER = {
     "defaults.yaml": """

@@ -29,7 +29,7 @@ from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio, pytest.mark.timeout(180)]
 BOUND_S = 30.0
 ROUNDS = 4
 PER_CALL_BOUND = 5.0

@@ -155,7 +155,7 @@ async def run(settings: Settings) -> int:
     # Before anything can log, report or answer: the proxy's own credentials are known secrets.
     secrets = upstream_secrets(settings)
     if settings.state != "memory":
-        from proxy.state.shared import url_secrets
+        from proxy.state.connect import url_secrets
 
         secrets = [*secrets, *url_secrets(settings.state)]  # the store's password, if its URL carries one
     SECRETS.set([*secrets, *([admin_token] if admin_token else [])])

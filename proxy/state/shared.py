@@ -49,26 +49,18 @@ import hashlib
 import logging
 import math
 import os
-import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import orjson
 import redis.asyncio as aioredis
-from redis import __version__ as REDIS_VERSION
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
-    AuthenticationError,
-    NoPermissionError,
     NoScriptError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
 )
 
 from proxy.net.tls import TlsFiles, TlsWatcher
@@ -76,7 +68,18 @@ from proxy.recovery.antistorm import WINDOW_S, AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
+from proxy.state import scripts
 from proxy.state.config import StateConfigError, check_url
+from proxy.state.connect import (
+    STORE_ERRORS,
+    StoreUnavailable,
+    TlsContext,
+    client_url,
+    cluster_connections,
+    describe,
+    refusal,
+    tls_connection,
+)
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")
@@ -92,157 +95,6 @@ SCAN_BATCH = 500
 MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
 MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
 CHECK_TIMEOUT_S = 2.0  # the bound of the check before serving (a TLS handshake on a loaded machine)
-
-_RECORD = """
-if ARGV[7] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'b', ARGV[1], 'r', ARGV[2], 't', ARGV[3], 's', ARGV[4], 'a', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PUBLISH', ARGV[8], ARGV[9])
-return 1
-"""
-# 1: approved now (or spent earlier by an attempt with this nonce, ARGV[4], whose answer never
-# reached us); 0: another budget, or already spent; -1: the store holds no such entry
-_APPROVE = """
-local fields = redis.call('HMGET', KEYS[1], 'b', 'a', 'n')
-if not fields[1] then return -1 end
-if fields[1] ~= ARGV[1] then return 0 end
-if fields[2] == '1' then
-  if fields[3] == ARGV[4] then return 1 end
-  return 0
-end
-redis.call('HSET', KEYS[1], 'a', '1', 'n', ARGV[4])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
-"""
-_CLEAR = """
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return 1
-"""
-# KEYS: the window's buckets, oldest first; ARGV: calls and retries to add to each, then the TTL.
-_BUDGET = """
-local ttl = tonumber(ARGV[#ARGV])
-local calls, retries = 0, 0
-for i, key in ipairs(KEYS) do
-  local dc, dr = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  if dc > 0 then redis.call('HINCRBY', key, 'c', dc) end
-  if dr > 0 then redis.call('HINCRBY', key, 'r', dr) end
-  if dc > 0 or dr > 0 then redis.call('EXPIRE', key, ttl) end
-  local got = redis.call('HMGET', key, 'c', 'r')
-  calls = calls + (tonumber(got[1]) or 0)
-  retries = retries + (tonumber(got[2]) or 0)
-end
-return {calls, retries}
-"""
-
-
-# What a store operation can raise when the store is unreachable, slow or refuses: redis-py's
-# cluster client raises RedisClusterException (not a RedisError) when no node answers.
-STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
-
-
-class StoreUnavailable(Exception):
-    """A store operation failed or took longer than its bound (the store is now marked down)."""
-
-
-def client_url(url: str) -> str:
-    """The URL redis-py takes: valkey(s):// is redis(s):// (the same protocol), and `+cluster`
-    chooses the client class, not the URL."""
-    scheme, _, rest = url.partition("://")
-    scheme = scheme.removesuffix("+cluster")
-    return {"valkey": "redis", "valkeys": "rediss"}.get(scheme, scheme) + "://" + rest
-
-
-class TlsContext:
-    """The one verifying context every connection to the store uses (proxy/net/tls.py), read
-    at each connect: a renewal (`TlsWatcher`) replaces it for the connections opened after it."""
-
-    __slots__ = ("context",)
-
-    def __init__(self, context: ssl.SSLContext) -> None:
-        self.context = context
-
-    def replace(self, context: ssl.SSLContext) -> None:
-        self.context = context
-
-
-def _tls_connection(current: TlsContext) -> type[aioredis.SSLConnection]:
-    """redis-py's TLS connection, given our context instead of its own: its own would be built per
-    connection, synchronously on the event loop, loading the system roots (several times the cost
-    of a connect and PING with the shared context), and would trust the system roots besides
-    --state-ca."""
-
-    class SharedContextConnection(aioredis.SSLConnection):
-        def _connection_arguments(self) -> Mapping[str, Any]:
-            # At every connect, not once: a pooled connection object reconnects after a failure,
-            # and must then use the renewed context. RedisSSLContext.get() returns it as set.
-            self.ssl_context.context = current.context
-            return super()._connection_arguments()
-
-    return SharedContextConnection
-
-
-def _cluster_connections(client: RedisCluster, connection_class: type[aioredis.Connection]) -> None:
-    """Make every connection of a cluster client an instance of `connection_class`. redis-py's
-    RedisCluster takes no connection class: it uses its own SSLConnection (a context per connection,
-    the system roots trusted besides the CA) when given `ssl=True`. Each node it discovers is made
-    from its `connection_kwargs` (shared with its nodes manager), and the startup node already was:
-    both are set here. If a redis-py release moves them, the start fails here, loudly, rather than
-    connecting with a context we did not build."""
-    try:
-        client.connection_kwargs["connection_class"] = connection_class
-        client.nodes_manager.connection_kwargs["connection_class"] = connection_class
-        nodes = list(client.nodes_manager.startup_nodes.values())
-        for node in nodes:
-            node.connection_class = connection_class
-    except (AttributeError, TypeError) as exc:
-        raise RuntimeError(
-            f"redis {REDIS_VERSION}: cannot give the cluster client our TLS context ({type(exc).__name__})"
-        ) from None
-    if not nodes:
-        raise RuntimeError(f"redis {REDIS_VERSION}: the cluster client has no startup node to give our TLS context")
-
-
-def refusal(exc: BaseException) -> str | None:
-    """Why a store that answered refused us (TLS verification or handshake, credentials), or None
-    when it did not answer at all. redis-py wraps the `ssl` error in its ConnectionError: the
-    chain is walked. The reason is OpenSSL's or the store's short code, never a credential."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError):
-            why = current.verify_message or current.reason or "not trusted"
-            return f"the store's TLS certificate does not verify ({why[:120]}): check --state-ca"
-        if isinstance(current, ssl.SSLError):
-            why = current.reason or current.library or type(current).__name__
-            return (
-                f"the TLS handshake with the store failed ({why[:120]}): is it a TLS port, and does it "
-                "require a client certificate (--state-client-cert)?"
-            )
-        if isinstance(current, AuthenticationError | NoPermissionError) or (
-            isinstance(current, ResponseError) and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
-        ):
-            return "the store refused the credentials of the URL (password or ACL user)"
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def describe(url: str) -> str:
-    """The store's URL without its credentials (for logs and /readyz)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
-def url_secrets(url: str) -> list[str]:
-    """The password (and user) in a store URL: registered as secrets so no answer carries them."""
-    parts = urlsplit(url)
-    return [v for v in (parts.password,) if v]
 
 
 class RedisState:
@@ -286,7 +138,7 @@ class RedisState:
         if tls:
             files = TlsFiles(ca=ca, cert=client_cert, key=client_key, flag="--state")
             self.tls = TlsContext(files.build())  # TlsConfigError (a ValueError) names the flag: exit 2
-            connection_class = _tls_connection(self.tls)
+            connection_class = tls_connection(self.tls)
             if files.paths:
                 self.tls_watcher = TlsWatcher(files, self.tls.replace, name="shared state")
                 self.tls_watcher.on_done = self._changed
@@ -300,7 +152,7 @@ class RedisState:
             # answer is still followed by the client's own redirection loop, inside the bound.
             self.client = RedisCluster.from_url(target, retry=Retry(NoBackoff(), 0), **options)
             if connection_class is not None:
-                _cluster_connections(self.client, connection_class)
+                cluster_connections(self.client, connection_class)
         else:
             # A burst of calls (fifty approvals at once) waits for one of a few connections instead
             # of opening one each: a TLS handshake per call would cost more than the calls, and the
@@ -316,10 +168,10 @@ class RedisState:
                 **options,
             )
             self.client = aioredis.Redis.from_pool(pool)  # closed with the client
-        self._record = self.client.register_script(_RECORD)
-        self._approve = self.client.register_script(_APPROVE)
-        self._clear = self.client.register_script(_CLEAR)
-        self._budget_sha = hashlib.sha1(_BUDGET.encode()).hexdigest()  # the name Redis gives the script
+        self._record = self.client.register_script(scripts.RECORD)
+        self._approve = self.client.register_script(scripts.APPROVE)
+        self._clear = self.client.register_script(scripts.CLEAR)
+        self._budget_sha = hashlib.sha1(scripts.BUDGET.encode()).hexdigest()  # the name Redis gives the script
         self._up = False
         self._ever_up = False
         self._closed = False
@@ -642,7 +494,7 @@ class RedisState:
                 # A new or restarted store (or every primary of a cluster) has none of our scripts
                 # (they are not persisted): load them once here, so the pipelines below and the
                 # budget sync can name them by their hash.
-                for script in (_RECORD, _APPROVE, _CLEAR, _BUDGET):
+                for script in (scripts.RECORD, scripts.APPROVE, scripts.CLEAR, scripts.BUDGET):
                     await self._call("reconcile", self.client.script_load(script))
                 now = self.clock()
                 pipe = self.client.pipeline(transaction=False)
@@ -811,7 +663,7 @@ class RedisState:
         if any(isinstance(reply, NoScriptError) for reply in replies):
             # A store that has not seen the script yet (a new or restarted one: scripts are not
             # persisted): load it and send the same commands again (the increments did not run).
-            await self._call("budget", self.client.script_load(_BUDGET))
+            await self._call("budget", self.client.script_load(scripts.BUDGET))
             if not _again:
                 await self._sync_budget(_again=True)  # nothing was counted yet: build it again
             return

@@ -20,7 +20,8 @@ from proxy.policy.compiled import SideEffect, ToolPolicy
 from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.ledger import ExhaustedEntry, operation_digest
 from proxy.recovery.reasons import StopReason
-from proxy.state.shared import RedisState, describe
+from proxy.state.connect import describe
+from proxy.state.shared import RedisState
 from tests.state.redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]

@@ -24,7 +24,8 @@ from proxy.recovery.ledger import operation_digest
 from proxy.recovery.reasons import StopReason
 from proxy.settings import Settings
 from proxy.state import StateConfigError, build_state, check_url
-from proxy.state.shared import RedisState, client_url, describe
+from proxy.state.connect import client_url, describe
+from proxy.state.shared import RedisState
 from tests.fixtures.helpers import free_port
 from tests.state.redis_server import RedisCluster, RedisServer, TlsFiles
 

@@ -10,7 +10,7 @@
   verdict does not depend on the cache.
 - The 2026 header shortcut (`plainly_routable`) against the SDK's own ladder
   (`classify_inbound_request`) on generated messages and headers: the shortcut never routes what
-  the ladder rejects (extends the table test in tests/frontend/test_modern_ladder.py).
+  the ladder rejects (extends the table test in tests/frontend/http/test_checks.py).
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.egress_proxy import EgressProxy
 from tests.fixtures.helpers import free_port, terminate, wait_port
 from tests.fixtures.tls import Pki, make_pki
-
-from .servers import Journal, serve, sse_app, streamable_app
+from tests.upstream.servers import Journal, serve, sse_app, streamable_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0

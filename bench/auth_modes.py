@@ -1,4 +1,4 @@
-"""The relay's CPU per call with each `--auth` mode beside `none`, in one run (issue 14).
+"""The relay's CPU per call with each `--auth` mode beside `none`, in one run.
 
     .venv/bin/python bench/auth_modes.py                          # 8 s a leg, c=1 and c=16, 2 runs
     .venv/bin/python bench/auth_modes.py --duration 5 --runs 3 --concurrency 16

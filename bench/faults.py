@@ -69,7 +69,7 @@ PLAIN_RELAY = REPO / "bench" / "_plain_relay.py"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 MODES = ("legacy", "2026-07-28")
 CPU_TARGET = 0.10  # engine CPU per call at most 10% above the plain relay's
-OVERSHOOT_TARGET_MS = 100.0  # an unresolved result within its deadline + 100 ms (issue 4)
+OVERSHOOT_TARGET_MS = 100.0  # the target: an unresolved result within its deadline + 100 ms
 HANG_S = 8.0  # how long `hang` / `charge then=hang` sleep: far beyond any attempt timeout
 
 DEADLINE_S = {"default": 1.5, "flaky_read": 3.0}
@@ -704,7 +704,8 @@ def analyse(
     rep.say(
         "  (`repeated` = the earlier attempt's answer did not reach the proxy in time — attempt timeout on a "
         "slow or restarting upstream, or the process died — so the proxy saw a transport failure of a read-only "
-        "tool, which RECOVERY.md allows to repeat; the upstream's journal shows the answer written too late)"
+        "tool, which the recovery rules allow to repeat (docs/recovery.md); the upstream's journal shows the answer "
+        "written too late)"
     )
     rep.check(
         "retries of non-transient categories (after the proxy saw the non-transient answer)",

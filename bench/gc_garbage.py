@@ -1,5 +1,5 @@
-"""The proxy's own garbage collection under load and faults (issue 16: GC pauses delay every call in
-flight, deadlines included): cyclic garbage per call and the collections it causes, for this
+"""The proxy's own garbage collection under load and faults (why it matters: GC pauses delay every call
+in flight, deadlines included): cyclic garbage per call and the collections it causes, for this
 checkout and a baseline checkout, measured in the same run.
 
     .venv/bin/python bench/gc_garbage.py --baseline /tmp/main-copy            # 2,000 HTTP calls each

@@ -1,4 +1,4 @@
-"""The fault and load run of issue 16: many concurrent SDK clients of both eras through the real
+"""The fault and load run: many concurrent SDK clients of both eras through the real
 proxy, in front of a stdio upstream and an HTTP upstream, while faults are injected; judged from
 the upstream's own journal and the callers' results, never from the proxy's metrics.
 

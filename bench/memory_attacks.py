@@ -1,4 +1,6 @@
-"""The proxy's memory under the attacks of issue 13 items 3, 4 and 6, against the idle proxy.
+"""The proxy's memory under attack, against the idle proxy: callers that stop reading (what the
+proxy buffers for them), oversized or half-sent request heads, and one session holding every session
+slot or upstream connection.
 
 Each attack runs against a fresh proxy process (`python -m proxy serve`, HTTP on 127.0.0.1, a
 stdio upstream this script writes to a temporary file); the proxy's resident set size is sampled
@@ -10,24 +12,25 @@ attack and the RSS left once it is over (what the proxy still holds), in MiB.
 - `resume`: `--calls` 2025 calls (8 at a time) whose answers are `--answer-mib` MiB event streams
   (a notification comes first, so each response is an SSE stream kept for resumption); the
   client reads every answer. The buffers are held 30 s after each response.
-- `heads` (item 4): one connection sends `--head-mib` MiB of header bytes (a header line that
+- `heads` (request heads): one connection sends `--head-mib` MiB of header bytes (a header line that
   never ends), as fast as the proxy takes them, until the proxy answers or closes.
-- `halfheads` (item 4): `--half-heads` connections each send half a request head and stay open;
+- `halfheads` (request heads): `--half-heads` connections each send half a request head and stay open;
   the attack ends when the proxy has closed all of them (head timeout, `--head-timeout-s`).
-- `inits` (item 6): `--inits` unauthenticated `initialize` calls at once from one address, never
+- `inits` (session slots): `--inits` unauthenticated `initialize` calls at once from one address, never
   followed by anything; the attack ends when the proxy has closed every session it accepted
   (`--session-init-timeout-s`). The "tree" columns add the stdio children each session starts.
-- `reads` (item 6): in front of an HTTP upstream (this script runs one) that never answers
+- `reads` (upstream connections): in front of an HTTP upstream (this script runs one) that never answers
   `resources/read`, one session sends `--reads` of them at once; meanwhile another session makes
   `--others` tool calls one after another, each of which must succeed; the attack ends when every
   read has been answered (with the request timeout's error, `--request-timeout-s`).
-- `stalled` (item 3, per upstream link): a caller reads its response head and then nothing more
-  (a socket with a 16 KiB receive buffer) while the upstream writes `--stalled-count` messages of
-  `--stalled-size` bytes for it; the attack ends when the upstream wrote the last one. One run per
-  link: `http-post` (a 2025 session's POST response stream, HTTP upstream), `http-listen` (its
-  listen stream, fed by the upstream's GET stream), `http-2026` (the shared 2026 HTTP link),
-  `sse-post` (a legacy SSE upstream), `stdio-2026` (the shared 2026 stdio child). The upstream is
-  the scripted SDK server of the tests (`tests/fixtures/scripted_server.py`, its `flood` tool).
+- `stalled` (a caller that stops reading, per upstream link): a caller reads its response head and
+  then nothing more (a socket with a 16 KiB receive buffer) while the upstream writes
+  `--stalled-count` messages of `--stalled-size` bytes for it; the attack ends when the upstream
+  wrote the last one. One run per link: `http-post` (a 2025 session's POST response stream, HTTP
+  upstream), `http-listen` (its listen stream, fed by the upstream's GET stream), `http-2026` (the
+  shared 2026 HTTP link), `sse-post` (a legacy SSE upstream), `stdio-2026` (the shared 2026 stdio
+  child). The upstream is the scripted SDK server of the tests (`tests/fixtures/scripted_server.py`,
+  its `flood` tool).
 Each attack prints what the peer saw (status codes, answers) next to the figures, so a bound that
 did not act shows.
 

@@ -23,7 +23,7 @@ so the reader sees what the yardstick itself costs. `busy%` is the whole machine
 the leg (from /proc/stat, 100% = every core): with other work on the machine it tells how noisy a
 row is.
 
-Targets (the issue): proxy CPU at most 1.0 ms per relayed call on HTTP→stdio and 1.5 ms on
+Targets: proxy CPU at most 1.0 ms per relayed call on HTTP→stdio and 1.5 ms on
 HTTP→HTTP; and with an upstream that waits (`--wait-ms 5`, asyncio.sleep, not CPU) throughput
 within 10% of direct. Every process started here is stopped by its pid, also on Ctrl-C.
 """

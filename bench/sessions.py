@@ -7,7 +7,7 @@
     .venv/bin/python bench/sessions.py --repo /work/main        # another checkout's proxy
     .venv/bin/python bench/sessions.py --hold 400               # sessions held at the defaults, memory per kind
 
-The run of issue 16: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
+The load run: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
 session per call, through `python -m proxy serve` in front of a Python SDK stdio server
 (`bench/upstream.py`, an `MCPServer` with one `echo` tool). Every call is a real Python SDK
 `Client` over Streamable HTTP:
@@ -22,7 +22,7 @@ Both legs run against the same proxy process, the 2026 leg first (its child is a
 the start-up probe, as it would be in service). Printed per leg: calls answered and failed,
 wall time, sessions (calls) per second, and p50/p99 of the time from opening the client to the
 call's answer (what an agent that opens a session per call waits for); then the 2025 leg's wall
-time over the 2026 leg's (the issue's target: within 2x with shared children), and the load
+time over the 2026 leg's (the target: within 2x with shared children), and the load
 average (`os.getloadavg`) at the start and end of each leg. `--shared-children 1,2,4` runs the
 whole comparison once per N, each against its own proxy with `--stdio-sessions shared
 --stdio-shared-children N` (both legs in the same proxy run: the 2026 leg is that run's
@@ -239,7 +239,7 @@ async def run(args: argparse.Namespace, proxy_args: list[str]) -> dict[str, dict
         print(f"  proxy exit status after SIGTERM: {code}")
     ratio = rate_ratio(results)
     if ratio is not None:
-        print(f"  2026 rate / 2025 rate: {ratio:.2f}x (issue 16 target with shared children: at most 2x)")
+        print(f"  2026 rate / 2025 rate: {ratio:.2f}x (target with shared children: at most 2x)")
     return results
 
 

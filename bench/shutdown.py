@@ -1,5 +1,5 @@
-"""How long the proxy takes to exit after SIGTERM in front of a stdio upstream with many children
-(issue 16), against a baseline proxy measured in the same run.
+"""How long the proxy takes to exit after SIGTERM in front of a stdio upstream with many children,
+against a baseline proxy measured in the same run.
 
     .venv/bin/python bench/shutdown.py                        # 40 sessions, 2 spares, grace 3 s
     .venv/bin/python bench/shutdown.py --sessions 40 --spares 4 --runs 3 --baseline main

@@ -4,7 +4,7 @@
     .venv/bin/python bench/soak.py --minutes 2 --rate 8 # a short look
     .venv/bin/python bench/soak.py --repo /work/main    # another checkout's proxy
 
-Issue 16: memory after a warm-up and at the end must grow by less than 10%, and the proxy must
+The target: memory after a warm-up and at the end must grow by less than 10%, and the proxy must
 hold the same number of file descriptors. What runs (loopback only, every part bounded):
 
 - `python -m proxy serve` in front of the bundled flaky demo server over stdio

@@ -26,9 +26,9 @@ Then the fault run (`--fault-rounds`, 0 to skip): the same wrk leg through the `
 (the baseline) and through a proxy whose redis-server is SIGKILLed halfway through the leg
 (restarted, and awaited until the proxy is connected again, before each round), alternating;
 printed side by side: calls/s, p50, p99, and the calls that failed or timed out (wrk's timeout is
-10 s; the issue's bar is that every call is still answered within its deadline).
+10 s; the bar is that every call is still answered within its deadline).
 
-Targets (issue 15): in the healthy case at most 10% more proxy CPU per call and at most 0.2 ms
+Targets: in the healthy case at most 10% more proxy CPU per call and at most 0.2 ms
 added to p50. The redis-server's own CPU per call is printed apart (it is not the proxy's). Every
 process started here is stopped by its pid.
 """

@@ -14,7 +14,7 @@ other load falls on both alike:
   .cache/interop, installed by scripts/setup-interop.sh).
 
 Prints each leg's median and spread and the proxied median minus the direct one, against the target
-(issue 12: within 0.3 s of direct), and how many server processes the proxied runs started (the
+(within 0.3 s of direct), and how many server processes the proxied runs started (the
 `boot` lines the server's stderr does not give, so: the children of the proxy's process tree seen
 while the client is connected). Not a test and not in CI. Every process started here is stopped by
 its pid.

@@ -121,7 +121,7 @@ BOUND_SETTINGS = {
     "replay_total_bytes": ("33554432", 64 * 1024 * 1024),
     "stderr_burst_lines": ("5", 100),
     "stderr_lines_per_s": ("0.5", 20.0),
-    "stdio_start_timeout_s": ("45", 10.0),  # issue 16: what broke first at a load of ~20
+    "stdio_start_timeout_s": ("45", 10.0),  # at a load of ~20 a server's start exceeds 10 s
     "vouch_pings_burst": ("2", 5),  # passthrough: proxy/auth/vouch.py
     "vouch_pings_per_s": ("0.5", 1.0),
 }
@@ -131,7 +131,8 @@ BOUND_SETTINGS = {
 def test_the_stream_replay_and_stderr_bounds_are_settings_with_their_defaults(
     field: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13: these were constants in the frontend and the stdio upstream."""
+    """Each bound (streams, replay buffers, stderr, a child's start, passthrough pings) is a setting:
+    its default, and a flag that sets it."""
     from proxy.cli import build_parser
 
     value, default = BOUND_SETTINGS[field]

@@ -3,7 +3,7 @@ touches on other results.
 
 Contract:
 - `unresolved_result(...)` returns a CallToolResult dict with `isError: true`. The report (every key
-  of the §5 table; schema: proxy/schemas/unresolved-result.schema.json) always travels in
+  of the schema proxy/schemas/unresolved-result.schema.json) always travels in
   `_meta["io.mcp-recovery-proxy/unresolved"]`, next to the upstream's own `_meta` keys.
 - `structuredContent` carries the report only when `structured=True` (the engine says so when the
   tool declares no `outputSchema` and the client's revision has `structuredContent`): then the

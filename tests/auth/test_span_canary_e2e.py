@@ -1,4 +1,5 @@
-"""No credential reaches an exported span, on any auth path (issue 14, "Secrets").
+"""No credential reaches an exported span, on any auth path (docs/security.md, "Where credentials
+are looked for").
 
 The real proxy process exports its spans over OTLP/HTTP (configured by OTEL_* variables only) to
 a receiver this test runs (tests/telemetry/test_otlp.py). Each mode is driven through its

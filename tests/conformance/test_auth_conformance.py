@@ -1,5 +1,5 @@
 """The official suite's client auth scenarios, with and without the proxy in `--auth passthrough`
-between the SDK's conformance client and the suite's mock server (issue 14).
+between the SDK's conformance client and the suite's mock server.
 
 The suite plays the MCP server and the authorization server and judges the client; the client
 is the Python SDK's own conformance client (`.github/actions/conformance/client.py` of the

@@ -136,7 +136,7 @@ async def test_malformed_ids_from_either_peer_are_dropped_not_raised() -> None:
     assert outbox.messages and outbox.messages[0]["id"] == 9, "the relay still serves"
 
 
-# -- anti-storm admission (RECOVERY.md §2 step 6), through the engine --------------------------
+# -- anti-storm admission (docs/recovery.md, "Decision": retry_budget, circuit_open), through the engine
 
 
 def _unresolved_validator() -> Any:

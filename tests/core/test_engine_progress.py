@@ -1,4 +1,5 @@
-"""Progress through the engine, over an in-memory link (no sockets): RECOVERY.md §3 and §5.
+"""Progress through the engine, over an in-memory link (no sockets): the idle timer, relaying, and
+progress in the unresolved result (docs/recovery.md).
 
 - The policy's `idle_timeout` stops an attempt that sent no progress for that long; progress
   extends it, but never the hard cap (the attempt timeout) nor the deadline.
@@ -183,7 +184,7 @@ def progress_partials(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in report["partialResults"] if p["source"] == "progress"]
 
 
-# -- the idle timer (RECOVERY.md §3: progress extends an idle timer, never the hard cap or the deadline)
+# -- the idle timer: progress extends it, never the hard cap or the deadline ---------------------
 
 
 async def test_progress_keeps_an_attempt_past_its_idle_timeout_but_not_past_its_attempt_timeout(
@@ -264,7 +265,7 @@ async def test_the_deadline_bounds_attempts_that_keep_reporting_progress(tmp_pat
     assert link.cancelled == [m["id"] for m in link.sent]
 
 
-# -- relaying (RECOVERY.md §3: token remapped, values kept increasing across attempts) -------------
+# -- relaying: token remapped, values kept increasing across attempts ------------------------------
 
 
 @pytest.mark.parametrize("token", [CALLER_TOKEN, 0], ids=["string", "zero"])
@@ -296,7 +297,7 @@ async def test_progress_goes_back_under_the_callers_token_and_never_goes_backwar
     assert all(n["params"]["total"] == 10 for n in notes)
 
 
-# -- progress notes in the unresolved result (RECOVERY.md §5: partialResults) ---------------------
+# -- progress notes in the unresolved result (`partialResults`) -----------------------------------
 
 
 async def test_progress_messages_of_failed_attempts_are_partial_results_with_their_attempt(tmp_path: Path) -> None:

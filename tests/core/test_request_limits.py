@@ -1,4 +1,5 @@
-"""The relay's own bounds on relayed requests (issue 13, item 6), on an in-memory link.
+"""The relay's own bounds on relayed requests (so one session cannot hold the upstream for
+everyone), on an in-memory link.
 
 The in-memory link stands in for an upstream transport (it records what was sent and cancelled;
 nothing here needs a socket or a process): a timeout for every relayed request other than

@@ -1,7 +1,7 @@
-"""Server messages tied to no request (issue 13 items 2 and 3): a 2025 session keeps them in a
-backlog bounded in bytes as well as count; the shared 2026 relay gives them to nobody. The relay
-is built on a real stdio link (its child is never needed: messages are handed to the relay the
-way the link's reader hands them)."""
+"""Server messages tied to no request (isolation, and memory bounded for a caller that does not
+read): a 2025 session keeps them in a backlog bounded in bytes as well as count; the shared 2026
+relay gives them to nobody. The relay is built on a real stdio link (its child is never needed:
+messages are handed to the relay the way the link's reader hands them)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A 2025 attempt's cancellation must not be lost to a busy HTTP upstream (issue 16).
+"""A 2025 attempt's cancellation must not be lost to a busy HTTP upstream.
 
 In the HTTP leg of the load run (bench/load_faults.py) 3 of ~924 cancelled hang attempts ran to
 their end on an upstream process that stayed alive: the upstream, busy right after a restart,

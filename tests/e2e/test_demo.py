@@ -1,4 +1,5 @@
-"""`mcp-recovery-proxy demo` shows what the issue promises, through a real client."""
+"""`mcp-recovery-proxy demo` shows, through a real client, a call recovered by retries, one reported
+unresolved, the same call refused by the ledger, and a fresh budget approved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The real proxy leaves (almost) no cyclic garbage per call, failed calls included (issue 16).
+"""The real proxy leaves (almost) no cyclic garbage per call, failed calls included:
+full collections stop every call in flight, so they must stay rare.
 
 The proxy (`python -m proxy serve`) runs in front of the scripted HTTP upstream (every 3rd
 tools/call answered 503) with a `sitecustomize` on PYTHONPATH that, in the proxy process only,
@@ -7,8 +8,8 @@ exactly the cyclic garbage, reference counting frees the rest) and, on SIGUSR1, 
 `gc.collect()` and appends that running total to a file. Between two such marks, 2026 SDK clients
 make calls that succeed, recover from tool errors, from answers cut mid-way (`reset_read`) and from
 503s, and time out (`hang`: attempts cancelled by the attempt timer). The garbage freed between
-the marks, per call, must stay under a small bound (the proxy left about 135 objects per call of
-such a mix before issue 16's fix). Counts only; every wait is bounded.
+the marks, per call, must stay under a small bound (reference cycles on the call paths left about
+135 objects per call of such a mix). Counts only; every wait is bounded.
 """
 
 from __future__ import annotations

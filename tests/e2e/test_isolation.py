@@ -1,5 +1,4 @@
-"""Isolation on the shared 2026 link (issue 13 item 2): what the upstream writes for one caller
-never reaches another.
+"""Isolation on the shared 2026 link: what the upstream writes for one caller never reaches another.
 
 The real proxy process in front of a small stdio server over real pipes. The server holds the
 first `tools/call` until a second one arrives, then writes a log line (which stdio cannot tie to

@@ -1,4 +1,5 @@
-"""One caller cannot lock others out (issue 13, items 4 and 6), through the real proxy process.
+"""One caller cannot lock others out (request heads, relayed requests, sessions, the upstream's
+connections), through the real proxy process.
 
 Real SDK clients and raw HTTP against `python -m proxy serve` in front of the scripted upstream
 (over stdio or Streamable HTTP). Its `slow://CALL/SECONDS` resource is a request other than
@@ -85,7 +86,7 @@ async def counter(http: httpx.AsyncClient, proxy: ProxyProcess, series: str) -> 
     return 0.0
 
 
-# -- item 6: every relayed request has a timeout, and is cancelled upstream when it runs out ------
+# -- every relayed request has a timeout, and is cancelled upstream when it runs out --------------
 
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
@@ -107,8 +108,9 @@ async def test_a_relayed_request_the_upstream_holds_times_out_with_an_error_and_
 
 
 async def test_a_2025_client_that_disconnects_cancels_its_request_upstream(tmp_path: Path) -> None:
-    """Not a tools/call (whose attempt a 2025 disconnect lets finish, RECOVERY §3): a request whose
-    answer had not started streaming can reach no one once its client is gone."""
+    """Not a tools/call (whose attempt a 2025 disconnect lets finish: docs/recovery.md,
+    "Cancellation"): a request whose answer had not started streaming can reach no one once its
+    client is gone."""
     for proxy, journal in proxy_for("http", tmp_path, []):
         with anyio.fail_after(BOUND_S):
             async with httpx.AsyncClient(timeout=10) as http:
@@ -125,7 +127,7 @@ async def test_a_2025_client_that_disconnects_cancels_its_request_upstream(tmp_p
                 await journal.await_for(lambda j: j.events(tool="slow_resource", event="cancelled", call="gone"))
 
 
-# -- item 6: a session's share of the upstream's connection pool -----------------------------------
+# -- a session's share of the upstream's connection pool -------------------------------------------
 
 
 async def test_one_session_holding_many_requests_does_not_lock_others_out_of_an_http_upstream(
@@ -164,7 +166,7 @@ async def test_one_session_holding_many_requests_does_not_lock_others_out_of_an_
                 await http.delete(proxy.url, headers={**HEADERS, **hog})
 
 
-# -- item 6: sessions per client address, uninitialized sessions, readiness ------------------------
+# -- sessions per client address, uninitialized sessions, readiness --------------------------------
 
 
 def loopback_client(address: str) -> httpx.AsyncClient:
@@ -221,7 +223,7 @@ async def test_a_client_at_its_session_cap_gives_up_its_least_recently_used_idle
 
 
 async def test_simultaneous_initialize_calls_cannot_pass_the_cap_together(tmp_path: Path) -> None:
-    """The issue's burst: unauthenticated initialize calls arriving together, each of which would
+    """A burst of unauthenticated initialize calls arriving together, each of which would
     start a stdio child. One address gets its share of sessions; the rest are refused at once,
     before any child is started for them."""
     for proxy, _ in proxy_for("stdio", tmp_path, ["--max-sessions-per-client", "2"]):
@@ -280,7 +282,7 @@ async def test_an_uninitialized_session_is_closed_and_readiness_reports_slots_he
                 assert await counter(http, proxy, "mcp_recovery_sessions_evicted_total") == 1
 
 
-# -- item 4, wired into the real proxy: both ports ---------------------------------------------------
+# -- request head bounds, wired into the real proxy: both ports -------------------------------------
 
 
 async def test_the_proxy_answers_431_to_a_head_past_its_limit_on_both_ports(tmp_path: Path) -> None:
@@ -294,7 +296,7 @@ async def test_the_proxy_answers_431_to_a_head_past_its_limit_on_both_ports(tmp_
             assert data.startswith(b"HTTP/1.1 431 "), (port, data)
 
 
-# -- a client's share of the upstream across its sessions (issue 13, the review's item 1) ---------
+# -- a client's share of the upstream across its sessions ------------------------------------------
 
 
 async def test_one_client_with_many_sessions_cannot_take_the_upstream_pool_from_another_client(
@@ -363,7 +365,7 @@ def _local(address: str, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(local_address=address, limits=limits)
 
 
-# -- per-client limits behind an ingress (issue 13, the review's item 2) ---------------------------
+# -- per-client limits behind an ingress ----------------------------------------------------------
 
 
 async def alive(http: httpx.AsyncClient, url: str, session: dict[str, str]) -> bool:

@@ -1,4 +1,5 @@
-"""The shipped defaults against a real tool that runs tens of seconds (RECOVERY.md §6, issue 12).
+"""The shipped defaults against a real tool that runs tens of seconds (docs/recovery.md,
+"Shipped defaults: do no harm").
 
 The real proxy, with no policy folder (the built-in defaults), in front of npm server-everything
 over stdio; Python SDK clients call its `trigger-long-running-operation` (read-only, idempotent:

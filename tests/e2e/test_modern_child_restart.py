@@ -1,6 +1,6 @@
 """A 2026 client's listing on the stdio child that serves every 2026 request, as that child is
-SIGKILLed, is answered by the replacement (issue 16); the replacement is the warm spare when one
-is ready, and the recovery rules hold for the calls the kill cut.
+SIGKILLed, is answered by the replacement; the replacement is the warm spare when one is ready, and
+the recovery rules hold for the calls the kill cut.
 
 In a repro of the load run, 2026 `tools/call`s came back to their callers as JSON-RPC -32603
 ("upstream unavailable: upstream process exited with code 137") while the child was being

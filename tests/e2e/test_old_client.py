@@ -1,4 +1,5 @@
-"""An old client through the proxy sees nothing its revision lacks (issue 12: relay per revision).
+"""An old client through the proxy sees nothing its revision lacks (the relay follows each client's
+negotiated revision).
 
 The Python SDK 1.9 client (revision 2025-03-26, its own venv from scripts/setup-interop.sh)
 talks to the scripted server directly over Streamable HTTP, then through the real proxy in front

@@ -1,6 +1,6 @@
-"""`--stdio-sessions shared` with a set of shared children (issue 16), end to end: real Python SDK
-clients over Streamable HTTP -> the real proxy process -> real SDK stdio servers
-(tests/e2e/shared_server.py) over real pipes.
+"""`--stdio-sessions shared` with a set of shared children, end to end: real Python SDK clients over
+Streamable HTTP -> the real proxy process -> real SDK stdio servers (tests/e2e/shared_server.py)
+over real pipes.
 
 - Two sessions on one child (`--stdio-shared-children 1`) get only their own progress, their own
   log lines at their own level (the child runs at the most verbose one), and only the resource

@@ -1,5 +1,5 @@
 """`--stdio-sessions shared` with one shared child (`--stdio-shared-children 1`): two sessions with
-calls in flight on it at once, and still nothing of one session reaches another (issue 16).
+calls in flight on it at once, and still nothing of one session reaches another.
 
 The real proxy process in front of the isolation server of test_isolation.py (it holds the first
 `tools/call` until a second one arrives, then writes a log line, a progress notification for the

@@ -1,4 +1,4 @@
-"""The status page at `/` on the admin port, read in a real browser (issue 17).
+"""The status page at `/` on the admin port, read in a real browser.
 
 The real proxy process runs in front of the bundled flaky demo server (proxy/demo/server.py) with
 policies that give every outcome an operator must see: a call recovered by retries, one left

@@ -1,5 +1,5 @@
 """`--stdio-start-timeout-s`: how long a stdio child may take to answer its first request after it
-was started (issue 16: the 10 s constant it replaces is what broke first at a load of ~20).
+was started (a setting: at a load of ~20 a Python SDK server takes more than the default 10 s).
 
 Real processes: the proxy (`python -m proxy serve`) in front of the scripted SDK server over stdio,
 which waits `--start-delay-s` before it serves. A server slower to start than the default but

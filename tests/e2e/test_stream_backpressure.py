@@ -1,6 +1,6 @@
-"""A caller that stops reading while the upstream keeps writing, on every upstream link (issue 13,
-the review's item 3): the proxy holds a bounded number of bytes for it, drops (and counts) the
-rest, and a link other callers share is not paused for it.
+"""A caller that stops reading while the upstream keeps writing, on every upstream link: the
+proxy holds a bounded number of bytes for it, drops (and counts) the rest, and a link other
+callers share is not paused for it.
 
 The real proxy process in front of the scripted SDK server over real pipes and sockets. The
 stalled caller is a raw socket with a small receive buffer that reads its response head and then

@@ -1,5 +1,5 @@
 """The real proxy process in front of an HTTPS upstream that requires a client certificate, reached
-through an egress proxy that requires credentials (issue 14, "Upstream TLS and egress").
+through an egress proxy that requires credentials (docs/security.md, "Upstream TLS and egress").
 
 The upstream is the scripted SDK server (tests/fixtures/scripted_server.py) under uvicorn with a
 private CA, server certificate and client CA generated here (tests/fixtures/tls.py); the proxy
@@ -103,7 +103,7 @@ async def test_both_eras_and_a_retried_call_go_over_mtls_through_the_tunnel(
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
     with EgressProxy(user="agent", password=PASSWORD, names={NAME: "127.0.0.1"}) as egress, Receiver() as receiver:
-        # every span exported too (issue 14: the client key, its passphrase, the egress password)
+        # every span exported too: no secret (the client key, its passphrase, the egress password)
         otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
         proxy = proxy_for(upstream, tls_flags(pki, tmp_path), egress, PASSWORD, tmp_path / "proxy.log", otel)
         await anyio.to_thread.run_sync(proxy.start)

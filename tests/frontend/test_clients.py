@@ -1,5 +1,5 @@
-"""Per-client limits count by the verified principal when the proxy authenticates (issue 14, the
-`ClientIdentity.key` seam of proxy/frontend/clients.py).
+"""Per-client limits count by the verified principal when the proxy authenticates (the
+`ClientIdentity.key` seam of proxy/frontend/clients.py), not by address alone.
 
 End to end: the real proxy process with `--auth tokens` in front of the scripted HTTP upstream,
 raw HTTP from several loopback source addresses (127.0.0.1, .2, .3 are all this host). A caller

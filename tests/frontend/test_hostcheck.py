@@ -1,5 +1,6 @@
-"""The Host/Origin parser and allow-list matching (proxy/frontend/hostcheck.py): host + port, not globs on
-raw text (issue 13 item 8). The running proxy's answers are in test_host_origin.py."""
+"""The Host/Origin parser and allow-list matching (proxy/frontend/hostcheck.py): host + port, not
+globs on raw text (a glob reads `[::1]` as a character class, and accepts `Host: 1:80` or an Origin
+whose host hides behind userinfo). The running proxy's answers are in test_host_origin.py."""
 
 from __future__ import annotations
 

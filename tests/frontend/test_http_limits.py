@@ -1,4 +1,5 @@
-"""Request heads, slow peers and connections are bounded (issue 13, item 4).
+"""Request heads, slow peers and connections are bounded (a peer can neither exhaust memory with a
+huge head nor hold a connection open forever with a half-sent one).
 
 Each test runs the frontend's real protocol (`LimitedHttpToolsProtocol`) in a real uvicorn server
 on 127.0.0.1 and talks raw HTTP/1.1 over a real socket, since what is under test is what a peer

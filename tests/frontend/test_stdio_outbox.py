@@ -1,6 +1,6 @@
-"""The stdio frontend's output is bounded for a client that does not read its stdout (issue 13
-item 3): notifications beyond the bound are dropped and counted, responses are always written.
-A real pipe whose reading end nobody reads."""
+"""The stdio frontend's output is bounded for a client that does not read its stdout: notifications
+beyond the bound are dropped and counted, responses are always written. A real pipe whose reading
+end nobody reads."""
 
 from __future__ import annotations
 

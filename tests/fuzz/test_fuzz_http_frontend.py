@@ -9,8 +9,8 @@ Properties, for every example:
 - no hang: each example is bounded (`Rig.run`).
 - Valid input is still answered: an `echo` of any text comes back as that text, in both eras.
 
-Findings of the fuzzers fixed with the Host/Origin parser and the JSON depth bound (issue 13
-item 8) are pinned by the tests at the end.
+Findings of the fuzzers, fixed by the Host/Origin parser and the JSON depth bound, are pinned by the
+tests at the end.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_valid_calls_are_still_answered(rig: Rig, text: str, era: str, id_: Any)
     assert answer["result"]["content"][0]["text"] == text, answer
 
 
-# ------------------------------------------------------------------- findings pinned (issue 13 item 8)
+# ------------------------------------------ findings pinned: Host/Origin matching, JSON nesting depth
 
 
 def _ping_with(rig: Rig, **headers: str) -> Response:
@@ -196,8 +196,8 @@ def _ping_with(rig: Rig, **headers: str) -> Response:
 
 
 def test_an_ipv6_loopback_host_with_a_port_is_accepted(rig: Rig) -> None:
-    """Issue 13 item 8 (fixed): `[::1]` in the allow-list was read as a character
-    class, so a normal IPv6 request got 421. Minimal input: `Host: [::1]:8080`."""
+    """`[::1]` in the allow-list is a host, not a character class (read as a glob,
+    a normal IPv6 request got 421). Minimal input: `Host: [::1]:8080`."""
     response = _ping_with(rig, host="[::1]:8080")
     rig.logs.take()
     assert response.status == 200, response
@@ -208,15 +208,15 @@ def test_an_ipv6_loopback_host_with_a_port_is_accepted(rig: Rig) -> None:
     [("host", "1:80", 421), ("origin", "http://127.0.0.1:1@evil.com", 403)],
 )
 def test_lookalike_hosts_and_origins_are_refused(rig: Rig, header: str, value: str, status: int) -> None:
-    """Issue 13 item 8 (fixed): the glob patterns accept `Host: 1:80` (via
-    `[::1]:*`) and an Origin whose real host, after userinfo, is evil.com."""
+    """Glob patterns would accept `Host: 1:80` (via `[::1]:*`) and an Origin whose
+    real host, after userinfo, is evil.com: both are refused."""
     response = _ping_with(rig, **{header: value})
     rig.logs.take()
     assert response.status == status, response
 
 
 def test_a_duplicate_host_header_is_refused(rig: Rig) -> None:
-    """Issue 13 item 8 (fixed): with two Host headers the last one wins silently."""
+    """Two Host headers are refused: otherwise the last one would win silently."""
     headers = [
         (b"host", b"evil.example"),
         (b"host", b"127.0.0.1:8080"),
@@ -231,8 +231,8 @@ def test_a_duplicate_host_header_is_refused(rig: Rig) -> None:
 
 @pytest.mark.parametrize("era", ["legacy", "modern"])
 def test_deep_json_is_a_client_error_not_a_500(rig: Rig, era: str) -> None:
-    """Issue 13 item 8 (fixed): arguments nested 300 deep parse (orjson reads
-    1024 levels) but cannot be written upstream (orjson writes 255): 500 and a traceback per
+    """Arguments nested 300 deep parse (orjson reads 1024 levels) but cannot be
+    written upstream (orjson writes 255): without a depth bound, a 500 and a traceback per
     request. Minimal input: a tools/call whose arguments hold `{"a": ` 300 times."""
     deep = '{"a":' * 300 + "1" + "}" * 300
     if era == "legacy":

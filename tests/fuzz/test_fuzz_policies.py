@@ -152,7 +152,7 @@ def test_policies_check_answers_ok_or_every_problem_and_never_a_traceback(
 
 
 def test_yaml_alias_bomb_is_refused_without_expanding(tmp_path: Path) -> None:
-    """Issue 13 item 5 (fixed): YAML must be loaded without alias
+    """A policy cannot exhaust memory: YAML must be loaded without alias
     expansion (or with a node budget). A bomb kept small here (10**5 expanded nodes, ~200 bytes)
     so this test stays cheap while it fails; the real one (500 bytes, 2+ GB) is the same shape.
     The property: the file is refused with a problem that says why, not expanded into one
@@ -211,7 +211,7 @@ def test_regression_each_problem_is_one_bounded_line(content: bytes) -> None:
 
 
 def test_a_deeply_nested_rule_regex_is_a_problem_not_an_exception() -> None:
-    """Issue 13 item 5 (fixed; the policy regex engine): a `text:` rule
+    """A policy cannot crash its own check (the policy regex engine): a `text:` rule
     of 3000 nested groups makes `re.compile` raise RecursionError, which escapes the schema's
     check (it catches `re.error` only) and `policies check` with it. Whatever engine replaces
     `re`, the property is the same: a problem line, not an exception."""
@@ -222,7 +222,7 @@ def test_a_deeply_nested_rule_regex_is_a_problem_not_an_exception() -> None:
 
 
 def test_a_recursive_yaml_alias_is_a_problem_not_an_exception() -> None:
-    """Issue 13 item 5 (fixed; YAML without alias expansion). Found by
+    """A policy cannot crash the loader (YAML without alias expansion). Found by
     bench/fuzz.py (atheris, policy target): an anchor that refers to itself composes into a cyclic
     node, and the loader's walk over the nodes (`_collect_lines`) recursed until RecursionError.
     Minimal input: `a: &a [x, *a]`."""

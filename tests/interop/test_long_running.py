@@ -1,7 +1,7 @@
 """server-everything's long-running operation, with its own defaults (10 s, 5 progress steps),
-succeeds through the proxy's shipped default policies and runs upstream exactly once (issue 12
-item 4, RECOVERY.md §6: defaults sized for tools that run tens of seconds, below the SDK clients'
-60 s request timeout).
+succeeds through the proxy's shipped default policies and runs upstream exactly once
+(docs/recovery.md, "Shipped defaults: do no harm": defaults sized for tools that run tens of
+seconds, below the SDK clients' 60 s request timeout).
 
 "Exactly once" is read from the proxy's own counters on its admin port (one finished upstream
 attempt for the tool, no retry) and from the progress the client saw (each step once).

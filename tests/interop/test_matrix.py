@@ -1,4 +1,4 @@
-"""The interop matrix (issue 12, docs/interop.md): real servers x paths x real clients.
+"""The interop matrix (docs/interop.md): real servers x paths x real clients.
 
 Each server is reached directly and through the proxy with its shipped default policies:
 HTTP->stdio (one proxy per server module, started once), stdio->stdio (the client launches

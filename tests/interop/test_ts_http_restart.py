@@ -1,6 +1,6 @@
-"""An HTTP upstream on the TypeScript SDK restarted under live proxied 2025 sessions (issue 12
-item 5, RECOVERY.md §1.2: an upstream that forgot a session is re-attached, not blamed on the
-caller).
+"""An HTTP upstream on the TypeScript SDK restarted under live proxied 2025 sessions: an upstream
+that forgot a session is re-attached, not blamed on the caller (docs/recovery.md, "A session the
+upstream forgot").
 
 Our TS-SDK server (tests/interop/ts_http_server.mjs) keeps sessions in its process, so after a
 restart it answers the proxy's old upstream session id with 400 "No valid session ID provided"

@@ -7,7 +7,7 @@
 // - Listens on 127.0.0.1:PORT, path /mcp, and prints "listening PORT" on stdout once it accepts.
 // - Sessions live in this process only: after a restart, a request carrying an old session id is
 //   answered as the SDK's own example answers it, HTTP 400 "Bad Request: No valid session ID
-//   provided" (issue 12 item 5: the proxy must re-attach, not call it a validation error).
+//   provided" (the proxy must re-attach, not call it a validation error).
 // - Tools:
 //     echo {text}                       read-only; returns the text
 //     forecast {city}                   read-only; declares an outputSchema {city, temperature};

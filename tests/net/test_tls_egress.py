@@ -1,4 +1,5 @@
-"""TLS to the upstream and the egress proxy, against real parts on loopback (issue 14).
+"""TLS to the upstream and the egress proxy, against real parts on loopback (docs/security.md,
+"Upstream TLS and egress").
 
 The upstream is the SDK's `MCPServer` under uvicorn serving HTTPS with a private CA generated in
 the test (tests/fixtures/tls.py), requiring a client certificate (mTLS) where a test says so. The

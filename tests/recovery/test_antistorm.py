@@ -1,4 +1,4 @@
-"""The anti-storm admission (RECOVERY.md §2 step 6): retry budget and circuit breaker, on a fake clock."""
+"""The anti-storm admission (docs/recovery.md, "Decision"): retry budget and circuit breaker, on a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""classify(): every source of RECOVERY.md §1, first match wins, evidence kept."""
+"""classify(): every source of docs/recovery.md, "Classification", first match wins, evidence kept."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""decide(): one row per stop reason (RECOVERY.md §2), in order; the first "no" wins."""
+"""decide(): one row per stop reason (docs/recovery.md, "Decision"), in order; the first "no" wins."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def test_every_documented_example_is_classified_by_its_row(rule_id, category, te
         assert c.dispatched is Dispatch.YES
 
 
-# What the reference servers answered, as issue 12 quotes them, and what each must become.
+# What the reference servers answer (their texts verbatim), and what each must become.
 REAL_TEXTS = [
     ('MCP error -32602: Input validation error: Invalid arguments for tool echo: [{"code": "invalid_type"}]', V),
     (

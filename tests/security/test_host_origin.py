@@ -1,6 +1,7 @@
-"""Host and Origin checks, deep JSON and the admin port's Host check, on the running proxy (issue 13
-items 1 and 8). Requests are written on raw sockets: an HTTP client library would refuse to send
-two Host headers or normalise what is under test. The parser's own cases are in test_hostcheck.py.
+"""Host and Origin checks, deep JSON and the admin port's Host check, on the running proxy (a
+DNS-rebinding page must reach neither port). Requests are written on raw sockets: an HTTP client
+library would refuse to send two Host headers or normalise what is under test. The parser's own
+cases are in test_hostcheck.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Policies cannot hurt the proxy (issue 13 item 5): rule regexes run in linear time (RE2), YAML
-anchors and aliases are refused before they expand, and a reload that fails for any reason is
-recorded and keeps the last good set."""
+"""Policies cannot hurt the proxy (freeze the event loop or exhaust memory): rule regexes run in
+linear time (RE2), YAML anchors and aliases are refused before they expand, and a reload that fails
+for any reason is recorded and keeps the last good set."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The proxy's own upstream credentials never leave the running proxy (issue 13 item 1).
+"""The proxy's own upstream credentials never leave the running proxy.
 
 A canary in every configured header, through the real proxy process in front of an upstream that
 answers 401 and repeats the headers it received (tests/fixtures/header_echo.py): the readiness

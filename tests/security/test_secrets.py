@@ -1,4 +1,4 @@
-"""The secret registry at each place text leaves the proxy (issue 13 item 1), in-process: span
+"""The secret registry at each place text leaves the proxy, in-process: span
 attributes (the SDK's in-memory exporter), failures, caller-bound messages, `redact()` and every
 log line. The running proxy is tested end to end in test_secret_canary_e2e.py.
 """

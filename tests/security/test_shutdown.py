@@ -1,5 +1,5 @@
 """SIGTERM while a 2025 listen stream (GET) is open: the stream is closed cleanly, the proxy exits
-0, and nothing is logged as an unexpected error (issue 13 item 8: it logged "Exception in ASGI
+0, and nothing is logged as an unexpected error (no "Exception in ASGI
 application" with a traceback)."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_sigterm_with_an_open_listen_stream_closes_it_cleanly(tmp_path: Path) ->
         with listen:
             while listen.recv(65536):
                 pass
-        # (The exit status on SIGTERM is issue 12's, not checked here.)
+        # (The exit status on SIGTERM is checked in tests/e2e/test_process_lifecycle.py, not here.)
         proxy.proc.wait(timeout=BOUND_S)
     finally:
         proxy.stop()

@@ -8,7 +8,7 @@ The cross-replica properties run on every kind of store (`STORES`): a redis-serv
 (`redis+cluster://`) and a real valkey-server (`valkey://`). The fault tests (kill, restart
 empty, stall) run on a plain redis-server of their own.
 
-The promise under test (RECOVERY.md §4): one budget per operation across replicas, whichever
+The promise under test (docs/recovery.md, "Ledger"): one budget per operation across replicas, whichever
 replica and session the caller comes back through.
 """
 

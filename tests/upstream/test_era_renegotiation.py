@@ -1,5 +1,5 @@
 """The eras a network upstream speaks are learnt again when it says proxy and upstream disagree
-(RECOVERY.md §1: a 2026 header or version error means renegotiate before further tool calls), and
+(a 2026 header or version error means renegotiate before further tool calls: docs/recovery.md), and
 on each readiness re-probe: an upstream redeployed without (or with) the 2026-07-28 revision is
 then served accordingly. A real uvicorn upstream whose eras the test switches."""
 

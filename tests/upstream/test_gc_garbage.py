@@ -1,4 +1,4 @@
-"""The per-call paths of the HTTP upstream leave no cyclic garbage (issue 16): what a request
+"""The per-call paths of the HTTP upstream leave no cyclic garbage: what a request
 leaves behind, failed or not, is freed by reference counting, so the proxy's garbage collector
 has little to do and its full collections (tens to hundreds of ms that stop every call in
 flight) stay rare.

@@ -1,6 +1,6 @@
-"""The HTTP frontend's per-stream queues and resumption buffers are bounded in bytes (issue 13
-item 3). Before: a 2025 listen stream nobody read grew the proxy from 127 MB to 2.3 GB in 25 s,
-and 200 calls with 8 MiB answers held 1.8 GB for 30 s in resumption buffers bounded by count."""
+"""The HTTP frontend's per-stream queues and resumption buffers are bounded in bytes. Why bytes:
+unbounded, a 2025 listen stream nobody read grew the proxy from 127 MB to 2.3 GB in 25 s, and 200
+calls with 8 MiB answers held 1.8 GB for 30 s in resumption buffers bounded by count only."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Backpressure from a client that does not read to a 2025 session's own stdio child (issue 13
-item 3): the proxy stops reading the child's stdout instead of buffering what it writes, and
-resumes when the client reads. A real child over real pipes, the real relay and the HTTP
-frontend's real response-stream queue; only the HTTP writer is left out (the test is the reader).
+"""Backpressure from a client that does not read to a 2025 session's own stdio child: the proxy
+stops reading the child's stdout instead of buffering what it writes (memory stays bounded for a
+caller that stops reading), and resumes when the client reads. A real child over real pipes, the
+real relay and the HTTP frontend's real response-stream queue; only the HTTP writer is left out (the
+test is the reader).
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ async def test_readiness_and_admission_agree_while_a_closed_sessions_child_is_st
 
 
 async def test_a_child_flooding_stderr_is_logged_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 13 item 7: every stderr line became a log line (200k lines in 2.5 s). Now a burst of
+    """A child cannot turn every stderr line into a log line (200k lines in 2.5 s): a burst of
     100 lines, then 20 a second, per child; the rest is counted and summed up in one line."""
     from proxy.telemetry.shed import SHED
 

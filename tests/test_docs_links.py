@@ -58,3 +58,27 @@ def test_no_reference_outside_the_repository(doc: Path) -> None:
         for m in OUTSIDE.finditer(line)
     ]
     assert not found, f"{doc.relative_to(REPO_ROOT)} cites what a reader of the repository cannot open: {found}"
+
+
+def _code_files() -> list[Path]:
+    """The repository's code, tests and scripts, this file excepted (it holds the pattern)."""
+    here = Path(__file__).resolve()
+    files: list[Path] = []
+    for folder in ("proxy", "tests", "bench", "scripts"):
+        for path in sorted((REPO_ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".mjs", ".json", ".sh") and path.resolve() != here and ".cache" not in path.parts:
+                files.append(path)
+    return files
+
+
+def test_no_code_cites_what_a_reader_of_the_repository_cannot_open() -> None:
+    """Docstrings, comments and printed texts say the target or the reason themselves instead of
+    pointing at a tracker's issue numbers or a contract file outside the repository."""
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{n}: {m.group(0)}"
+        for path in _code_files()
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        for m in OUTSIDE.finditer(line)
+    ]
+    assert len(_code_files()) > 100  # the walk sees the tree
+    assert not found, f"references outside the repository: {found}"

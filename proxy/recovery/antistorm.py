@@ -1,4 +1,4 @@
-"""The anti-storm admission of docs/recovery.md, "Decision" (step 6): a retry budget and a circuit breaker.
+"""The anti-storm admission of docs/recovery.md, "Decision": a retry budget and a circuit breaker.
 
 Retries multiply load exactly when an upstream is least able to take it; these two limits keep
 the proxy's retries from turning a slow upstream into a dead one. Both are kept per tool of the

@@ -23,7 +23,7 @@ import pytest
 
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 RUN_BOUND_S = 900
 

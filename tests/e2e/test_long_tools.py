@@ -29,7 +29,7 @@ from mcp.types import TextContent
 from tests.e2e.interop_env import server_everything_argv
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 TOOL = "trigger-long-running-operation"
 CLIENT_TIMEOUT_S = 60.0  # the SDK clients' default request timeout
 UNRESOLVED = "io.mcp-recovery-proxy/unresolved"

@@ -34,7 +34,7 @@ from tests.state.test_two_proxies import (
     wait_metric,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 BOUND_S = 60.0
 
 

@@ -34,7 +34,7 @@ from tests.proxy_process import ProxyProcess
 from tests.state.redis_server import RedisCluster, RedisServer
 
 # Bounded, and generous: each proxy starts a Python upstream, which takes seconds on a loaded machine.
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.anyio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 BOUND_S = 60.0
 DEADLINE_S = 4.0
 

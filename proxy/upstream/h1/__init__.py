@@ -40,9 +40,8 @@ The modules, each with one job:
 """
 
 from proxy.net.egress import ProxyRoute
-
-from .connection import Connection
-from .errors import (
+from proxy.upstream.h1.connection import Connection
+from proxy.upstream.h1.errors import (
     BodyTooLarge,
     ClientClosed,
     ClientError,
@@ -56,9 +55,9 @@ from .errors import (
     TlsClosed,
     TlsError,
 )
-from .headers import Headers
-from .pool import HttpClient
-from .response import Response, Sink
+from proxy.upstream.h1.headers import Headers
+from proxy.upstream.h1.pool import HttpClient
+from proxy.upstream.h1.response import Response, Sink
 
 __all__ = [
     "BodyTooLarge",

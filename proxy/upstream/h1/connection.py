@@ -25,10 +25,10 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol
 
-from .errors import ClientError, ConnectionClosed, ProtocolError, TlsClosed, TlsError, tls_failure_text
-from .headers import CookieJar, Headers
-from .reader import ResponseReader, UnsolicitedResponse
-from .response import Response, Sink
+from proxy.upstream.h1.errors import ClientError, ConnectionClosed, ProtocolError, TlsClosed, TlsError, tls_failure_text
+from proxy.upstream.h1.headers import CookieJar, Headers
+from proxy.upstream.h1.reader import ResponseReader, UnsolicitedResponse
+from proxy.upstream.h1.response import Response, Sink
 
 __all__ = ["Connection", "Owner"]
 

@@ -23,8 +23,9 @@ from enum import Enum
 from typing import Final, TypeAlias
 from urllib.parse import urlsplit
 
-from .connection import Connection
-from .errors import (
+from proxy.net.egress import ProxyRoute
+from proxy.upstream.h1.connection import Connection
+from proxy.upstream.h1.errors import (
     ClientClosed,
     ClientError,
     ConnectError,
@@ -34,9 +35,9 @@ from .errors import (
     TlsError,
     tls_failure_text,
 )
-from .headers import CookieJar, RequestWriter, clean_target, has_bad_host_characters
-from .response import Response, Sink
-from .tunnel import ProxyRoute, Tunnel
+from proxy.upstream.h1.headers import CookieJar, RequestWriter, clean_target, has_bad_host_characters
+from proxy.upstream.h1.response import Response, Sink
+from proxy.upstream.h1.tunnel import Tunnel
 
 __all__ = ["HttpClient"]
 

@@ -22,8 +22,8 @@ from typing import Final, Protocol
 
 import httptools
 
-from .errors import ProtocolError
-from .headers import Headers
+from proxy.upstream.h1.errors import ProtocolError
+from proxy.upstream.h1.headers import Headers
 
 __all__ = ["MAX_HEAD_BYTES", "Phase", "ReaderEvents", "ResponseReader", "UnsolicitedResponse"]
 

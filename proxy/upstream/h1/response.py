@@ -16,8 +16,8 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Final, Protocol
 
-from .errors import BodyTooLarge, ClientError
-from .headers import Headers
+from proxy.upstream.h1.errors import BodyTooLarge, ClientError
+from proxy.upstream.h1.headers import Headers
 
 __all__ = ["HIGH_WATER", "LOW_WATER", "MAX_INFLATE_PER_READ", "Carrier", "Response", "Sink"]
 

@@ -15,9 +15,8 @@ import re
 import socket
 
 from proxy.net.egress import ProxyRoute
-
-from .errors import ConnectError, ProxyRefused, printable
-from .reader import MAX_HEAD_BYTES
+from proxy.upstream.h1.errors import ConnectError, ProxyRefused, printable
+from proxy.upstream.h1.reader import MAX_HEAD_BYTES
 
 __all__ = ["ProxyRoute", "Tunnel"]
 

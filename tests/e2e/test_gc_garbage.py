@@ -141,7 +141,10 @@ async def test_calls_that_fail_recover_and_time_out_leave_almost_no_cyclic_garba
             freed = mark(proxy, marks) - start
     # the mix did fail: cut answers, 503s and hangs reached the upstream
     assert journal.executions("reset_read") >= ROUNDS + 1
-    assert journal.executions("hang") >= ROUNDS + 1
+    # The server refuses every 3rd tools/call with a 503; a round's hang has two attempts, and both
+    # can be among the refused (which calls are depends on how the round's concurrent calls and
+    # retries are scheduled), so it may not run in every round. It must in most of them.
+    assert journal.executions("hang") >= (ROUNDS + 1) // 2 + 1
     print(f"cyclic garbage: {freed} objects for {calls} calls")
     assert freed / calls < PER_CALL_BOUND, f"{freed} objects of cyclic garbage for {calls} calls"
 

@@ -62,13 +62,10 @@ class BudgetSync:
         self._budget_sha = hashlib.sha1(scripts.BUDGET.encode()).hexdigest()  # the name Redis gives the script
         self.budget_syncs = 0  # completed exchanges of the retry budget's counts
         self._flushed: dict[tuple[str, int], tuple[int, int]] = {}
-        self._antistorm: AntiStorm | None = None
+        self.antistorm: AntiStorm | None = None  # attached by the state (`RedisState.attach`)
         self._sync_lock = asyncio.Lock()
         self._budget_keys: dict[str, str] = {}
         self._fleet_tools: list[str] = []  # tools any replica counted within the window (from the store)
-
-    def attach(self, antistorm: AntiStorm) -> None:
-        self._antistorm = antistorm
 
     def _budget_key(self, tool: str) -> str:
         tag = self._budget_keys.get(tool)
@@ -89,7 +86,7 @@ class BudgetSync:
             await self._sync_budget()
 
     async def _sync_budget(self, *, _again: bool = False) -> None:
-        antistorm = self._antistorm
+        antistorm = self.antistorm
         if antistorm is None:
             await self._call("ping", self.client.ping())
             self.budget_syncs += 1

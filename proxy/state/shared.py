@@ -157,7 +157,7 @@ class RedisState:
         return self._up
 
     def attach(self, antistorm: AntiStorm) -> None:
-        self.budget.attach(antistorm)
+        self.budget.antistorm = antistorm
 
     @property
     def budget_syncs(self) -> int:

@@ -78,6 +78,7 @@ class AttemptFinished(NamedTuple):
     category: str | None  # transient | validation | business | permission | unclassified | None on success
     dispatched: str  # no | unknown | yes
     evidence: str  # transport | http | jsonrpc | upstream | rule | shipped | default | none
+    rule: str | None = None  # what decided: a policy rule's name (evidence "rule"), a shipped rule's id, or None
 
 
 class BackoffStarted(NamedTuple):

@@ -3,7 +3,7 @@ tool, a tool failing with a text nothing classifies, a tool no policy names), ca
 real SDK client, then the command against the proxy's admin port. Its patch applies with
 `patch -p1` inside the folder, the folder passes `policies check`, the suggestion names the tool
 and the value, and once the proxy has reloaded the folder the next failure is classified by the
-suggested rule."""
+suggested rule. The status page shows the same advice (in Chromium, where it is installed)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from lxml import html as lxml_html
 from mcp import Client
 
 from proxy.policy.render import format_duration
+from tests.e2e.test_status_page import browse, chromium
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.proxy_process import ProxyProcess
 
@@ -93,6 +95,16 @@ def test_suggest_against_a_live_proxy_gives_a_patch_that_applies_and_classifies_
         status = httpx.get(proxy.admin + "/status.json", timeout=5).json()
         (shown,) = [t for t in status["observed"]["advice"]["tools"] if t["tool"] == "frobnicate"]
         assert shown["unclassified"] == 3 and len(shown["rules"]) == 1
+        if chromium() is not None:  # and as a person sees it (the browser: tests/e2e/test_status_page.py)
+            dom = lxml_html.fromstring(browse(proxy.admin + "/", tmp_path / "profile"))
+            rows = {
+                " ".join(tr.xpath("./td[1]")[0].text_content().split()): " ".join(tr.text_content().split())
+                for tr in dom.xpath('//table[@id="observed"]/tbody/tr[@class="observed-tool"]')
+            }
+            assert "3 unclassified errors seen — suggested rule" in rows["frobnicate"], rows
+            assert "attempt_timeout 1s → " in rows["slow_report"] and "no policy file names it" in rows["plain"]
+            (shown_rule,) = dom.xpath('//table[@id="observed"]//pre[@class="rule"]')
+            assert f"- name: {shown['rules'][0]['name']}" in shown_rule.text_content()
 
         found = _cli("suggest", str(folder), "--admin", proxy.admin, "--json")
         assert found.returncode == 0, found.stderr

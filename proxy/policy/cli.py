@@ -207,9 +207,12 @@ def summary_lines(advice: Any, notes: list[str]) -> list[str]:
     lines: list[str] = []
     for tool in advice.tools:
         if tool.successes:
+            p50, p99, slowest = (
+                format_duration(round(ms / 1000, 3)) for ms in (tool.p50_ms, tool.p99_ms, tool.slowest_ms)
+            )
             lines.append(
-                f"{tool.tool}: {tool.successes} successful attempt(s), p50 {tool.p50_ms:g}ms, p99 {tool.p99_ms:g}ms, "
-                f"slowest {tool.slowest_ms:g}ms; {tool.timeouts} cut by a timer"
+                f"{tool.tool}: {tool.successes} successful attempt(s), p50 {p50}, p99 {p99}, slowest {slowest}; "
+                f"{tool.timeouts} cut by a timer"
             )
         for timer in tool.timers:
             lines.append(

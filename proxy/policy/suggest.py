@@ -73,6 +73,8 @@ _TOKENS = re.compile(rf"({_PLACEHOLDER}|\d+|\s+)")
 _RE2_SPECIAL = frozenset("\\.^$|?*+()[]{}-/#&~")
 _RPC_PREFIX = re.compile(r"^JSON-RPC error (-?\d+): ?")
 _HTTP_PREFIX = re.compile(r"^http_status \(HTTP (\d{3})\): ?")
+_SDK_PREFIX = re.compile(r"^Error executing tool [^:]{0,200}: ")  # what the MCP SDKs put before a tool's words
+SLUG_WORDS = 5
 
 
 @dataclass
@@ -218,9 +220,10 @@ def rule_regex(text: str) -> str | None:
 
 
 def _slug(text: str) -> str:
-    words = re.findall(r"[a-z]+", re.sub(_PLACEHOLDER, " ", text).lower())
-    slug = "-".join(words)[:40].strip("-")
-    return slug or "error"
+    """A rule name's words: the text's first few, without the SDKs' `Error executing tool X:`."""
+    text = _SDK_PREFIX.sub("", re.sub(_PLACEHOLDER, " ", text))
+    words = re.findall(r"[a-z]+", text.lower())[:SLUG_WORDS]
+    return "-".join(words)[:40].strip("-") or "error"
 
 
 def _rule_for(entry: Mapping[str, Any], taken: set[str]) -> RuleAdvice | None:

@@ -28,7 +28,7 @@ FOLDER = {
 }
 QUOTA = "Quota exceeded for account 1234 on [argument]"
 RPC = "JSON-RPC error -31999: backend said no"
-HTTP = "http_status (HTTP 418): the upstream answered HTTP 418: teapot out of tea"
+HTTP = "http_status (HTTP 418): upstream answered HTTP 418 I'm a teapot"
 
 
 def write_folder(folder: Path) -> Path:

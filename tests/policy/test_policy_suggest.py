@@ -104,7 +104,7 @@ def test_each_suggested_rule_classifies_its_observed_text_in_the_patched_folder(
             TransportError(
                 FailureKind.HTTP_STATUS,
                 Dispatch.UNKNOWN,
-                "the upstream answered HTTP 418: teapot out of tea",
+                "upstream answered HTTP 418 I'm a teapot",
                 http_status=418,
             ),
             _tool(advice, "billing_refund").rules[1].name,

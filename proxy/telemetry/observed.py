@@ -21,8 +21,9 @@ Contract:
   (events of further tools are counted in `dropped_tools` and otherwise ignored), `MAX_TEXTS`
   texts per tool (further distinct texts counted in `texts_dropped`), `MAX_RULES` rule names per
   tool (`rules_dropped`), every string cut to its limit. The memory is therefore at most
-  `MAX_TOOLS` * (`BUCKET_COUNT` counters + `MAX_TEXTS` * `TEXT_LIMIT` characters + `MAX_RULES`
-  * `NAME_LIMIT` characters) plus a constant per entry, by construction. Arguments never reach an
+  `MAX_TOOLS` * (`BUCKET_COUNT` counters + `MAX_TEXTS` * 2 * `TEXT_LIMIT` characters (a text's
+  digit-free key and its sample) + `MAX_RULES` * `NAME_LIMIT` characters) plus a constant per
+  entry, by construction. Arguments never reach an
   event, so they cannot reach this.
 - `snapshot()` is JSON-able (`observed` of `/status.json`): tools sorted by name, texts most
   frequent first, durations in milliseconds, the histogram as `[upper_ms, count]` pairs of its

@@ -227,3 +227,45 @@ def test_suggest_says_in_one_line_why_it_has_no_snapshot(tmp_path: Path, capsys:
     assert cli.suggest(str(folder), from_file=str(saved)) == 2
     assert "has no 'observed' part" in capsys.readouterr().err
     assert cli.suggest(str(folder), from_file=str(tmp_path / "missing.json")) == 2
+
+
+def test_suggest_reads_the_admin_port_with_the_token_and_says_when_it_lacks_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real HTTP exchange on loopback, served in this process (a thread): the bearer token of
+    --admin-token-file goes with the request, and a 401 without it is one line naming the flag."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps({"observed": observation()}).encode()
+    seen: list[str | None] = []
+
+    class Admin(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("authorization"))
+            ok = self.path == "/status.json" and self.headers.get("authorization") == "Bearer tok-123"
+            self.send_response(200 if ok else 401)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body if ok else b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Admin)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        folder = write_folder(tmp_path / "policies")
+        token = tmp_path / "admin-token"
+        token.write_text("tok-123\n")
+        admin = f"127.0.0.1:{server.server_address[1]}"
+        assert cli.suggest(str(folder), admin=admin) == 2
+        assert "HTTP 401 (give --admin-token-file)" in capsys.readouterr().err
+        assert cli.suggest(str(folder), admin=admin, admin_token_file=str(token), as_json=True) == 0
+        assert json.loads(capsys.readouterr().out)["unnamed"] == ["newtool"]
+        assert seen == [None, "Bearer tok-123"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -165,7 +165,8 @@ def _apply(name: str, old: str | None, edits: _Edits, notes: list[str]) -> str |
                 notes.append(f"{name}: its rules are a flow list; add the suggested rules by hand")
         else:
             notes.append(f"{name}: rules is not on a line of its own; add the suggested rules by hand")
-    text = "\n".join(lines) + "\n"
+    newline = "\r\n" if old is not None and "\r\n" in old else "\n"  # the file's own line ends
+    text = newline.join(lines) + newline
     parsed = parse_policy_file(name, text.encode("utf-8"))
     if parsed.problems:
         notes.append(f"{name}: the edited file would not load ({parsed.problems[0]}); left as it is")
@@ -200,7 +201,7 @@ def plan(folder: Path, policy_set: PolicySet, advice: Advice) -> Plan:
         old: str | None = None
         if edits.layer is not None:
             try:
-                old = (folder / name).read_text(encoding="utf-8")
+                old = (folder / name).read_bytes().decode("utf-8")  # its own line ends kept
             except (OSError, UnicodeDecodeError) as exc:
                 out.notes.append(f"{name}: cannot be read ({exc}); left as it is")
                 continue

@@ -18,7 +18,8 @@ Contract:
   would be lost otherwise), then the new ones. Rule names are made unique within the file.
 - Every added value carries a comment saying what was observed; comments are one line, bounded,
   without control characters. Every changed or new text is parsed again with the loader's own
-  reader; an edit it does not read back as written is left out, with a note.
+  reader; an edit it does not read back as written is left out, with a note. A file keeps its
+  own line ends (CRLF stays CRLF); one without a final newline gets one.
 - `unified_diff(plan)` is one git-style diff (`a/NAME`, `b/NAME`, `/dev/null` and `new file mode`
   for a new file), relative to the folder; "" when there is nothing to change.
 """

@@ -156,7 +156,11 @@ class HttpLegacyLink(HttpLink):
                         "the upstream session expired again right after it was re-established",
                         http_status=404,
                     ) from None
+                if ex.cancelled:
+                    return  # given up meanwhile (`cancel` ends the exchange): never sent again
                 await self._reestablish(stale)
+                if ex.cancelled:
+                    return
 
     async def _reestablish(self, stale: str | None) -> None:
         async with self._reinit_lock:

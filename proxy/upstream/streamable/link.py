@@ -317,15 +317,17 @@ class HttpLink(LinkBase):
                     sent.set_result(None)
                 status = response.status
                 # A 404 (or a 400 naming the session) to a request that carried a session id is a
-                # refusal before processing: this request was not executed.
+                # refusal before processing: this request was not executed. Nor is it heard: a
+                # request sent again (on a re-established session) is taken only when the head of
+                # its own answer comes, which its cancellation waits for.
                 if status == 404 and self._sent_session(headers):
                     response.release()
-                    ex.written = False
+                    ex.written = ex.heard = False
                     raise self._forgotten(headers)
                 if not 200 <= status < 300:
                     raw = await read_bounded(response)
                     if status == 400 and self._sent_session(headers) and forgot_session(raw):
-                        ex.written = False
+                        ex.written = ex.heard = False
                         raise self._forgotten(headers)
                     raise status_failure_of(response, raw, ex.upstream_id)
                 self._accepted(headers)

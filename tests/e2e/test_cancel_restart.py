@@ -1,0 +1,103 @@
+"""An attempt the proxy stops waiting for is cancelled upstream across a restart of the upstream.
+
+The upstream is the scripted SDK server, killed (SIGKILL) and started again on the same port; its
+`--hold-calls-s` holds every `hang` call it will take for a while before its SDK app takes it (a
+server busy right after its start), while other POSTs, cancellations among them, go through at
+once. Each attempt's own timer fires while its request is held; the journal of the server must
+then show the attempt `cancelled`, never `completed`.
+
+- 2025 Streamable HTTP: the restarted server forgot the proxy's session; the attempt's own POST is
+  answered 404, the proxy re-establishes the session and sends the request again, and that second
+  POST is the one held. Its cancellation must wait for the head of the second POST's answer (the
+  server took the request), not count the 404's head as that answer.
+
+Real processes: the proxy, the scripted SDK server over Streamable HTTP, a 2025 session
+over raw HTTP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.fixtures.helpers import ScriptedHTTP, free_port
+from tests.fixtures.journal import Journal
+from tests.proxy_process import ProxyProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+BOUND_S = 90.0
+HOLD_S = 4.0
+HANG_S = 10.0
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+# One attempt, given up 2 s in, while the held request is still held (the hold outlasts it by 2 s).
+POLICY = "tools: [hang, echo]\nside_effect: read_only\nattempts: 1\nattempt_timeout: 2s\ndeadline: 3s\n"
+
+
+def call(request_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+async def _restart_then_hang(tmp_path: Path, transport: str) -> list[dict[str, Any]]:
+    """Open a 2025 session through the proxy, restart the upstream, call `hang`; the held call's
+    journal events once it ended (cancelled or completed)."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "hang.yaml").write_text(POLICY)
+    port = free_port()
+    hold = ("--hold-calls-s", str(HOLD_S))
+    first = ScriptedHTTP(journal.path, tmp_path / "state.json", transport=transport, extra=hold, port=port)
+    second = ScriptedHTTP(journal.path, tmp_path / "state.json", transport=transport, extra=hold, port=port)
+    with first:
+        extra = ["--policies", str(policies)]
+        url = f"sse+{first.url}" if transport == "sse" else first.url
+        with ProxyProcess(upstream_url=url, extra=extra, log_path=tmp_path / "proxy.log") as proxy:
+            try:
+                with anyio.fail_after(BOUND_S):
+                    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+                        opened = await http.post(proxy.url, json=INITIALIZE, headers=HEADERS)
+                        assert "mcp-session-id" in opened.headers, opened.text
+                        session = {**HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
+                        session["mcp-protocol-version"] = "2025-11-25"
+                        await http.post(
+                            proxy.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
+                        )
+                        echo = call(2, "echo", {"text": "x"})
+                        echoed = (await http.post(proxy.url, json=echo, headers=session)).json()
+                        assert echoed["result"]["content"][0]["text"] == "x", echoed
+                        first.kill()
+                        second.start()
+                        hang = call(3, "hang", {"seconds": HANG_S, "call_id": "held"})
+                        answer = (await http.post(proxy.url, json=hang, headers=session)).json()
+                        report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+                        assert report["stopReason"] == "attempts_exhausted", answer
+                        ended: list[dict[str, Any]] = await journal.await_for(
+                            lambda j: (
+                                j.events(tool="hang", call="held", event="cancelled")
+                                or j.events(tool="hang", call="held", event="completed")
+                            ),
+                            timeout_s=HOLD_S + HANG_S + 30,
+                            what="the held attempt ended",
+                        )
+            finally:
+                second.stop()
+    assert journal.events(tool="hang", call="held", event="held"), "the restarted server did not hold the call"
+    return ended
+
+
+async def test_a_2025_attempt_sent_again_on_a_reestablished_session_is_cancelled_when_given_up(
+    tmp_path: Path,
+) -> None:
+    ended = await _restart_then_hang(tmp_path, "http")
+    assert [e["event"] for e in ended] == ["cancelled"], ended

@@ -10,8 +10,11 @@ then show the attempt `cancelled`, never `completed`.
   answered 404, the proxy re-establishes the session and sends the request again, and that second
   POST is the one held. Its cancellation must wait for the head of the second POST's answer (the
   server took the request), not count the 404's head as that answer.
+- Legacy HTTP+SSE: the stream broke with the kill; the next request reopens it, replays the
+  handshake and POSTs, and that POST's 202 is held. The proxy stops waiting before the 202 came:
+  the request was written, so it must still be cancelled (after the server took it).
 
-Real processes: the proxy, the scripted SDK server over Streamable HTTP, a 2025 session
+Real processes: the proxy, the scripted SDK server over Streamable HTTP or SSE, a 2025 session
 over raw HTTP.
 """
 
@@ -100,4 +103,9 @@ async def test_a_2025_attempt_sent_again_on_a_reestablished_session_is_cancelled
     tmp_path: Path,
 ) -> None:
     ended = await _restart_then_hang(tmp_path, "http")
+    assert [e["event"] for e in ended] == ["cancelled"], ended
+
+
+async def test_an_sse_attempt_given_up_before_its_post_was_accepted_is_cancelled(tmp_path: Path) -> None:
+    ended = await _restart_then_hang(tmp_path, "sse")
     assert [e["event"] for e in ended] == ["cancelled"], ended

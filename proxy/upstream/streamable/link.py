@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
-from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, ours
+from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, mark_heard, ours
 from proxy.upstream.h1 import ClientError, Connection, Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import (
@@ -492,8 +492,7 @@ class Flight:
 
 
 def _heard(ex: Exchange) -> None:
-    ex.heard = True
-    _wake(ex)
+    mark_heard(ex)
 
 
 def _wake(ex: Exchange) -> None:

@@ -119,8 +119,16 @@ class HttpLink(LinkBase):
             self._pending.discard(ex)
             raise
         except asyncio.CancelledError:
-            self._pending.discard(ex)
-            task.cancel()
+            if ex.written:
+                # Cancelled between the request going out and this returning: the caller gets no
+                # exchange to cancel, so it is cancelled here as one that was sent (2025: the
+                # notification; 2026: the POST closed), or the server would run it to its end.
+                cancelling = ex.response.get_loop().create_task(self.cancel(ex, "request cancelled by the proxy"))
+                self._tasks.add(cancelling)
+                cancelling.add_done_callback(self._tasks.discard)
+            else:
+                self._pending.discard(ex)
+                task.cancel()
             raise
         return ex
 

@@ -821,3 +821,60 @@ async def test_passthrough_a_404_to_another_credential_refuses_it_and_never_move
             assert gets and set(gets) <= {"Bearer alice-1", "Bearer alice-2"}, gets  # never bob's, nor none
         finally:
             await up.aclose()
+
+
+async def test_legacy_request_written_as_its_caller_is_cancelled_is_still_cancelled_upstream() -> None:
+    """A 2025 caller cancelled in the moment between its request going out and `send_request`
+    handing back the exchange (the server already has it) gets no exchange to cancel: the link
+    must cancel it itself (`notifications/cancelled`), or the server runs the request to its end.
+    The server here cancels the caller the moment the request's bytes arrive, before the caller's
+    task resumes, and then records the cancellations it gets."""
+    loop = asyncio.get_running_loop()
+    caller: asyncio.Task[Exchange] | None = None
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            self.buffer = b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+                head = self.buffer[:end].decode("latin-1").lower()
+                length = next(
+                    int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.startswith("content-length:")
+                )
+                if len(self.buffer) < end + 4 + length:
+                    return
+                body = orjson.loads(self.buffer[end + 4 : end + 4 + length])
+                self.buffer = self.buffer[end + 4 + length :]
+                if body.get("method") == "tools/call":
+                    assert caller is not None
+                    caller.cancel()  # the server has the request; its caller has not resumed yet
+                    self.transport.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                    )
+                else:
+                    if body.get("method") == "notifications/cancelled":
+                        cancelled_ids.append(body["params"]["requestId"])
+                        got_cancel.set()
+                    self.transport.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await loop.create_server(Server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.LEGACY)
+        request = call(link, "slow", {"seconds": 30})
+        caller = asyncio.ensure_future(link.send_request(request))
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()

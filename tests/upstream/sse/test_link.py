@@ -18,7 +18,7 @@ from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.sse.link import SseLegacyLink, SseUpstream
 
-from ..servers import Journal, free_socket, initialize_request, serve, sse_app
+from ..servers import Journal, RawHttp, free_socket, initialize_request, serve, sse_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -364,3 +364,43 @@ async def test_a_request_refused_by_a_server_that_forgot_the_session_is_answered
             assert calls == ["s2"] and link.reconnects == 1
         finally:
             await up.aclose()
+
+
+async def test_a_request_written_as_its_caller_is_cancelled_is_still_cancelled_upstream() -> None:
+    """A caller cancelled in the moment between its request's POST going out and `send_request`
+    handing back the exchange gets no exchange to cancel: the link must send
+    `notifications/cancelled` itself (once the POST was accepted), or the server runs the request
+    to its end. The server cancels the caller the moment the POST's bytes arrive."""
+    caller: asyncio.Task[Exchange] | None = None
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if method == "GET":
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            event = b"event: endpoint\ndata: /messages/?session_id=s1\n\n"
+            conn.write(b"%x\r\n%s\r\n" % (len(event), event))
+            return
+        if body.get("method") == "tools/call":
+            assert caller is not None
+            caller.cancel()  # the server has the request; its caller has not resumed yet
+        elif body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = SseUpstream(f"http://127.0.0.1:{port}/sse")
+    try:
+        link = await up.open(Era.LEGACY)
+        request = call(link, "slow", {"seconds": 30})
+        caller = asyncio.ensure_future(link.send_request(request))
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()

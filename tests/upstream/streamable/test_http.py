@@ -25,7 +25,15 @@ from proxy.upstream.streamable.legacy import HttpLegacyLink
 from proxy.upstream.streamable.modern import HttpModernLink
 from proxy.upstream.streamable.upstream import HttpUpstream
 
-from ..servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
+from ..servers import (
+    Journal,
+    RawHttp,
+    free_socket,
+    initialize_request,
+    serve,
+    start_subprocess_server,
+    streamable_app,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -829,41 +837,22 @@ async def test_legacy_request_written_as_its_caller_is_cancelled_is_still_cancel
     must cancel it itself (`notifications/cancelled`), or the server runs the request to its end.
     The server here cancels the caller the moment the request's bytes arrive, before the caller's
     task resumes, and then records the cancellations it gets."""
-    loop = asyncio.get_running_loop()
     caller: asyncio.Task[Exchange] | None = None
     cancelled_ids: list[Any] = []
     got_cancel = asyncio.Event()
 
-    class Server(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            self.transport = transport
-            self.buffer = b""
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if body.get("method") == "tools/call":
+            assert caller is not None
+            caller.cancel()  # the server has the request; its caller has not resumed yet
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            return
+        if body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
 
-        def data_received(self, data: bytes) -> None:
-            self.buffer += data
-            while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
-                head = self.buffer[:end].decode("latin-1").lower()
-                length = next(
-                    int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.startswith("content-length:")
-                )
-                if len(self.buffer) < end + 4 + length:
-                    return
-                body = orjson.loads(self.buffer[end + 4 : end + 4 + length])
-                self.buffer = self.buffer[end + 4 + length :]
-                if body.get("method") == "tools/call":
-                    assert caller is not None
-                    caller.cancel()  # the server has the request; its caller has not resumed yet
-                    self.transport.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                    )
-                else:
-                    if body.get("method") == "notifications/cancelled":
-                        cancelled_ids.append(body["params"]["requestId"])
-                        got_cancel.set()
-                    self.transport.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
-
-    server = await loop.create_server(Server, "127.0.0.1", 0)
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
     try:

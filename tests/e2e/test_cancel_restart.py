@@ -14,12 +14,16 @@ then show the attempt `cancelled`, never `completed`.
   handshake and POSTs, and that POST's 202 is held. The proxy stops waiting before the 202 came:
   the request was written, so it must still be cancelled (after the server took it).
 
-Real processes: the proxy, the scripted SDK server over Streamable HTTP or SSE, a 2025 session
-over raw HTTP.
+- 2026 Streamable HTTP: no session; the attempt is cancelled by closing its POST, which the
+  server notices once it takes the request (its SDK app watches the connection from then on).
+
+Real processes: the proxy, the scripted SDK server over Streamable HTTP or SSE, a 2025 session or
+2026 requests over raw HTTP.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 90.0
 HOLD_S = 4.0
 HANG_S = 10.0
+MODERN = "2026-07-28"
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -51,9 +56,26 @@ def call(request_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
-async def _restart_then_hang(tmp_path: Path, transport: str) -> list[dict[str, Any]]:
-    """Open a 2025 session through the proxy, restart the upstream, call `hang`; the held call's
-    journal events once it ended (cancelled or completed)."""
+def modern(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """`body` as a 2026 request, and its headers."""
+    name = body["params"]["name"]
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+    body = {**body, "params": {**body["params"], "_meta": meta}}
+    headers = {**HEADERS, "mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": name}
+    return body, headers
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer of a POST: the body, or the last event of an event stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return dict(json.loads(data[-1]))
+    return dict(response.json())
+
+
+async def _restart_then_hang(tmp_path: Path, transport: str, era: str = "2025") -> list[dict[str, Any]]:
+    """Through the proxy (a 2025 session, or 2026 requests), call `echo`, restart the upstream, call
+    `hang`; the held call's journal events once it ended (cancelled or completed)."""
     journal = Journal(tmp_path / "journal.jsonl")
     policies = tmp_path / "policies"
     policies.mkdir()
@@ -69,20 +91,26 @@ async def _restart_then_hang(tmp_path: Path, transport: str) -> list[dict[str, A
             try:
                 with anyio.fail_after(BOUND_S):
                     async with httpx.AsyncClient(timeout=BOUND_S) as http:
-                        opened = await http.post(proxy.url, json=INITIALIZE, headers=HEADERS)
-                        assert "mcp-session-id" in opened.headers, opened.text
-                        session = {**HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
-                        session["mcp-protocol-version"] = "2025-11-25"
-                        await http.post(
-                            proxy.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
-                        )
-                        echo = call(2, "echo", {"text": "x"})
-                        echoed = (await http.post(proxy.url, json=echo, headers=session)).json()
+
+                        async def post(body: dict[str, Any]) -> dict[str, Any]:
+                            if era == MODERN:
+                                body, headers = modern(body)
+                                return answer_of(await http.post(proxy.url, json=body, headers=headers))
+                            return answer_of(await http.post(proxy.url, json=body, headers=session))
+
+                        session: dict[str, str] = {}
+                        if era != MODERN:
+                            opened = await http.post(proxy.url, json=INITIALIZE, headers=HEADERS)
+                            assert "mcp-session-id" in opened.headers, opened.text
+                            session = {**HEADERS, "mcp-session-id": opened.headers["mcp-session-id"]}
+                            session["mcp-protocol-version"] = "2025-11-25"
+                            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                            await http.post(proxy.url, json=initialized, headers=session)
+                        echoed = await post(call(2, "echo", {"text": "x"}))
                         assert echoed["result"]["content"][0]["text"] == "x", echoed
                         first.kill()
                         second.start()
-                        hang = call(3, "hang", {"seconds": HANG_S, "call_id": "held"})
-                        answer = (await http.post(proxy.url, json=hang, headers=session)).json()
+                        answer = await post(call(3, "hang", {"seconds": HANG_S, "call_id": "held"}))
                         report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
                         assert report["stopReason"] == "attempts_exhausted", answer
                         ended: list[dict[str, Any]] = await journal.await_for(
@@ -108,4 +136,9 @@ async def test_a_2025_attempt_sent_again_on_a_reestablished_session_is_cancelled
 
 async def test_an_sse_attempt_given_up_before_its_post_was_accepted_is_cancelled(tmp_path: Path) -> None:
     ended = await _restart_then_hang(tmp_path, "sse")
+    assert [e["event"] for e in ended] == ["cancelled"], ended
+
+
+async def test_a_2026_attempt_given_up_after_a_restart_is_cancelled_by_closing_its_post(tmp_path: Path) -> None:
+    ended = await _restart_then_hang(tmp_path, "http", MODERN)
     assert [e["event"] for e in ended] == ["cancelled"], ended

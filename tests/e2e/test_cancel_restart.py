@@ -37,7 +37,7 @@ from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 90.0
-HOLD_S = 4.0
+HOLD_S = 5.0
 HANG_S = 10.0
 MODERN = "2026-07-28"
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
@@ -47,8 +47,9 @@ INITIALIZE = {
     "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
 }
-# One attempt, given up 2 s in, while the held request is still held (the hold outlasts it by 2 s).
-POLICY = "tools: [hang, echo]\nside_effect: read_only\nattempts: 1\nattempt_timeout: 2s\ndeadline: 3s\n"
+# One attempt, given up 3 s in (room for the restart's re-establishment before it), while the
+# held request is still held (the hold outlasts it by 2 s or more).
+POLICY = "tools: [hang, echo]\nside_effect: read_only\nattempts: 1\nattempt_timeout: 3s\ndeadline: 4s\n"
 
 
 def call(request_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -403,7 +403,9 @@ class SseLegacyLink(LinkBase):
     async def _post(
         self, endpoint: str, message: Message, headers: Mapping[str, str] | None, ex: Exchange | None
     ) -> int:
-        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise."""
+        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise.
+        A request's POST (`ex`) waits for a pooled connection within its caller's bound; any other
+        message (a notification, an answer, a cancellation) at most the upstream's `wait_s`."""
         flag = WriteFlag()
 
         def on_write() -> None:
@@ -420,6 +422,7 @@ class SseLegacyLink(LinkBase):
                 body=dumps(message),
                 on_write=on_write,
                 max_body=MAX_ERROR_BODY,
+                wait_s=None if ex is not None else self._upstream.wait_s,
             ) as response:
                 status = response.status
                 if status == 404:
@@ -447,6 +450,7 @@ class SseUpstream(HttpClientOwner):
         max_connections: int = 100,
         endpoint_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
+        wait_s: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         proxy: ProxyRoute | None = None,
     ) -> None:
@@ -457,6 +461,7 @@ class SseUpstream(HttpClientOwner):
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             max_event_bytes=max_event_bytes,
+            wait_s=wait_s,
             ssl_context=ssl_context,
             proxy=proxy,
         )

@@ -43,6 +43,19 @@ def _upstream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--upstream-client-key-password-file", default=s, help="file holding the encrypted client key's passphrase"
     )
+    p.add_argument(
+        "--upstream-connect-timeout-s",
+        type=float,
+        default=s,
+        help="establishing one upstream connection: TCP, egress proxy, TLS (5)",
+    )
+    p.add_argument(
+        "--upstream-max-connections",
+        type=int,
+        default=s,
+        help="pooled connections to an HTTP/SSE upstream, its requests at once; more wait their turn within their own"
+        " timeout (one per session at the session cap, 100-1024)",
+    )
 
 
 def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:

@@ -168,7 +168,8 @@ async def run(settings: Settings) -> int:
     if settings.listen != "stdio":
         from proxy.core.capacity import open_files_for
 
-        open_files_for(connections=settings.max_connections, sessions=settings.sessions_cap)
+        pool = settings.upstream_pool if settings.upstream else 0
+        open_files_for(connections=settings.max_connections, sessions=settings.sessions_cap, upstream=pool)
     bundle = build_telemetry(settings)
     # A bad folder stops the start with every problem named (cli.py prints them).
     policies = PolicyStore(settings.policies, on_reload=bundle.on_policy_reload)

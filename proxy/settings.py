@@ -149,7 +149,16 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         20.0, ge=0, description="on SIGTERM, how long calls in flight may finish before they end as 'shutdown'"
     )
-    upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_connect_timeout_s: float = Field(
+        5.0, gt=0, description="establishing one connection to an HTTP/SSE upstream (TCP, egress proxy, TLS)"
+    )
+    upstream_max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="pooled connections to an HTTP/SSE upstream, the requests it runs at once; more wait their turn "
+        "within their own timeout (default: one per session at the session cap, 100 to 1024; "
+        "proxy/core/capacity.py)",
+    )
     upstream_ca: Path | None = Field(
         None, description="PEM CA bundle trusted for an https upstream, instead of the system roots"
     )
@@ -280,6 +289,10 @@ class Settings(BaseSettings):
 
             per_child = bool(self.upstream_command) and self.stdio_sessions == "per-session"
             self.max_sessions = default_max_sessions(child_per_session=per_child)
+        if self.upstream_max_connections is None:
+            from proxy.core.capacity import default_upstream_connections
+
+            self.upstream_max_connections = default_upstream_connections(self.max_sessions)
         if self.auth in ("jwt", "tokens"):
             # Fairness among verified principals (proxy/frontend/clients.py keys by principal then); an
             # address names no one (every caller of a pod or behind a NAT shares one), so without
@@ -295,6 +308,12 @@ class Settings(BaseSettings):
         """`max_sessions`, set once the settings are validated."""
         assert self.max_sessions is not None
         return self.max_sessions
+
+    @property
+    def upstream_pool(self) -> int:
+        """`upstream_max_connections`, set once the settings are validated."""
+        assert self.upstream_max_connections is not None
+        return self.upstream_max_connections
 
     @model_validator(mode="after")
     def _check_replay_bounds(self) -> Settings:

@@ -13,6 +13,13 @@ Contract:
     stream (outside the pool its requests share). `CHEAP_SESSIONS`: one local agent holds hundreds
     of concurrent sessions.
   The cap is the one per-process bound; who connects from where plays no part in it.
+- `default_upstream_connections(sessions)` is `--upstream-max-connections` when it is not given:
+  HTTP/1.1 carries one request at a time per connection, so the pool's size is the upstream
+  requests that run at once. The legitimate peak is every session at the cap with a call in flight
+  (one agent's hundreds of sessions calling a tool that takes seconds): one connection per session,
+  no fewer than `MIN_UPSTREAM_CONNECTIONS` (2026 requests hold no session) and no more than
+  `CHEAP_SESSIONS` (the upstream's sockets are bounded whatever `--max-sessions` says). Beyond it
+  requests wait their turn within their own timeouts; they never fail for the wait alone.
 - `least_recently_used(sessions, among)`: the session to close to make room for a new one: of those
   with nothing in flight (no request running, no response stream open; a listen stream alone is
   not in flight), the one whose last request came longest ago. None when every one is busy: a
@@ -23,7 +30,7 @@ Contract:
   logs it, one line per limit per `LOG_EVERY_S` with how many were refused since.
 - `open_files_for(...)` raises the process's soft limit of open files (never past the hard one)
   to what the caps can hold at once: both ports' connections, and per session a stdio child's
-  three pipes or an upstream listen stream, plus the request pool. A shell's usual 1024 would
+  three pipes or an upstream listen stream, plus the upstream's request pool. A shell's usual 1024 would
   otherwise refuse connections (EMFILE) well before `--max-connections`. Logged when it cannot.
 No I/O beyond reading the memory limit once and that limit; everything else runs on the event
 loop's thread.
@@ -47,6 +54,7 @@ CHILD_BYTES = 96 * 1024 * 1024  # a stdio server process: ~90 MB resident for Fa
 MIN_CHILD_SESSIONS = 16
 MAX_CHILD_SESSIONS = 256
 CHEAP_SESSIONS = 1024
+MIN_UPSTREAM_CONNECTIONS = 100
 RETRY_AFTER_S = 5
 LOG_EVERY_S = 10.0
 
@@ -81,6 +89,11 @@ def default_max_sessions(*, child_per_session: bool, memory: int | None = None) 
     if memory is None:
         return MIN_CHILD_SESSIONS
     return max(MIN_CHILD_SESSIONS, min(MAX_CHILD_SESSIONS, memory // 2 // CHILD_BYTES))
+
+
+def default_upstream_connections(sessions: int) -> int:
+    """`--upstream-max-connections` when not given (see the module contract)."""
+    return max(MIN_UPSTREAM_CONNECTIONS, min(CHEAP_SESSIONS, sessions))
 
 
 def least_recently_used(sessions: Mapping[str, _Session], among: Iterable[str] | None = None) -> str | None:
@@ -128,13 +141,14 @@ def refusal(limit: str, flag: str, detail: str, *, http_status: int) -> Refusal:
     return Refusal(f"{detail}; {flag} raises this limit", limit=limit, flag=flag, http_status=http_status)
 
 
-def open_files_for(*, connections: int, sessions: int) -> None:
-    """Raise the soft RLIMIT_NOFILE to what the caps need (see the module contract)."""
+def open_files_for(*, connections: int, sessions: int, upstream: int = 0) -> None:
+    """Raise the soft RLIMIT_NOFILE to what the caps need (see the module contract); `upstream`:
+    the request pool's connections to an HTTP/SSE upstream."""
     try:
         import resource
     except ImportError:  # not on this platform
         return
-    want = 2 * connections + 3 * sessions + 512  # two ports; a child's pipes; pools, files, logs
+    want = 2 * connections + 3 * sessions + upstream + 512  # two ports; a child's pipes; the pool; files, logs
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= want:
         return

@@ -82,7 +82,15 @@ def build_upstream(settings: Settings) -> Upstream:
         raise ValueError(f"{', '.join(tls_flags)}: only for an https:// upstream, not {url.split('://', 1)[0]}://")
     proxy = egress.route_for(target)
     _log_route(target, ssl_context is not None, settings, proxy)
-    common: dict[str, Any] = {"headers": headers, "ssl_context": ssl_context, "proxy": proxy}
+    common: dict[str, Any] = {
+        "headers": headers,
+        "ssl_context": ssl_context,
+        "proxy": proxy,
+        "connect_timeout_s": settings.upstream_connect_timeout_s,
+        "max_connections": settings.upstream_pool,
+        # what waits for a pooled connection with no deadline of its own (a notification)
+        "wait_s": settings.request_timeout_s,
+    }
     upstream: HttpClientOwner
     if url.startswith("sse+"):
         from proxy.upstream.sse.link import SseUpstream
@@ -91,7 +99,7 @@ def build_upstream(settings: Settings) -> Upstream:
     else:
         from proxy.upstream.streamable.upstream import HttpUpstream
 
-        upstream = HttpUpstream(target, connect_timeout_s=settings.upstream_connect_timeout_s, **common)
+        upstream = HttpUpstream(target, **common)
     upstream.behind_caller_auth = settings.auth == "passthrough"
     return upstream
 

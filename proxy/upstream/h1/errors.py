@@ -53,7 +53,8 @@ class ConnectError(ClientError):
 
 
 class ConnectTimeout(ConnectError):
-    """No connection within `connect_timeout_s` (waiting for a pool slot, TCP connect, TLS)."""
+    """No connection within `connect_timeout_s` (TCP connect, CONNECT tunnel, TLS), or no pool slot
+    within a request's `wait_s` (`PoolTimeout`)."""
 
 
 class TlsError(ConnectError):
@@ -77,8 +78,8 @@ class ProxyRefused(ConnectError):
 
 
 class PoolTimeout(ConnectTimeout):
-    """Every pooled connection stayed busy for `connect_timeout_s`: the upstream is slow or the
-    pool too small, which is not the same as an upstream nobody can reach."""
+    """Every pooled connection stayed busy for the `wait_s` a request gave: the upstream is slow or
+    the pool too small, which is not the same as an upstream nobody can reach."""
 
 
 class ProtocolError(ClientError):

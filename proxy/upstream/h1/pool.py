@@ -1,9 +1,13 @@
 """`HttpClient`: the HTTP/1.1 keep-alive pool to one upstream origin, and its two ways to send.
 
 Contract: at most `max_connections` connections exist (idle, busy or connecting); a request that
-finds no idle connection and no free slot waits at most `connect_timeout_s` for one
-(`PoolTimeout`), and the TCP connect, the CONNECT tunnel and the TLS handshake are bounded by the
-same figure (`ConnectTimeout`). A connection returns to the pool only after its answer was read
+finds no idle connection and no free slot waits its turn (arrival order) for one. That wait is
+bounded by the request, not by the pool: by its caller (cancelling the request ends the wait, and
+a connection or slot handed to it meanwhile passes on), or by the request's own `wait_s`
+(`PoolTimeout`) when it gives one; a busy pool is not an unreachable upstream, and a request that
+may run a minute may wait as long for its turn. The TCP connect, the CONNECT tunnel and the TLS
+handshake are bounded by `connect_timeout_s` (`ConnectTimeout`), counted from when the request has
+its slot. A connection returns to the pool only after its answer was read
 whole; `aclose` fails every request in flight and refuses new ones (`ClientClosed`). No retry of
 any kind: a failed request is reported, never repeated.
 
@@ -60,9 +64,9 @@ class HttpClient:
 
     At most `max_connections` connections exist (idle, busy or connecting); idle ones are reused
     last-in first-out, so a burst's extra connections age out on the server side while the hot
-    one stays warm. A request that finds no idle connection and no free slot waits, at most
-    `connect_timeout_s`, for one; the TCP connect and TLS handshake are bounded by the same
-    figure. Default headers are written on every request; a request header of the same name
+    one stays warm. A request that finds no idle connection and no free slot waits for one, as
+    long as its caller lets it (or its `wait_s`); the TCP connect and TLS handshake are bounded by
+    `connect_timeout_s`. Default headers are written on every request; a request header of the same name
     (case-insensitive) replaces the default (`writer`, which writes every request head).
     `cookies` are the origin's, from its answers' `Set-Cookie`."""
 
@@ -159,12 +163,17 @@ class HttpClient:
         on_write: Callable[[], None] | None = None,
         max_body: int | None = None,
         dedicated: bool = False,
+        wait_s: float | None = None,
     ) -> Response:
         """Send one request and return once the answer's status line and headers are parsed.
 
         `dedicated`: on a connection of its own, outside the pool's `max_connections` and closed
         when the response is released (a long-lived event stream, one per upstream session, that
         must not take a place the requests need).
+
+        `wait_s`: the longest this request waits for a pooled connection when all are busy
+        (`PoolTimeout`, nothing sent); None: as long as its caller lets it, which a caller without
+        a deadline of its own must not choose.
 
         `on_write` runs synchronously right before the single write that carries the request: if
         it has not run, nothing of the request reached the peer. `max_body` bounds the answer's
@@ -187,7 +196,7 @@ class HttpClient:
             conn.close()
             conn = None
         if conn is None:
-            conn = await self._new_connection(loop, dedicated)
+            conn = await self._new_connection(loop, dedicated, wait_s)
         fut: asyncio.Future[Response | ClientError] = loop.create_future()
         try:
             conn.send(data, fut, method == "HEAD", keep_alive, on_write, max_body)
@@ -235,26 +244,25 @@ class HttpClient:
 
     # -- the pool -----------------------------------------------------------------------------
 
-    async def _new_connection(self, loop: asyncio.AbstractEventLoop, dedicated: bool = False) -> Connection:
+    async def _new_connection(
+        self, loop: asyncio.AbstractEventLoop, dedicated: bool = False, wait_s: float | None = None
+    ) -> Connection:
         """A connection for a request that found no idle one: a free slot, or wait for one (a
         `dedicated` one takes no slot: it is not counted, and closed after its response)."""
-        deadline = None
         if dedicated:
             pass
         elif self._open < self.max_connections:
             self._open += 1
         else:
-            deadline = loop.time() + self.connect_timeout_s
-            handed = await self._wait_for_slot(loop)
+            handed = await self._wait_for_slot(loop, wait_s)
             if handed is not None:
                 return handed
         conn = Connection(self, loop)
         conn.counted = not dedicated
         self._all.add(conn)
-        timeout = self.connect_timeout_s if deadline is None else max(0.0, deadline - loop.time())
         tls = self._ssl
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(self.connect_timeout_s):
                 if self._tunnel is None:
                     await loop.create_connection(
                         lambda: conn, self.host, self.port, ssl=tls, server_hostname=self.host if tls else None
@@ -294,11 +302,12 @@ class HttpClient:
             raise ClientClosed("the HTTP client was closed while connecting")
         return conn
 
-    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> Connection | None:
-        """Wait for an idle connection (returned) or a free slot (None: the slot is ours)."""
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, wait_s: float | None) -> Connection | None:
+        """Wait for an idle connection (returned) or a free slot (None: the slot is ours): until
+        the caller cancels, or at most `wait_s` when given."""
         waiter: asyncio.Future[_Handed] = loop.create_future()
         self._waiters.append(waiter)
-        timer = loop.call_later(self.connect_timeout_s, _expire, waiter)
+        timer = loop.call_later(wait_s, _expire, waiter) if wait_s is not None else None
         try:
             handed = await waiter
         except BaseException:
@@ -310,13 +319,13 @@ class HttpClient:
                     self._waiters.remove(waiter)
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
         if handed is _NoConnection.TIMED_OUT:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
             raise PoolTimeout(
-                f"no connection to {self.host}:{self.port} freed up within {self.connect_timeout_s} s "
-                f"({self.max_connections} in use)"
+                f"no connection to {self.host}:{self.port} freed up within {wait_s} s ({self.max_connections} in use)"
             )
         if handed is _NoConnection.CLIENT_CLOSED:
             raise ClientClosed("the HTTP client was closed while waiting for a connection")

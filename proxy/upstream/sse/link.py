@@ -486,8 +486,10 @@ class SseLegacyLink(LinkBase):
         ex: Exchange | None,
         written: Callable[[], None] | None = None,
     ) -> int:
-        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises
-        otherwise. `written` runs when the POST starts going out, after `ex.written` is set."""
+        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise.
+        `written` runs when the POST starts going out, after `ex.written` is set. A request's POST
+        (`ex`) waits for a pooled connection within its caller's bound; any other message (a
+        notification, an answer, a cancellation) at most the upstream's `wait_s`."""
         flag = WriteFlag()
 
         def on_write() -> None:
@@ -506,6 +508,7 @@ class SseLegacyLink(LinkBase):
                 body=dumps(message),
                 on_write=on_write,
                 max_body=MAX_ERROR_BODY,
+                wait_s=None if ex is not None else self._upstream.wait_s,
             ) as response:
                 status = response.status
                 if status == 404:
@@ -533,6 +536,7 @@ class SseUpstream(HttpClientOwner):
         max_connections: int = 100,
         endpoint_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
+        wait_s: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         proxy: ProxyRoute | None = None,
     ) -> None:
@@ -543,6 +547,7 @@ class SseUpstream(HttpClientOwner):
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             max_event_bytes=max_event_bytes,
+            wait_s=wait_s,
             ssl_context=ssl_context,
             proxy=proxy,
         )

@@ -4,8 +4,12 @@ exceptions for it.
 
 One `h1.HttpClient` per upstream (the proxy's own HTTP/1.1 keep-alive pool, no retries, no
 redirects, no read timeout): the proxy owns every retry and every attempt timeout, so the client
-does neither. It sends the configured headers on every request, follows no redirect, keeps cookies
-per upstream and does not ask for compressed answers (a compressed one is still decoded). The TLS
+does neither. A request that finds every pooled connection busy waits its turn within its own
+bound: a tools/call attempt's send deadline, a relayed request's `--request-timeout-s`, its
+caller's cancellation; what has no deadline of its own (a notification, an answer to a server's
+request, a cancellation sent upstream) passes `wait_s` (`--request-timeout-s` too) to the client.
+It sends the configured headers on every request, follows no redirect, keeps cookies per upstream
+and does not ask for compressed answers (a compressed one is still decoded). The TLS
 context (`--upstream-ca`, the client certificate) and the egress proxy
 (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`) are resolved once at start (proxy/net/tls.py, egress.py)
 and handed to the client; a connection that cannot be established for either reason is
@@ -49,6 +53,7 @@ class HttpClientOwner:
         connect_timeout_s: float,
         max_connections: int,
         max_event_bytes: int | None,
+        wait_s: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         proxy: ProxyRoute | None = None,
     ) -> None:
@@ -57,6 +62,8 @@ class HttpClientOwner:
         self.description = f"{label}:{parts.hostname}:{parts.port or ''}{parts.path}"
         self.connect_timeout_s = connect_timeout_s
         self.max_event_bytes = max_event_bytes
+        # How long a request with no deadline of its own waits for a pooled connection.
+        self.wait_s = wait_s
         self._headers = dict(headers or {})
         self._max_connections = max_connections
         # One TLS context and one egress route for the upstream's life (proxy/net/tls.py and

@@ -50,12 +50,14 @@ class SmallAnswer:
 async def post_small(
     upstream: HttpClientOwner, client: HttpClient, message: Message, headers: Mapping[str, str], what: str
 ) -> SmallAnswer:
-    """POST a notification or response on `client`; the answer's body is read (it should be empty)."""
+    """POST a notification or response on `client`; the answer's body is read (it should be empty).
+    Nothing times a notification but this: it waits for a pooled connection at most the upstream's
+    `wait_s`."""
     h = post_headers(headers)
     flag = WriteFlag()
     try:
         async with await client.request(
-            "POST", headers=h, body=dumps(message), on_write=flag.mark, max_body=MAX_ERROR_BODY
+            "POST", headers=h, body=dumps(message), on_write=flag.mark, max_body=MAX_ERROR_BODY, wait_s=upstream.wait_s
         ) as response:
             return SmallAnswer(response, await read_bounded(response))
     except CLIENT_ERRORS as exc:
@@ -68,13 +70,20 @@ async def rpc_once(
     headers: Mapping[str, str],
     *,
     on_other: Callable[[Message], None] | None = None,
+    dedicated: bool = False,
 ) -> tuple[Headers, Message]:
-    """POST one request and read its response (JSON or SSE); other messages go to `on_other`."""
+    """POST one request and read its response (JSON or SSE); other messages go to `on_other`.
+    `dedicated`: on a connection outside the pool (`h1.HttpClient.request`)."""
     h = post_headers(headers)
     flag = WriteFlag()
     try:
         async with await upstream.client.request(
-            "POST", headers=h, body=dumps(message), on_write=flag.mark, max_body=upstream.max_event_bytes
+            "POST",
+            headers=h,
+            body=dumps(message),
+            on_write=flag.mark,
+            max_body=upstream.max_event_bytes,
+            dedicated=dedicated,
         ) as response:
             if not 200 <= response.status < 300:
                 raise await status_failure(response, message.get("id"))

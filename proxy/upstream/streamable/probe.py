@@ -6,7 +6,8 @@ if the server opened a session for it, deletes that session again. Each step is 
 `timeout_s`. A step that times out or is refused only counts as "not spoken" (its reason goes into
 `Capabilities.detail`); a connection that cannot be established, or a 401/403 (the proxy's own
 credentials refused), is raised as the `UpstreamFailure` it is: the caller decides whether that
-means down.
+means down. Every step goes on a connection of its own, outside the request pool: a pool busy
+with a peak of calls says nothing about whether the upstream is up, and must not make it look down.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ async def probe_eras(upstream: HttpClientOwner, timeout_s: float) -> Capabilitie
     discover = discover_request("probe-discover")
     try:
         async with asyncio.timeout(timeout_s):
-            _, answer = await rpc_once(upstream, discover, modern_headers(discover))
+            _, answer = await rpc_once(upstream, discover, modern_headers(discover), dedicated=True)
         result = answer.get("result")
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list):
@@ -55,7 +56,7 @@ async def _probe_legacy(upstream: HttpClientOwner, timeout_s: float) -> tuple[bo
     init = initialize_request("probe-initialize")
     try:
         async with asyncio.timeout(timeout_s):
-            headers, answer = await rpc_once(upstream, init, {})
+            headers, answer = await rpc_once(upstream, init, {}, dedicated=True)
     except TimeoutError:
         return False, "initialize timed out"
     except UpstreamFailure as f:
@@ -72,6 +73,6 @@ async def _probe_legacy(upstream: HttpClientOwner, timeout_s: float) -> tuple[bo
             h[VERSION_HEADER] = result["protocolVersion"]
         with contextlib.suppress(*CLIENT_ERRORS, TimeoutError):
             async with asyncio.timeout(timeout_s):
-                async with await upstream.client.request("DELETE", headers=h):
+                async with await upstream.client.request("DELETE", headers=h, dedicated=True):
                     pass
     return True, f"initialize negotiated {result.get('protocolVersion')}"

@@ -34,6 +34,7 @@ class HttpUpstream(HttpClientOwner):
         max_connections: int = 100,
         probe_timeout_s: float = 10.0,
         max_event_bytes: int | None = 16 * 1024 * 1024,
+        wait_s: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         proxy: ProxyRoute | None = None,
     ) -> None:
@@ -44,6 +45,7 @@ class HttpUpstream(HttpClientOwner):
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             max_event_bytes=max_event_bytes,
+            wait_s=wait_s,
             ssl_context=ssl_context,
             proxy=proxy,
         )

@@ -34,6 +34,7 @@ from proxy.upstream.h1 import (
     ConnectTimeout,
     HttpClient,
     InvalidURL,
+    PoolTimeout,
     ProtocolError,
     Response,
 )
@@ -446,17 +447,17 @@ async def test_pool_limit_third_request_waits_for_a_connection() -> None:
             assert len(raw.ports) == 2  # it got one of the two
 
 
-async def test_pool_limit_wait_times_out() -> None:
+async def test_pool_wait_ends_at_the_requests_own_wait_s_not_at_the_connect_timeout() -> None:
     gate = asyncio.Event()
-    async with raw_server(_gated(gate)) as raw, client_for(raw, max_connections=2, connect_timeout_s=0.3) as client:
+    async with raw_server(_gated(gate)) as raw, client_for(raw, max_connections=2, connect_timeout_s=WAIT) as client:
         async with asyncio.timeout(WAIT):
             busy = [asyncio.create_task(client.request("GET")) for _ in range(2)]
             await raw.wait_requests(2)
             loop = asyncio.get_running_loop()
             started = loop.time()
             wrote: list[int] = []
-            with pytest.raises(ConnectTimeout):
-                await client.request("GET", on_write=lambda: wrote.append(1))
+            with pytest.raises(PoolTimeout, match=r"within 0\.3 s \(2 in use\)"):
+                await client.request("GET", on_write=lambda: wrote.append(1), wait_s=0.3)
             assert 0.25 <= loop.time() - started < 2
             assert wrote == []
             gate.set()
@@ -467,6 +468,35 @@ async def test_pool_limit_wait_times_out() -> None:
             resps = await asyncio.gather(client.request("GET"), client.request("GET"))
             assert [await r.read() for r in resps] == [b"ok", b"ok"]
             assert len(raw.ports) == 2
+
+
+async def test_requests_beyond_the_pool_wait_their_turn_longer_than_the_connect_timeout() -> None:
+    # An upstream that takes SLOW_S per request (a tool that takes a while), twice as many
+    # requests as the pool holds, three times: each round takes longer than the connect timeout,
+    # and the last requests wait two rounds. Every one is served, on the pool's two connections.
+    slow_s = 0.4
+    at_once: list[int] = []
+    running = 0
+
+    async def slow(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal running
+        while await raw.next_request(reader) is not None:
+            running += 1
+            at_once.append(running)
+            await asyncio.sleep(slow_s)  # the upstream's work on this request
+            running -= 1
+            writer.write(answer(body=b"ok"))
+            await writer.drain()
+
+    async with raw_server(slow) as raw, client_for(raw, max_connections=2, connect_timeout_s=slow_s / 2) as client:
+        async with asyncio.timeout(WAIT):
+
+            async def one() -> bytes:
+                return await (await client.request("GET")).read()
+
+            assert await asyncio.gather(*(one() for _ in range(6))) == [b"ok"] * 6
+        assert len(raw.requests) == 6 and len(raw.ports) == 2
+        assert max(at_once) == 2
 
 
 async def test_cancelled_pool_waiter_does_not_swallow_the_slot() -> None:

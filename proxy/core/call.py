@@ -36,7 +36,7 @@ from proxy.jsonrpc import (
     Message,
     bounded,
 )
-from proxy.policy.compiled import ToolPolicy
+from proxy.policy.compiled import SideEffect, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
     AttemptRecord,
@@ -55,7 +55,6 @@ from proxy.recovery import (
     decide_first_attempt,
     ledger_summary,
     new_budget_id,
-    operation_digest,
     outcome_from_response,
     unresolved_result,
     with_attempts_meta,
@@ -188,15 +187,15 @@ class ToolCall:
         """The operation digest: (upstream, tool, arguments without the proxy's idempotency key);
         computed when first needed (a report or the ledger), which most calls never are."""
         if self._op is None:
-            key = self.policy.idempotency_key
-            self._op = operation_digest(
-                self.name,
-                self.arguments,
-                key.name if key is not None and key.location == "argument" else None,
-                self.principal,
-                upstream=self.e.upstream_name,
-            )
+            self._op = self.e.operation(self.name, self.arguments, self.policy, self.principal)
         return self._op
+
+    @property
+    def keeps_running(self) -> bool:
+        """Whether the call goes on when its client's stream closes: a tool that is not
+        read-only, with re-sends on, runs to its answer for a re-send to take (docs/recovery.md,
+        "Re-sends"); a read-only call stops, as a new one costs nothing."""
+        return self.e.resends is not None and self.policy.side_effect is not SideEffect.READ_ONLY
 
     @property
     def budget_id(self) -> str:
@@ -326,8 +325,8 @@ class ToolCall:
                 e.antistorm.record(label, policy, classified.category, now)
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
                 # finished and its success still delivered (the client may resume the stream);
-                # only a new attempt is not started.
-                gone = self.outbox.closed and classified.category is not None
+                # only a new attempt is not started, unless the call keeps running for a re-send.
+                gone = self.outbox.closed and classified.category is not None and not self.keeps_running
                 decision = decide(
                     policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
                 )
@@ -356,7 +355,7 @@ class ToolCall:
                             telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
                         await asyncio.sleep(delay)
                         self.backoff_s += delay
-                        if self.outbox.closed:
+                        if self.outbox.closed and not self.keeps_running:
                             # A 2025 client that disconnected during the backoff: no new attempt.
                             partials = list(progress.notes) if progress is not None else []
                             return await self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)

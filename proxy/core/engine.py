@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import random
 import time
@@ -37,6 +38,7 @@ from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
 from proxy.core.call import ToolCall, new_event
 from proxy.core.outbox import Outbox
 from proxy.core.relay import Relay
+from proxy.core.resend import Abandoned, Flight, Resends, as_resent
 from proxy.errors import UpstreamFailure, untraced
 from proxy.jsonrpc import (
     META_CLIENT_CAPABILITIES,
@@ -47,7 +49,7 @@ from proxy.jsonrpc import (
     META_PROTOCOL_VERSION,
     Message,
 )
-from proxy.policy.compiled import PolicySet, ToolPolicy
+from proxy.policy.compiled import PolicySet, SideEffect, ToolPolicy
 from proxy.recovery import (
     CallState,
     InMemoryLedger,
@@ -55,6 +57,7 @@ from proxy.recovery import (
     Refused,
     StopReason,
     TransportError,
+    operation_digest,
     outcome_from_response,
 )
 from proxy.recovery.antistorm import AntiStorm
@@ -66,6 +69,8 @@ from proxy.telemetry.events import (
     Telemetry,
 )
 
+log = logging.getLogger("proxy.engine")
+
 # `_meta` keys requests commonly carry that are not the proxy's own: a set lookup (the parser hands
 # over its cached key strings) spares the direct path a prefix test per key on every call.
 _FOREIGN_META = frozenset(
@@ -76,6 +81,7 @@ OVERLOAD_RETRY_AFTER_S = 1.0
 LOOKUP_TIMEOUT_S = 5.0  # listing tools for a call whose tool the catalog lacks, at most (and within its deadline)
 _POLICY_CACHE = 4096
 _IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
+_READ_ONLY = SideEffect.READ_ONLY
 
 
 class Engine:
@@ -90,8 +96,11 @@ class Engine:
         rand: Callable[[], float] = random.random,
         max_concurrent_calls: int | None = None,
         shared: SharedState | None = None,
+        resends: Resends | None = None,
     ) -> None:
         self.policies = policies
+        # Re-sends of calls whose answer was lost (proxy/core/resend.py); None: every call runs.
+        self.resends = resends
         self.max_concurrent_calls = max_concurrent_calls
         # The shutdown grace period is over: a cancelled call answers `shutdown` (module docstring).
         self.stopping = False
@@ -152,6 +161,10 @@ class Engine:
             if hit is not None and hit[0] is self.policies() and hit[1] is annotations
             else self.policy_for(name, annotations)
         )
+        if policy.side_effect is not _READ_ONLY and self.resends is not None:
+            twin = self._hold(outbox, name, arguments, policy, principal)
+            if twin is not None:
+                return self._attach(twin, relay, request, outbox, headers, principal)
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self.ledger_size
@@ -287,8 +300,74 @@ class Engine:
         call = ToolCall(
             self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal
         )
+        if call.policy.side_effect is not _READ_ONLY and self.resends is not None:
+            twin = self._hold(outbox, name, call.arguments, call.policy, principal)
+            if twin is not None:
+                return await self._attach(twin, relay, request, outbox, headers, principal)
         call.began = began
         return await call.run()
+
+    # -- re-sends (proxy/core/resend.py) ----------------------------------------------------------
+    def operation(
+        self, name: str, arguments: dict[str, Any] | None, policy: ToolPolicy, principal_id: str | None
+    ) -> str:
+        """The operation digest of a call: the ledger's key and the re-send table's."""
+        key = policy.idempotency_key
+        return operation_digest(
+            name,
+            arguments,
+            key.name if key is not None and key.location == "argument" else None,
+            principal_id,
+            upstream=self.upstream_name,
+        )
+
+    def _hold(
+        self,
+        outbox: Outbox,
+        name: str,
+        arguments: dict[str, Any] | None,
+        policy: ToolPolicy,
+        principal: Principal | None,
+    ) -> Flight | None:
+        """A call of a tool that is not read-only: the earlier identical call whose answer was
+        lost, if one is listed (this call is its re-send); else None, and this call's outbox now
+        reports its answer's delivery to a flight of its own (the digest is computed only if the
+        flight is listed or a table lookup needs it)."""
+        resends = self.resends
+        assert resends is not None
+        who = principal.id if principal is not None else None
+        if resends:
+            twin = resends.find(self.operation(name, arguments, policy, who))
+            if twin is not None:
+                return twin
+        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who)), True)
+        return None
+
+    async def _attach(
+        self,
+        twin: Flight,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        principal: Principal | None,
+    ) -> Message:
+        """A re-send: answered by its twin's execution (running, or answered and kept), never by
+        running the tool again. This request's outbox reports to the same flight, so the answer
+        stays kept until some client has it. A twin that ends without an answer (its caller
+        cancelled it) leaves this call to run as a call of its own."""
+        outbox.hold(twin, False)
+        try:
+            answer = await twin.wait()
+        except Abandoned:
+            return await self(relay, request, outbox, headers, principal)
+        assert self.resends is not None
+        self.resends.attached_one()
+        log.info(
+            "tools/call %s is a re-send of a call whose answer was not delivered: answered by that call's execution",
+            request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
+        )
+        return as_resent(answer, request["id"])
 
     def left(self, label: str) -> None:
         """A call of `label` is over: the in-flight counts (entered where the call starts)."""

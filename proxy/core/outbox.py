@@ -21,17 +21,26 @@ from proxy.jsonrpc import INTERNAL_ERROR, META_LOG_LEVEL, REQUEST_TIMEOUT, Messa
 
 if TYPE_CHECKING:
     from proxy.core.relay import Relay
+    from proxy.core.resend import Flight
 
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
 
 
 class Outbox(Protocol):
-    """Where messages for one downstream request (or a listen stream) go. `send` never blocks."""
+    """Where messages for one downstream request (or a listen stream) go. `send` never blocks.
+
+    `hold(flight, owner)`: the request's answer must not be lost (proxy/core/resend.py): the
+    outbox reports to `flight` what became of it, and a client's disconnect no longer cancels the
+    request. `owner`: the request is the flight's own call (not a re-send attached to it). An
+    outbox whose client cannot come back for an answer (the proxy's own requests, stdio) ignores it.
+    """
 
     def send(self, message: Message) -> None: ...
 
     @property
     def closed(self) -> bool: ...
+
+    def hold(self, flight: Flight, owner: bool) -> None: ...
 
 
 # (relay, request, outbox, forwarded headers, principal or None) -> the response
@@ -44,6 +53,9 @@ class NullOutbox:
     closed = False
 
     def send(self, message: Message) -> None:
+        pass
+
+    def hold(self, flight: Flight, owner: bool) -> None:
         pass
 
 

@@ -528,6 +528,7 @@ class McpHttpApp:
             first, data = item
             ok = "result" in first
             await respond(send, status_for(first, modern), data, [JSON, *extra])
+            stream.wrote_answer()
             return ok
         finally:
             watches.end(stream)
@@ -559,6 +560,7 @@ class McpHttpApp:
                 message, data = item
                 await send({"type": "http.response.body", "body": sse(data), "more_body": True})
                 if jsonrpc.is_response(message) and message.get("id") == down_id:
+                    stream.wrote_answer()
                     ok = "result" in message
                     break
                 item = await next_message(stream, ping=send)

@@ -7,12 +7,13 @@ requests (over the shared modern link). It
 - hands `tools/call` to the tool-call seam (the recovery engine), which calls `attempt` once per
   attempt;
 - maps server-to-client requests (sampling, elicitation, roots) and routes server messages tied to
-  no request (proxy/core/routing.py: on the shared link such a message reaches no caller, and an
-  untied server request is answered upstream with an error so the server does not wait for it);
+  no request (`ServerMessages`, proxy/core/server_messages.py: on the shared link such a message
+  reaches no caller, and an untied server request is answered upstream with an error so the server
+  does not wait for it);
 - cancels the upstream attempt of any request whose caller cancelled it or stopped waiting;
 - `--auth passthrough` (`vouch`): lets a caller act on a 2025 session in ways the upstream never
   sees (its listen stream, a resumed answer, DELETE, a cancellation, an answer to the server's
-  request) only with a credential the upstream accepts on that session (proxy/auth/vouch.py).
+  request) only with a credential the upstream accepts on that session (proxy/core/vouching.py).
 It never blocks: downstream delivery goes through `Outbox.send`, which only enqueues.
 
 Bounds: every relayed request other than `tools/call` (whose budget the engine owns) has a timeout
@@ -27,7 +28,6 @@ proxy/core/admission.py).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -43,7 +43,6 @@ from proxy.core.catalog import Catalogs, ToolCatalog, tool_lister
 from proxy.core.deadlines import AttemptTimedOut, AttemptTimer, Deadlines
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import (
-    NullOutbox,
     Outbox,
     ProgressRelay,
     SilentProgress,
@@ -54,11 +53,12 @@ from proxy.core.outbox import (
     timeout_response,
 )
 from proxy.core.routing import Delivery, ServerRequests
+from proxy.core.server_messages import ServerMessages
 from proxy.core.task_owners import TaskOwners
+from proxy.core.vouching import vouch
 from proxy.errors import FailureKind, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
-    INTERNAL_ERROR,
     SHUTTING_DOWN,
     UNSUPPORTED_PROTOCOL_VERSION,
     Message,
@@ -72,8 +72,6 @@ from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, UpstreamLink
 
 log = logging.getLogger("proxy.relay")
 
-# Refusals of untied server requests (the shared link) being written upstream at once; past it, none.
-REFUSALS_IN_FLIGHT = 64
 # Requests whose answer may rightly take as long as the caller keeps them open: no request timeout.
 LONG_LIVED = frozenset({"subscriptions/listen", "tasks/result"})
 # Protocol reads that describe the server and change nothing: one that fails because the upstream
@@ -83,10 +81,6 @@ RESENT_READS = frozenset(
 )
 # ... when it failed this way: the process or connection ended, or a replacement is starting.
 _GONE = frozenset({FailureKind.CLOSED, FailureKind.NOT_RUNNING, FailureKind.SPAWN_FAILED, FailureKind.CONNECT_FAILED})
-
-
-# How long `vouch` waits for the upstream's answer when the relay has no request timeout.
-VOUCH_TIMEOUT_S = 10.0
 
 
 class Relay:
@@ -148,7 +142,6 @@ class Relay:
         self._pause = getattr(link, "pause_reading", None) if not self.shared else None
         self._pressured = 0
         self._background: set[asyncio.Task[Any]] = set()
-        self._refusing = 0  # refusals of untied server requests being written upstream
         self._deadlines: Deadlines | None = None  # the attempt timers, created on the first one
         self._running_loop: asyncio.AbstractEventLoop | None = None
         # Called when the upstream answers a 2026 header or version error (the service asks the
@@ -166,7 +159,17 @@ class Relay:
         self.vouch_gate = vouch_gate
         # --auth jwt|tokens: which principal each task belongs to (one table per service).
         self.task_owners = task_owners
-        link.set_unsolicited_handler(self._unsolicited)
+        # What the upstream sends besides answers (proxy/core/server_messages.py).
+        self.server_messages = ServerMessages(
+            link,
+            self.shared,
+            self.delivery,
+            self.server_requests,
+            self.catalogs,
+            self.list_tools_soon,
+            self._background,
+        )
+        link.set_unsolicited_handler(self.server_messages.unsolicited)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The loop this relay runs on, asked once: on Python 3.11 every asyncio.get_running_loop()
@@ -354,6 +357,7 @@ class Relay:
 
         down_id = request.get("id")
         timer: AttemptTimer | None = None
+        related = self.server_messages.related
 
         def on_message(message: Message) -> None:
             if timer is not None and timer.idle_s is not None:
@@ -362,7 +366,7 @@ class Relay:
             meta = params.get("_meta") if isinstance(params, dict) else None
             if isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID) == uid:
                 message = {**message, "params": {**params, "_meta": {**meta, SUBSCRIPTION_ID: down_id}}}
-            self._related(message, outbox, progress)
+            related(message, outbox, progress)
 
         ticket = self.admission.ticket(outbox, self._loop())  # raises at once when the client's share is full
         if response_timeout_s is None:
@@ -423,39 +427,8 @@ class Relay:
 
     async def vouch(self, headers: Mapping[str, str] | None, key: str | None = None) -> None:
         """--auth passthrough: whether the caller whose forwarded `headers` these are may act on
-        this legacy session where the upstream cannot judge it (the frontend serves the session's
-        listen stream, a resumed answer, its DELETE, a cancellation, an answer to the server's
-        request itself, or sends them with the session's credential). The proxy does not judge
-        credentials in this mode: the upstream does, and binds its session to a principal. A
-        credential the upstream accepted on the session (the link's `caller_authorization`) may;
-        any other (another user's, none, a token refreshed but not yet used) is put to the
-        upstream in a `ping` on the session, which it answers as it would that caller's request:
-        2xx, and the link holds that credential from now on; 404 (another principal's session),
-        401 or 403 raise `AuthRefused` with that status, as a relayed request's refusal does.
-        Raises UpstreamFailure (or a TimeoutError) when the upstream could not be asked.
-
-        With `vouch_gate` (passthrough) and the caller's principal id as `key`, the pings are
-        bounded (`VouchGate.ask`)."""
-        credential = headers.get("authorization") if headers is not None else None
-        if credential is not None and credential == getattr(self.link, "caller_authorization", None):
-            return
-        gate = self.vouch_gate
-        if gate is None or key is None:
-            await self._vouch_ping(credential)
-            return
-        await gate.ask(key, functools.partial(self._vouch_ping, credential), self._loop())
-
-    async def _vouch_ping(self, credential: str | None) -> None:
-        ping = {"jsonrpc": "2.0", "id": "vouch", "method": "ping"}
-        timeout_s = self.request_timeout_s if self.request_timeout_s is not None else VOUCH_TIMEOUT_S
-        try:
-            await self.forward(
-                ping, NullOutbox(), {"authorization": credential} if credential is not None else None, timeout_s
-            )
-        except UpstreamFailure as failure:
-            if refuses_the_caller(failure.kind, failure.http_status):
-                raise upstream_refusal(failure) from None
-            raise
+        this legacy session where the upstream cannot judge it (proxy/core/vouching.py)."""
+        await vouch(self, headers, key, self._loop())
 
     def catalog_of(self, principal: Principal | None) -> ToolCatalog:
         """The catalog of the tools `principal` is listed (the upstream's own but with passthrough).
@@ -544,75 +517,6 @@ class Relay:
             await self.link.send_response({**message, "id": upstream_id})
         except UpstreamFailure as failure:
             log.info("could not relay a client response upstream: %s", failure)
-
-    # -- upstream -> client -------------------------------------------------------------------
-    def _related(self, message: Message, outbox: Outbox, progress: ProgressRelay | None) -> None:
-        method = message.get("method")
-        if method == "notifications/progress":
-            if progress is not None:
-                rewritten = progress.rewrite(message)
-                if rewritten is not None:
-                    outbox.send(rewritten)
-            return
-        if "id" in message and method is not None:
-            mapped = self.server_requests.map(message)
-            if mapped is None:
-                return
-            message = mapped
-            if self.shared:
-                self.server_requests.streams[mapped["id"]] = outbox
-        outbox.send(message)
-
-    def _unsolicited(self, message: Message) -> None:
-        method = message.get("method")
-        if method is None:
-            return  # a response nobody waits for (late, or for a cancelled attempt): dropped
-        if "id" in message:
-            if self.shared:
-                self._refuse_untied_request(message)
-                return
-            mapped = self.server_requests.map(message)
-            if mapped is None:
-                return
-            message = mapped
-        elif method == "notifications/cancelled":
-            params = message.get("params")
-            ours = self.server_requests.cancelled(params.get("requestId")) if isinstance(params, dict) else None
-            if ours is not None:
-                down, stream = ours
-                message = {**message, "params": {**params, "requestId": down}}  # type: ignore[dict-item]
-                if self.shared and stream is not None and not stream.closed:
-                    stream.send(message)
-                    return
-        elif method == "notifications/progress":
-            return  # progress for no request of ours
-        elif method == "notifications/tools/list_changed":
-            self.catalogs.changed()
-            self.list_tools_soon()  # the upstream's own catalog, listed again now
-        self.deliver(message)
-
-    def _refuse_untied_request(self, message: Message) -> None:
-        """A server request on the shared link that came with no request of a caller: nobody may
-        be asked it, and the server is told so rather than left waiting."""
-        SHED.count("dropped_messages", "untied")
-        if not valid_id(message["id"]) or self._refusing >= REFUSALS_IN_FLIGHT:
-            # Past the bound the server gets no answer: one that floods the link with requests
-            # while not reading its own input made a task per refusal, each waiting on the full
-            # pipe, without limit.
-            return
-        answer = error(message["id"], INTERNAL_ERROR, "the proxy cannot tie this request to one client")
-        task = asyncio.create_task(self.link.send_response(answer))
-        self._refusing += 1
-        self._background.add(task)
-        task.add_done_callback(self._refused)
-
-    def _refused(self, task: asyncio.Task[Any]) -> None:
-        self._refusing -= 1
-        self._background.discard(task)
-
-    def deliver(self, message: Message) -> None:
-        """A message tied to no request (proxy/core/routing.py)."""
-        self.delivery.deliver(message)
 
     def _pressure(self, on: bool) -> None:
         """A stream of this session passed (True) or drained below (False) its watermark."""

@@ -8,23 +8,33 @@ Contract:
 - `refusal(exc)` says why a store that answered refused the proxy (TLS verification, handshake,
   credentials), never with a credential; None when it did not answer at all.
 - `describe(url)` is the URL without credentials; `url_secrets(url)` what the secret registry removes.
+- `open_client(url, cluster, tls, timeout_s)` is the client: to one server, redis-py's asyncio
+  `Redis` over a blocking pool of at most `MAX_CONNECTIONS` (a burst of operations waits for a
+  connection inside each operation's bound); to a Redis Cluster, its `RedisCluster`. Every socket
+  operation is bounded by `timeout_s` and nothing is retried (the caller bounds each operation and
+  falls back to local state); over TLS, every connection uses `tls`'s context.
+- `scan(client, call, match)` yields the matching keys in batches, of every primary of a cluster.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis import __version__ as REDIS_VERSION
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 # What a store operation can raise when the store is unreachable, slow or refuses: redis-py's
 # cluster client raises RedisClusterException (not a RedisError) when no node answers.
 STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
+SCAN_BATCH = 500
+MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
 
 
 class StoreUnavailable(Exception):
@@ -87,6 +97,79 @@ def cluster_connections(client: RedisCluster, connection_class: type[aioredis.Co
         ) from None
     if not nodes:
         raise RuntimeError(f"redis {REDIS_VERSION}: the cluster client has no startup node to give our TLS context")
+
+
+def open_client(url: str, cluster: bool, tls: TlsContext | None, timeout_s: float) -> aioredis.Redis | RedisCluster:
+    """redis-py's client for the store at `url` (its `+cluster` form: `cluster`), every connection
+    over `tls` when given, every socket operation bounded by `timeout_s` and never retried (the
+    proxy's own bound on each store operation decides)."""
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "health_check_interval": 5,
+        "client_name": "mcp-recovery-proxy",
+    }
+    connection_class: type[aioredis.SSLConnection] | None = None
+    if tls is not None:
+        connection_class = tls_connection(tls)
+    # (a rediss:// URL would make redis-py choose its own TLS connection class)
+    target = client_url(url)
+    if tls is not None:
+        target = "redis://" + target.removeprefix("rediss://")
+    client: aioredis.Redis | RedisCluster
+    if cluster:
+        # No retry of a failed connection, as for one node (the bound is ours); a MOVED or ASK
+        # answer is still followed by the client's own redirection loop, inside the bound.
+        client = RedisCluster.from_url(target, retry=Retry(NoBackoff(), 0), **options)
+        if connection_class is not None:
+            cluster_connections(client, connection_class)
+    else:
+        # A burst of calls (fifty approvals at once) waits for one of a few connections instead
+        # of opening one each: a TLS handshake per call would cost more than the calls, and the
+        # wait counts inside each operation's bound.
+        if connection_class is not None:
+            options["connection_class"] = connection_class
+        pool = aioredis.BlockingConnectionPool.from_url(
+            target,
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # the bound is ours: one try, then the local state
+            retry_on_timeout=False,
+            **options,
+        )
+        client = aioredis.Redis.from_pool(pool)  # closed with the client
+    return client
+
+
+async def scan(
+    client: aioredis.Redis | RedisCluster, call: Callable[[str, Awaitable[Any]], Awaitable[Any]], match: str
+) -> AsyncIterator[list[bytes]]:
+    """The keys matching `match`, a batch per SCAN call (each bounded by `call`, as the operation
+    `reconcile`); on a cluster, every primary is scanned in turn (each holds its own slots' keys)."""
+    if isinstance(client, RedisCluster):
+        for node in client.get_primaries():
+            cursor: int = 0
+            while True:
+                replies = await call(
+                    "reconcile", client.scan(cursor=cursor, match=match, count=SCAN_BATCH, target_nodes=node)
+                )
+                cursors, keys = replies  # a cluster's SCAN answers {node name: cursor}, keys
+                yield _as_bytes(keys)
+                cursor = int(next(iter(cursors.values()), 0)) if isinstance(cursors, dict) else int(cursors)
+                if not cursor:
+                    break
+        return
+    cursor = 0
+    while True:
+        cursor, keys = await call("reconcile", client.scan(cursor=cursor, match=match, count=SCAN_BATCH))
+        yield _as_bytes(keys)
+        if not cursor:
+            break
+
+
+def _as_bytes(keys: list[bytes | str]) -> list[bytes]:
+    """SCAN's keys: bytes from this client (no decode_responses), whatever its stubs allow."""
+    return [key if isinstance(key, bytes) else key.encode() for key in keys]
 
 
 def refusal(exc: BaseException) -> str | None:

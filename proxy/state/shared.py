@@ -6,8 +6,7 @@ tag, so one operation's key, and one tool's budget buckets, stay on one shard):
   ms, `s` the summary as JSON, `a` "1" once the approval is spent) with a PEXPIRE of the ledger
   window: the store never needs cleaning. The digest is `operation_digest` as the engine computes
   it (principal-scoped when authentication is on), never recomputed here.
-- `P budget:{<sha256(upstream, tool)[:16]>}:<epoch second>`: a hash (`c` calls, `r` retries)
-  that expires after two windows.
+- `P budget:…` and `P budget-tools:…`: the fleet's retry budget (proxy/state/budget.py).
 - channel `P ledger`: every record, approval and clear, published by the script that makes it,
   so each replica's local view follows the store.
 
@@ -27,7 +26,7 @@ holds; spent approvals included. A spend is never undone: an approval the view k
 refused without asking the store, and a store entry that lacks a spend the view knows of (the same
 budget: lost in a failover, replication being asynchronous) gets it written back.
 
-Clients: to one server, redis-py's asyncio `Redis` over a pool of at most `MAX_CONNECTIONS`. To a
+Clients (`open_client`, proxy/state/connect.py): to one server, redis-py's asyncio `Redis`. To a
 Redis Cluster (`…+cluster://`), redis-py's asyncio `RedisCluster`: each script's keys share one
 hash slot, the scripts are loaded on every primary at each reconcile, the reconcile SCANs every
 primary, and the channel is a classic one (a PUBLISH on any node reaches every node's
@@ -45,40 +44,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    NoScriptError,
-)
 
 from proxy.net.tls import TlsFiles, TlsWatcher
-from proxy.recovery.antistorm import WINDOW_S, AntiStorm
+from proxy.recovery.antistorm import AntiStorm
 from proxy.recovery.ledger import DEFAULT_MAX_ENTRIES, ExhaustedEntry, InMemoryLedger
 from proxy.recovery.reasons import StopReason
 from proxy.secret_values import SECRETS
 from proxy.state import scripts
+from proxy.state.budget import BudgetSync
 from proxy.state.config import StateConfigError, check_url
 from proxy.state.connect import (
     STORE_ERRORS,
     StoreUnavailable,
     TlsContext,
-    client_url,
-    cluster_connections,
     describe,
+    open_client,
     refusal,
-    tls_connection,
+    scan,
 )
 
 log = logging.getLogger("proxy.state")
@@ -87,13 +79,10 @@ T = TypeVar("T")
 # Closed label sets of the metrics (proxy/state/metrics.py).
 OPERATIONS = ("ping", "record", "approve", "clear", "budget", "subscribe", "reconcile")
 FALLBACKS = ("record", "approve", "clear", "budget")
-MAX_BUDGET_TOOLS = 128  # tools whose counts one sync exchanges (the busiest are first in the table)
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
 LISTEN_POLL_S = 0.25  # how long the listener waits for a message before it checks for a resubscribe
-SCAN_BATCH = 500
 MAX_UNANSWERED = 1024  # approvals whose answer was lost, remembered to be honoured once (see approve)
-MAX_CONNECTIONS = 8  # to a single-node store, the subscription's included; a cluster client pools per node
 CHECK_TIMEOUT_S = 2.0  # the bound of the check before serving (a TLS handshake on a loaded machine)
 
 
@@ -123,75 +112,38 @@ class RedisState:
         self.sync_interval_s = sync_interval_s
         self.clock = clock
         self.wall = wall
-        self._upstream_tag = upstream_name
         self._replica = os.urandom(6).hex()  # our own messages come back on the channel: skipped
         tls, self.cluster = check_url(url)
-        options: dict[str, Any] = {
-            "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
-            "health_check_interval": 5,
-            "client_name": "mcp-recovery-proxy",
-        }
         self.tls: TlsContext | None = None
         self.tls_watcher: TlsWatcher | None = None
-        connection_class: type[aioredis.SSLConnection] | None = None
         if tls:
             files = TlsFiles(ca=ca, cert=client_cert, key=client_key, flag="--state")
             self.tls = TlsContext(files.build())  # TlsConfigError (a ValueError) names the flag: exit 2
-            connection_class = tls_connection(self.tls)
             if files.paths:
                 self.tls_watcher = TlsWatcher(files, self.tls.replace, name="shared state")
                 self.tls_watcher.on_done = self._changed
-        # (a rediss:// URL would make redis-py choose its own TLS connection class)
-        target = client_url(url)
-        if tls:
-            target = "redis://" + target.removeprefix("rediss://")
-        self.client: aioredis.Redis | RedisCluster
-        if self.cluster:
-            # No retry of a failed connection, as for one node (the bound is ours); a MOVED or ASK
-            # answer is still followed by the client's own redirection loop, inside the bound.
-            self.client = RedisCluster.from_url(target, retry=Retry(NoBackoff(), 0), **options)
-            if connection_class is not None:
-                cluster_connections(self.client, connection_class)
-        else:
-            # A burst of calls (fifty approvals at once) waits for one of a few connections instead
-            # of opening one each: a TLS handshake per call would cost more than the calls, and the
-            # wait counts inside each operation's bound.
-            if connection_class is not None:
-                options["connection_class"] = connection_class
-            pool = aioredis.BlockingConnectionPool.from_url(
-                target,
-                max_connections=MAX_CONNECTIONS,
-                timeout=timeout_s,
-                retry=Retry(NoBackoff(), 0),  # the bound is ours: one try, then the local state
-                retry_on_timeout=False,
-                **options,
-            )
-            self.client = aioredis.Redis.from_pool(pool)  # closed with the client
+        self.client = open_client(url, self.cluster, self.tls, timeout_s)
         self._record = self.client.register_script(scripts.RECORD)
         self._approve = self.client.register_script(scripts.APPROVE)
         self._clear = self.client.register_script(scripts.CLEAR)
-        self._budget_sha = hashlib.sha1(scripts.BUDGET.encode()).hexdigest()  # the name Redis gives the script
         self._up = False
         self._ever_up = False
         self._closed = False
         self.errors: dict[str, int] = dict.fromkeys(OPERATIONS, 0)
         self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACKS, 0)
         self.reconciles = 0
-        self.budget_syncs = 0  # completed exchanges of the retry budget's counts
         self.last_error: str | None = "not connected yet"
         self._pending: dict[str, None] = {}  # ops recorded while the store was down (ordered set)
         self._unanswered: dict[tuple[str, str], str] = {}  # (op, budget id): nonce of a lost approval
         self._unsynced_clears: dict[str, None] = {}
-        self._flushed: dict[tuple[str, int], tuple[int, int]] = {}
-        self._antistorm: AntiStorm | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._resubscribe = asyncio.Event()
         self._reconcile_lock = asyncio.Lock()
-        self._sync_lock = asyncio.Lock()
-        self._budget_keys: dict[str, str] = {}
-        self._fleet_tools: list[str] = []  # tools any replica counted within the window (from the store)
+        # The fleet's retry budget, exchanged by the sync task (proxy/state/budget.py).
+        self.budget = BudgetSync(
+            self.client, self._call, self._failed, prefix=prefix, upstream_name=upstream_name, clock=clock, wall=wall
+        )
         # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
         self.on_change: Callable[[], None] | None = None
 
@@ -205,7 +157,12 @@ class RedisState:
         return self._up
 
     def attach(self, antistorm: AntiStorm) -> None:
-        self._antistorm = antistorm
+        self.budget.antistorm = antistorm
+
+    @property
+    def budget_syncs(self) -> int:
+        """Completed exchanges of the retry budget's counts."""
+        return self.budget.budget_syncs
 
     def _ping(self) -> Awaitable[Any]:
         """A PING to one node, or to every primary of a cluster (each holds its own slots)."""
@@ -530,7 +487,7 @@ class RedisState:
         found: set[str] = set()
         respend: list[tuple[str, str]] = []
         prefix = f"{self.prefix}ledger:{{"
-        async for keys in self._scan(f"{_glob_escape(prefix)}*"):
+        async for keys in scan(self.client, self._call, f"{_glob_escape(prefix)}*"):
             if keys:
                 pipe = self.client.pipeline(transaction=False)
                 for key in keys:
@@ -560,39 +517,7 @@ class RedisState:
         if respend:
             await self._respend(respend)
 
-    async def _scan(self, match: str) -> AsyncIterator[list[bytes]]:
-        """The keys matching `match`, a batch per SCAN call (each bounded); on a cluster, every
-        primary is scanned in turn (each holds its own slots' keys)."""
-        if isinstance(self.client, RedisCluster):
-            for node in self.client.get_primaries():
-                cursor: int = 0
-                while True:
-                    replies = await self._call(
-                        "reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH, target_nodes=node)
-                    )
-                    cursors, keys = replies  # a cluster's SCAN answers {node name: cursor}, keys
-                    yield _as_bytes(keys)
-                    cursor = int(next(iter(cursors.values()), 0)) if isinstance(cursors, dict) else int(cursors)
-                    if not cursor:
-                        break
-            return
-        cursor = 0
-        while True:
-            cursor, keys = await self._call("reconcile", self.client.scan(cursor=cursor, match=match, count=SCAN_BATCH))
-            yield _as_bytes(keys)
-            if not cursor:
-                break
-
     # -- the fleet's retry budget ---------------------------------------------------------------
-    def _budget_key(self, tool: str) -> str:
-        tag = self._budget_keys.get(tool)
-        if tag is None:
-            if len(self._budget_keys) > 4 * MAX_BUDGET_TOOLS:
-                self._budget_keys.clear()
-            digest = hashlib.sha256(f"{self._upstream_tag}\0{tool}".encode()).hexdigest()[:16]
-            tag = self._budget_keys[tool] = f"{self.prefix}budget:{{{digest}}}:"
-        return tag
-
     async def _sync_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self.sync_interval_s)
@@ -606,93 +531,10 @@ class RedisState:
                 self.fallbacks["budget"] += 1
 
     async def sync_budget(self) -> None:
-        """One pipelined round trip: add this replica's new counts to the store's buckets, and read
-        the fleet's totals over the window for every tool any replica counted lately (the tools
-        are listed in the store, so a replica learns the fleet's count of a tool before its own
-        first retry of it). With nothing counted anywhere, a PING keeps `up` current. One at a
-        time: two at once would send the same new counts twice."""
-        async with self._sync_lock:
-            await self._sync_budget()
-
-    async def _sync_budget(self, *, _again: bool = False) -> None:
-        antistorm = self._antistorm
-        if antistorm is None:
-            await self._call("ping", self.client.ping())
-            self.budget_syncs += 1
-            return
-        now = self.clock()
-        offset = self.wall() - now  # local (monotonic) seconds to the epoch seconds all replicas share
-        now_epoch = math.floor(now + offset)
-        oldest = math.floor(now) - WINDOW_S + 1
-        counts = dict(antistorm.counts()[:MAX_BUDGET_TOOLS])
-        tools = list(counts)
-        tools += [t for t in self._fleet_tools if t not in counts][: MAX_BUDGET_TOOLS - len(tools)]
-        pipe = self.client.pipeline(transaction=False)
-        own: list[tuple[str, int, int]] = []
-        updates: dict[tuple[str, int], tuple[int, int]] = {}
-        flushed = self._flushed
-        for tool in tools:
-            deltas: dict[int, tuple[int, int]] = {}
-            for second, calls, retries in counts.get(tool, ()):
-                if second < oldest:
-                    continue
-                done = flushed.get((tool, second), (0, 0))
-                dc, dr = calls - done[0], retries - done[1]
-                if dc > 0 or dr > 0:
-                    epoch = math.floor(second + offset)
-                    c, r = deltas.get(epoch, (0, 0))
-                    deltas[epoch] = (c + dc, r + max(dr, 0))
-                    updates[(tool, second)] = (calls, retries)
-            base = self._budget_key(tool)
-            keys, args = [], []
-            for epoch in range(now_epoch - WINDOW_S + 1, now_epoch + 1):
-                keys.append(f"{base}{epoch}")
-                c, r = deltas.pop(epoch, (0, 0))
-                args += [c, r]
-            if deltas:  # a count that maps just outside the window (clock rounding): the newest bucket
-                args[-2] += sum(c for c, _ in deltas.values())
-                args[-1] += sum(r for _, r in deltas.values())
-            pipe.execute_command("EVALSHA", self._budget_sha, len(keys), *keys, *args, 2 * WINDOW_S)
-            own.append((tool, *antistorm.own_window(tool, now)))
-        listed = self._tools_key()
-        if counts:
-            pipe.hset(listed, mapping=dict.fromkeys(counts, now_epoch))
-            pipe.expire(listed, 2 * WINDOW_S)
-        pipe.hgetall(listed)
-        replies = await self._call("budget", pipe.execute(raise_on_error=False))
-        if any(isinstance(reply, NoScriptError) for reply in replies):
-            # A store that has not seen the script yet (a new or restarted one: scripts are not
-            # persisted): load it and send the same commands again (the increments did not run).
-            await self._call("budget", self.client.script_load(scripts.BUDGET))
-            if not _again:
-                await self._sync_budget(_again=True)  # nothing was counted yet: build it again
-            return
-        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
-        if failed is not None:
-            self._failed("budget", failed)
-            raise StoreUnavailable("budget")
-        # Counted only once the store has them: counts made while it was down go when it returns.
-        flushed.update(updates)
-        for key in [k for k in flushed if k[1] < oldest]:
-            del flushed[key]
-        for (tool, own_calls, own_retries), (calls, retries) in zip(own, replies[: len(own)], strict=True):
-            antistorm.set_others(tool, int(calls) - own_calls, int(retries) - own_retries, now)
-        seen = replies[-1]
-        self._fleet_tools = [
-            name.decode(errors="replace") for name, at in seen.items() if int(at) >= now_epoch - WINDOW_S
-        ][:MAX_BUDGET_TOOLS]
-        self.budget_syncs += 1
-
-    def _tools_key(self) -> str:
-        digest = hashlib.sha256(self._upstream_tag.encode()).hexdigest()[:16]
-        return f"{self.prefix}budget-tools:{{{digest}}}"
+        """One exchange of the retry budget's counts with the store (proxy/state/budget.py)."""
+        await self.budget.sync()
 
 
 def _glob_escape(text: str) -> str:
     """A literal text inside a SCAN MATCH pattern."""
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
-
-
-def _as_bytes(keys: list[bytes | str]) -> list[bytes]:
-    """SCAN's keys: bytes from this client (no decode_responses), whatever its stubs allow."""
-    return [key if isinstance(key, bytes) else key.encode() for key in keys]

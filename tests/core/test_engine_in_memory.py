@@ -124,8 +124,10 @@ async def test_our_meta_keys_never_reach_the_upstream() -> None:
 async def test_malformed_ids_from_either_peer_are_dropped_not_raised() -> None:
     link = ScriptedLink([{"content": []}])
     relay = relay_for(link)
-    relay._unsolicited({"jsonrpc": "2.0", "id": [1], "method": "sampling/createMessage"})
-    relay._unsolicited({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}})
+    relay.server_messages.unsolicited({"jsonrpc": "2.0", "id": [1], "method": "sampling/createMessage"})
+    relay.server_messages.unsolicited(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}
+    )
     await relay.handle_notification(
         {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [2]}}
     )

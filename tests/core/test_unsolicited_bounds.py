@@ -10,8 +10,9 @@ import asyncio
 import pytest
 
 from proxy import jsonrpc
-from proxy.core.relay import REFUSALS_IN_FLIGHT, Relay, ToolCatalog
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.core.routing import BACKLOG_BYTES
+from proxy.core.server_messages import REFUSALS_IN_FLIGHT
 from proxy.jsonrpc import Message
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era
@@ -43,7 +44,7 @@ async def test_a_sessions_backlog_is_bounded_in_bytes_and_keeps_the_newest() -> 
     relay = Relay(await upstream.open(Era.LEGACY), catalog=ToolCatalog(), session_id="s")
     before = SHED.get("dropped_messages", "backlog_full")
     for i in range(100):  # 12.5 MiB while no stream is open
-        relay._unsolicited(_log(i))
+        relay.server_messages.unsolicited(_log(i))
     listen = Collected()
     assert relay.attach_listen(listen)
     delivered = sum(len(jsonrpc.dumps(m)) for m in listen.messages)
@@ -60,7 +61,7 @@ async def test_the_shared_relay_gives_an_untied_message_to_nobody() -> None:
     stream = Collected()
     relay.delivery.streams.append(stream)  # a caller's request stream is open
     before = SHED.get("dropped_messages", "untied")
-    relay._unsolicited(_log(0))
+    relay.server_messages.unsolicited(_log(0))
     assert stream.messages == []
     assert SHED.get("dropped_messages", "untied") - before == 1
     await upstream.aclose()
@@ -74,11 +75,11 @@ async def test_the_shared_relay_ties_a_log_line_only_to_a_sole_request_that_aske
     asked, other = Collected(), Collected()
     relay.delivery.streams.append(asked)
     relay.delivery.log_streams.add(asked)  # what handle_request records for a request with logLevel
-    relay._unsolicited(_log(0))
+    relay.server_messages.unsolicited(_log(0))
     assert [m["params"]["i"] for m in asked.messages] == [0]
     relay.delivery.streams.append(other)  # a second caller's request, in flight at once
     before = SHED.get("dropped_messages", "untied")
-    relay._unsolicited(_log(1))
+    relay.server_messages.unsolicited(_log(1))
     assert [m["params"]["i"] for m in asked.messages] == [0] and other.messages == []
     assert SHED.get("dropped_messages", "untied") - before == 1
     await upstream.aclose()
@@ -101,12 +102,12 @@ async def test_refusing_a_flood_of_untied_server_requests_holds_a_bounded_number
     link.send_response = never_drains  # type: ignore[method-assign]
     request = {"jsonrpc": "2.0", "method": "sampling/createMessage", "params": {}}
     for i in range(5000):
-        relay._unsolicited({**request, "id": i})
+        relay.server_messages.unsolicited({**request, "id": i})
     assert len(relay._background) <= REFUSALS_IN_FLIGHT
     stuck.set()
     await asyncio.wait_for(asyncio.gather(*relay._background), 10)
     assert len(written) == len(set(m["id"] for m in written)) <= REFUSALS_IN_FLIGHT
-    relay._unsolicited({**request, "id": "after"})  # the pipe drained: refusals go out again
+    relay.server_messages.unsolicited({**request, "id": "after"})  # the pipe drained: refusals go out again
     await asyncio.wait_for(asyncio.gather(*relay._background), 10)
     assert written[-1]["id"] == "after" and written[-1]["error"]["code"] == -32603
     await upstream.aclose()

@@ -179,7 +179,7 @@ async def test_a_dead_primary_keeps_the_store_down_though_the_other_slots_answer
     cluster = partial_cluster
     state = await started(cluster.url, f"p{uuid.uuid4().hex[:6]}:")
     try:
-        served = cluster.primary_holding(state._tools_key())  # what a budget sync reads
+        served = cluster.primary_holding(state.budget.tools_key())  # what a budget sync reads
         victim = next(n for n in cluster.nodes if n is not served)
         victim.kill()
         await until(state, lambda: not state.up)

@@ -145,8 +145,8 @@ def budget_policy() -> ToolPolicy:
 
 async def test_the_retry_budget_counts_the_calls_and_retries_of_every_replica(fleet: Fleet) -> None:
     a, b = await fleet.replica(), await fleet.replica()
-    assert a._antistorm is not None and b._antistorm is not None
-    budget_a, budget_b, policy = a._antistorm, b._antistorm, budget_policy()
+    assert a.budget.antistorm is not None and b.budget.antistorm is not None
+    budget_a, budget_b, policy = a.budget.antistorm, b.budget.antistorm, budget_policy()
     now = time.monotonic()
     for _ in range(10):
         budget_a.count_call("search", now)
@@ -170,16 +170,16 @@ async def test_the_retry_budget_counts_the_calls_and_retries_of_every_replica(fl
 
 async def test_a_replica_learns_the_fleets_count_of_a_tool_it_has_not_counted_yet(fleet: Fleet) -> None:
     a, b = await fleet.replica(), await fleet.replica()
-    assert a._antistorm is not None and b._antistorm is not None
+    assert a.budget.antistorm is not None and b.budget.antistorm is not None
     policy = budget_policy()
     now = time.monotonic()
     for _ in range(2):  # the floor: 2 retries of the window, spent on A (which counted no call)
-        assert a._antistorm.admit_retry("search", policy, now) is None
+        assert a.budget.antistorm.admit_retry("search", policy, now) is None
     await a.sync_budget()  # A's counts, and the tool listed
     await b.sync_budget()  # B reads the listing
     await b.sync_budget()  # and the tool's totals
-    b._antistorm.count_call("search", time.monotonic())
-    refused = b._antistorm.admit_retry("search", policy, time.monotonic())
+    b.budget.antistorm.count_call("search", time.monotonic())
+    refused = b.budget.antistorm.admit_retry("search", policy, time.monotonic())
     assert refused is not None and refused.reason is StopReason.RETRY_BUDGET
 
 

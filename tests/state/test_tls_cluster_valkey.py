@@ -243,7 +243,7 @@ async def test_the_fleet_budget_is_counted_on_a_cluster(redis_cluster: RedisClus
     a = await started(redis_cluster.url, cluster_prefix)
     b = await started(redis_cluster.url, cluster_prefix)
     try:
-        assert a._antistorm is not None and b._antistorm is not None
+        assert a.budget.antistorm is not None and b.budget.antistorm is not None
         policy = ToolPolicy(
             tool="search",
             side_effect=SideEffect.READ_ONLY,
@@ -251,11 +251,11 @@ async def test_the_fleet_budget_is_counted_on_a_cluster(redis_cluster: RedisClus
         )
         now = a.clock()
         for _ in range(2):  # the fleet's floor of the window, spent on A
-            assert a._antistorm.admit_retry("search", policy, now) is None
+            assert a.budget.antistorm.admit_retry("search", policy, now) is None
         await a.sync_budget()
         await b.sync_budget()
         await b.sync_budget()
-        refused = b._antistorm.admit_retry("search", policy, b.clock())
+        refused = b.budget.antistorm.admit_retry("search", policy, b.clock())
         assert refused is not None and refused.reason is StopReason.RETRY_BUDGET
         assert a.up and b.up and not any(a.errors.values()) and not any(b.errors.values())
     finally:

@@ -11,7 +11,7 @@
 - A request's answer is `application/json` when nothing else arrives first, with the HTTP status
   the 2026 table maps its error to; otherwise the response becomes `text/event-stream`, carrying
   the request's notifications and server-to-client requests, then its response, with keep-alive
-  comments while nothing happens.
+  comments while nothing happens (`Answers`, proxy/frontend/http/answer.py, writes every answer).
 - Safety: Host and Origin are checked against allow-lists (DNS rebinding), bodies are bounded,
   malformed JSON-RPC gets a JSON-RPC error, and nothing a peer sends can crash the proxy.
 - Bounded for a client that does not read: every response and listen stream queues at most
@@ -45,29 +45,12 @@ from proxy.frontend.hostcheck import (
     OriginAllowList,
     duplicated,
 )
+from proxy.frontend.http.answer import Answers
 from proxy.frontend.http.checks import SINGLE_HEADERS, check_modern_headers, forwarded_headers
 from proxy.frontend.http.identity import Identity
 from proxy.frontend.http.listen import serve_listen
-from proxy.frontend.http.outbox import (
-    ClientGone,
-    LateWatches,
-    Receive,
-    Send,
-    Stream,
-    next_message,
-    primes,
-    sse,
-)
-from proxy.frontend.http.respond import (
-    JSON,
-    SSE_HEADERS,
-    refusal_error,
-    respond,
-    respond_error,
-    respond_json,
-    respond_session_refused,
-    status_for,
-)
+from proxy.frontend.http.outbox import ClientGone, Receive, Send, Stream, primes
+from proxy.frontend.http.respond import respond, respond_error, respond_json, respond_session_refused
 from proxy.frontend.http.resume import Replays
 from proxy.jsonrpc import Message
 from proxy.settings import LOOPBACK_HOSTS, Settings
@@ -101,7 +84,8 @@ class McpHttpApp:
             trusts_proxies=bool(settings.forwarded_allow_ips), by_principal=self.identity.binds_sessions
         )
         self.replays = Replays(settings.replay_stream_bytes, settings.replay_total_bytes)
-        self._watches: LateWatches | None = None  # created in the loop, on the first POST
+        # Every POST's answer is written there (proxy/frontend/http/answer.py).
+        self.answers = Answers(self.identity, self.replays, self.stream_buffer_bytes)
         # Open 2025 listen streams: they never end by themselves, so shutdown ends them
         # (`close_streams`) instead of uvicorn cancelling their tasks after its grace period.
         self._listening: set[Stream] = set()
@@ -321,7 +305,9 @@ class McpHttpApp:
         if principal is not None and not await self.identity.scopes_suffice(send, relay, message, principal):
             return
         caller = self.clients.key(scope, headers, principal)
-        await self._answer(relay, message, receive, send, forwarded, modern=True, caller=caller, principal=principal)
+        await self.answers.answer(
+            relay, message, receive, send, forwarded, modern=True, caller=caller, principal=principal
+        )
 
     async def _check_param_headers(
         self, relay: Relay, headers: dict[str, str], message: Message, claimed: bool, principal: Principal | None
@@ -382,7 +368,7 @@ class McpHttpApp:
                 await respond_session_refused(send, message["id"], failure)
                 return
             credentials = forwarded_headers(headers, True) if self.identity.forward_credentials else None
-            ok = await self._answer(
+            ok = await self.answers.answer(
                 new_relay, message, receive, send, credentials, modern=False, session_id=new_id, principal=principal
             )
             if not ok:
@@ -410,7 +396,7 @@ class McpHttpApp:
         if jsonrpc.is_request(message):
             if principal is not None and not await self.identity.scopes_suffice(send, relay, message, principal):
                 return
-            await self._answer(
+            await self.answers.answer(
                 relay,
                 message,
                 receive,
@@ -441,134 +427,6 @@ class McpHttpApp:
                 return
             await relay.handle_response(message)
             await respond(send, 202)
-
-    async def _answer(
-        self,
-        relay: Relay,
-        request: Message,
-        receive: Receive,
-        send: Send,
-        forward_headers: dict[str, str] | None,
-        *,
-        modern: bool,
-        session_id: str | None = None,
-        caller: str | None = None,
-        prime: bool = False,
-        principal: Principal | None = None,
-    ) -> bool:
-        """Run one request through the relay and write its answer (JSON, or SSE once it streams).
-
-        The relay runs in this request's own task: a request is written upstream, and its answer
-        written back, without waiting for a second task to be scheduled behind every other request
-        of the same burst. Only a response that becomes an event stream gets a writer task (the
-        handler goes on producing while the writer waits on the socket). Cancelling the request
-        (2026: the client closed its POST; 2025: `notifications/cancelled` or the session ended)
-        cancels this task while the handler runs; that cancellation ends here.
-
-        A 2025 client that disconnects has not cancelled a `tools/call` (the spec says so; the
-        engine finishes the attempt in flight and starts no other). Any other request of a
-        disconnected 2025 client is cancelled upstream if its response had not become an event
-        stream yet: no event id was given, so nothing can resume it and its answer could reach
-        no one; one that had is kept (a client may resume it), bounded by the request timeout.
-
-        Returns whether a successful result was written (initialize keeps its session only then).
-        """
-        loop = asyncio.get_running_loop()  # once per request (a getpid() syscall on Python 3.11)
-        task = asyncio.current_task(loop)
-        assert task is not None
-        stream = Stream(loop, keep_after_close=not modern, max_bytes=self.stream_buffer_bytes)
-        down_id = stream.down_id = request["id"]
-        extra = [(b"mcp-session-id", session_id.encode())] if session_id else []
-        writer: asyncio.Task[bool] | None = None
-
-        def start_writer() -> None:
-            nonlocal writer
-            writer = loop.create_task(self._write_stream(stream, down_id, send, extra, modern, session_id, prime))
-
-        stream.on_stream = start_writer
-        watches = self._watches
-        if watches is None:
-            watches = self._watches = LateWatches(loop)
-        watches.add(stream, receive, task if modern or request.get("method") != "tools/call" else None)
-        failed = False
-        refused: AuthRefused | None = None
-        try:
-            try:
-                await relay.handle_request(
-                    request, stream, forward_headers, by_id=not modern, caller=caller, principal=principal
-                )
-            except asyncio.CancelledError:
-                if task.uncancel() > 0:
-                    raise  # not (only) the request's cancellation: the server stops this task
-            except AuthRefused as refusal:  # passthrough: the upstream refused the caller's credential
-                refused = refusal
-                if writer is not None:  # the answer is an event stream already: no status to set
-                    stream.send(refusal_error(down_id, refusal))
-            except Exception:
-                log.exception("relaying %s failed", request.get("method"))
-                failed = True
-            # Nothing may cancel this task once the handler is over (a stray cancellation while
-            # the answer is written would reach uvicorn as an application error).
-            watches.end(stream)
-            stream.finish()
-            if writer is not None:
-                return await writer
-            if refused is not None:
-                await self.identity.refuse(send, refused, "POST", down_id)
-                return False
-            item = stream.pop()
-            if item is None:
-                if failed:
-                    await respond_error(send, 500, down_id, jsonrpc.INTERNAL_ERROR, "internal proxy error")
-                    return False
-                # Cancelled: a cancelled request gets no response; its stream just ends.
-                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                return False
-            first, data = item
-            ok = "result" in first
-            await respond(send, status_for(first, modern), data, [JSON, *extra])
-            stream.wrote_answer()
-            return ok
-        finally:
-            watches.end(stream)
-            stream.close()
-            if writer is not None and not writer.done():
-                writer.cancel()
-
-    async def _write_stream(
-        self,
-        stream: Stream,
-        down_id: Any,
-        send: Send,
-        extra: list[tuple[bytes, bytes]],
-        modern: bool,
-        session_id: str | None,
-        prime: bool,
-    ) -> bool:
-        """The response as an event stream: what the handler sends, then its answer; keep-alive
-        comments meanwhile. Returns whether a successful result was written."""
-        try:
-            first = stream.pop()
-            assert first is not None
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
-            if not modern and session_id is not None:
-                return await self.replays.stream(stream, first, down_id, send, session_id, prime)
-            ok = False
-            item: tuple[Message, bytes] | None = first
-            while item is not None:
-                message, data = item
-                await send({"type": "http.response.body", "body": sse(data), "more_body": True})
-                if jsonrpc.is_response(message) and message.get("id") == down_id:
-                    stream.wrote_answer()
-                    ok = "result" in message
-                    break
-                item = await next_message(stream, ping=send)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return ok
-        except BaseException:
-            stream.close()  # nobody reads what the handler still sends
-            raise
 
     # -- GET and DELETE ----------------------------------------------------------------------------
     async def _get(self, receive: Receive, send: Send, headers: dict[str, str], principal: Principal | None) -> None:

@@ -249,7 +249,7 @@ async def wait_disconnect(receive: Receive) -> None:
 async def watch_disconnect(receive: Receive, stream: Stream, cancel: asyncio.Task[None] | None) -> None:
     """Close `stream` when its client disconnects; then cancel `cancel` (the request's task) unless
     the answer can still be resumed or a re-send may take it (`Stream.hold`). 2026 HTTP: closing the
-    response stream is the cancellation; 2025: see `McpHttpApp._answer`."""
+    response stream is the cancellation; 2025: see `Answers.answer` (proxy/frontend/http/answer.py)."""
     with contextlib.suppress(Exception):
         await wait_disconnect(receive)
         log.debug("client disconnected")

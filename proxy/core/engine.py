@@ -16,7 +16,10 @@ With a shared store (`shared`, proxy/state), the ledger the engine reads is the 
 call that names one), an exhaustion is written to the store before the caller gets its result
 (bounded), and the retry budget's counts are exchanged by the store's own task.
 A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
-disconnected has not cancelled: the attempt in flight finishes, no new one starts. A cancellation
+disconnected has not cancelled: the attempt in flight finishes, no new one starts. A call of a tool
+that is not read-only, with re-sends on (proxy/core/resend.py, docs/recovery.md "Re-sends"), goes
+on whichever era its client left: its answer is kept for a re-send, and a re-send (same operation
+digest) is answered by it instead of running the tool again. A cancellation
 while `stopping` is set is the end of the shutdown grace period (proxy/core/lifecycle.py), not the
 caller's: the call resolves as an unresolved result with stop reason `shutdown`, the attempt in
 flight (cancelled upstream by the relay) recorded as its last, dispatch unknown.

@@ -44,13 +44,17 @@ from proxy.core.relay import Relay
 from proxy.core.resend import Abandoned, Flight, Resends, as_resent
 from proxy.errors import UpstreamFailure, untraced
 from proxy.jsonrpc import (
+    INVALID_PARAMS,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
     META_DEADLINE_MS,
+    META_IDEMPOTENCY_KEY,
     META_LOG_LEVEL,
     META_PREFIX,
     META_PROTOCOL_VERSION,
     Message,
+    bounded,
+    error,
 )
 from proxy.policy.compiled import PolicySet, SideEffect, ToolPolicy
 from proxy.recovery import (
@@ -85,6 +89,16 @@ LOOKUP_TIMEOUT_S = 5.0  # listing tools for a call whose tool the catalog lacks,
 _POLICY_CACHE = 4096
 _IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
 _READ_ONLY = SideEffect.READ_ONLY
+MAX_KEY_CHARS = 255  # the caller's idempotency key, at most
+
+
+def _keyed(meta: Any) -> bool:
+    """The call carries the caller's idempotency key (a read-only tool's call is held then too)."""
+    return meta.__class__ is dict and META_IDEMPOTENCY_KEY in meta
+
+
+async def _answered(message: Message) -> Message:
+    return message
 
 
 class Engine:
@@ -164,10 +178,10 @@ class Engine:
             if hit is not None and hit[0] is self.policies() and hit[1] is annotations
             else self.policy_for(name, annotations)
         )
-        if policy.side_effect is not _READ_ONLY and self.resends is not None:
-            twin = self._hold(outbox, name, arguments, policy, principal)
-            if twin is not None:
-                return self._attach(twin, relay, request, outbox, headers, principal)
+        if self.resends is not None and (policy.side_effect is not _READ_ONLY or _keyed(params.get("_meta"))):
+            answered = self._hold(relay, request, outbox, headers, name, arguments, policy, principal)
+            if answered is not None:
+                return answered
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self.ledger_size
@@ -303,10 +317,10 @@ class Engine:
         call = ToolCall(
             self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal
         )
-        if call.policy.side_effect is not _READ_ONLY and self.resends is not None:
-            twin = self._hold(outbox, name, call.arguments, call.policy, principal)
-            if twin is not None:
-                return await self._attach(twin, relay, request, outbox, headers, principal)
+        if self.resends is not None and (call.policy.side_effect is not _READ_ONLY or _keyed(call.meta)):
+            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal)
+            if answered is not None:
+                return await answered
         call.began = began
         return await call.run()
 
@@ -326,23 +340,54 @@ class Engine:
 
     def _hold(
         self,
+        relay: Relay,
+        request: Message,
         outbox: Outbox,
+        headers: Mapping[str, str] | None,
         name: str,
         arguments: dict[str, Any] | None,
         policy: ToolPolicy,
         principal: Principal | None,
-    ) -> Flight | None:
-        """A call of a tool that is not read-only: the earlier identical call whose answer was
-        lost, if one is listed (this call is its re-send); else None, and this call's outbox now
-        reports its answer's delivery to a flight of its own (the digest is computed only if the
-        flight is listed or a table lookup needs it)."""
+    ) -> Awaitable[Message] | None:
+        """A call of a tool that is not read-only, or one with the caller's idempotency key: the
+        answer of the earlier call it repeats (`_attach`), if one is listed; a refusal for a key
+        reused with other arguments or malformed; else None, and this call's outbox now reports
+        its answer's delivery to a flight of its own. Without a key the digest is computed only
+        if the flight gets listed or a table lookup needs it."""
         resends = self.resends
         assert resends is not None
         who = principal.id if principal is not None else None
+        meta = request["params"].get("_meta")
+        key = meta.get(META_IDEMPOTENCY_KEY) if meta.__class__ is dict else None
+        if key is not None:
+            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+                return _answered(
+                    error(
+                        request["id"],
+                        INVALID_PARAMS,
+                        f"{META_IDEMPOTENCY_KEY} must be a string of 1 to {MAX_KEY_CHARS} characters",
+                    )
+                )
+            keyed_op = operation_digest("\0key", {"tool": name, "key": key}, None, who, upstream=self.upstream_name)
+            arguments_op = self.operation(name, arguments, policy, who)
+            twin = resends.find(keyed_op)
+            if twin is None:
+                outbox.hold(resends.keyed(keyed_op, arguments_op), True)
+                return None
+            if twin.arguments_differ(arguments_op):
+                return _answered(
+                    error(
+                        request["id"],
+                        INVALID_PARAMS,
+                        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
+                        "arguments: a key names one call; use a new key for a new call",
+                    )
+                )
+            return self._attach(twin, relay, request, outbox, headers, principal)
         if resends:
             twin = resends.find(self.operation(name, arguments, policy, who))
             if twin is not None:
-                return twin
+                return self._attach(twin, relay, request, outbox, headers, principal)
         outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who)), True)
         return None
 

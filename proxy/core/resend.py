@@ -25,6 +25,11 @@ Contract:
   `max_entries` flights (the oldest kept answer goes first); each kept answer for `keep_s`.
   Counted in `mcp_recovery_resends_total{event}` (`attached`, `kept`, `expired`, `evicted`,
   `too_large`).
+- An explicit key (`_meta["io.mcp-recovery-proxy/idempotencyKey"]`, the caller's) makes the match
+  exact: a keyed flight is listed under (principal, upstream, tool, key) from its start, whatever
+  the tool's class, and stays listed after its answer was delivered, for `keep_s`: a call with
+  the same key is answered by it (running, or kept), and one whose arguments differ is refused
+  (`arguments_differ`), not run.
 - No I/O: everything runs on the event loop's thread; the one timer is the loop's (expiry).
 """
 
@@ -53,12 +58,28 @@ class Abandoned(Exception):
 class Flight:
     """One call's answer on its way to a client (see the module docstring for the hooks)."""
 
-    __slots__ = ("_op", "_op_of", "_table", "_waiters", "answer", "ended", "expires_at", "listed", "size")
+    __slots__ = (
+        "_op",
+        "_op_of",
+        "_table",
+        "_waiters",
+        "answer",
+        "arguments_op",
+        "ended",
+        "expires_at",
+        "keyed",
+        "listed",
+        "size",
+    )
 
-    def __init__(self, table: Resends, op_of: Callable[[], str]) -> None:
+    def __init__(self, table: Resends, op_of: Callable[[], str], arguments_op: str | None = None) -> None:
         self._table = table
         self._op_of = op_of
         self._op: str | None = None
+        # a keyed flight (the caller's idempotency key): its operation digest without the key,
+        # which a call with the same key must match
+        self.arguments_op = arguments_op
+        self.keyed = arguments_op is not None
         self._waiters: list[asyncio.Future[Message]] = []
         self.answer: Message | None = None
         self.ended = False  # delivered, or abandoned: never listed again
@@ -87,11 +108,16 @@ class Flight:
             self._table.keep(self)
 
     def delivered(self) -> None:
-        """The answer was written to an open stream: nothing is kept for a re-send."""
+        """The answer was written to an open stream: nothing is kept for a re-send (a keyed
+        flight's answer stays, for a later call with the same key)."""
         if not self.ended:
             self.ended = True
-            if self.listed:
+            if self.listed and not self.keyed:
                 self._table.unlist(self)
+
+    def arguments_differ(self, arguments_op: str) -> bool:
+        """A call with this flight's key but other arguments (keyed flights only)."""
+        return self.keyed and self.arguments_op != arguments_op
 
     def stranded(self) -> None:
         """The stream closed before the answer was written to it: a re-send may take it."""
@@ -158,6 +184,13 @@ class Resends:
 
     def flight(self, op_of: Callable[[], str]) -> Flight:
         return Flight(self, op_of)
+
+    def keyed(self, op: str, arguments_op: str) -> Flight:
+        """A flight for a call with the caller's idempotency key, listed from its start (under
+        `op`, the key's digest) when the bounds allow."""
+        flight = Flight(self, lambda: op, arguments_op)
+        self.list(flight)
+        return flight
 
     def find(self, op: str) -> Flight | None:
         """The listed flight of operation `op`, running or kept (an expired one is dropped first)."""

@@ -1,4 +1,4 @@
-"""The command line: `serve`, `policies check|explain|init`, `demo`.
+"""The command line: `serve`, `policies check|explain|init|suggest`, `demo`.
 
 Every `serve` flag also reads from `MCP_RECOVERY_<FLAG>` (pydantic-settings); a flag given on the
 command line wins over the environment. A repeatable flag's variable is named after the plural
@@ -275,6 +275,24 @@ def build_parser() -> argparse.ArgumentParser:
         "  mcp-recovery-proxy policies init policies/ --upstream http://127.0.0.1:3001/mcp --dry-run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    suggest = psub.add_parser(
+        "suggest",
+        help="suggest changes to a policy folder from what a running proxy observed",
+        description="Read what a running proxy observed (its admin port's /status.json, or a saved copy):\n"
+        "per tool the latency of successful attempts, the error texts nothing classified, the tools\n"
+        "no policy file names and the rules that never matched; print the changes to DIR as a unified\n"
+        "diff (apply it inside DIR with `patch -p1` or `git apply`) and a summary on stderr.",
+        epilog="examples:\n"
+        "  mcp-recovery-proxy policies suggest policies/ --admin 127.0.0.1:9464 > suggested.patch\n"
+        "  mcp-recovery-proxy policies suggest policies/ --from-file status.json --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    suggest.add_argument("dir")
+    source = suggest.add_mutually_exclusive_group(required=True)
+    source.add_argument("--admin", help="the proxy's admin address, HOST:PORT or URL")
+    source.add_argument("--from-file", help="a saved /status.json of the proxy")
+    suggest.add_argument("--admin-token-file", help="a file holding the admin token (--admin-token-file of serve)")
+    suggest.add_argument("--json", action="store_true", help="print the findings and the patch as JSON")
     init.add_argument("dir")
     _upstream_flags(init)
     init.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
@@ -330,6 +348,14 @@ def _main(argv: list[str]) -> int:
 
         if args.policies_command == "check":
             return policy_cli.check(args.dir)
+        if args.policies_command == "suggest":
+            return policy_cli.suggest(
+                args.dir,
+                admin=args.admin,
+                admin_token_file=args.admin_token_file,
+                from_file=args.from_file,
+                as_json=args.json,
+            )
         if args.policies_command == "init":
             from proxy.policy import init as policy_init
 

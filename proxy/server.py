@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from proxy.frontend.uvicorn_h1 import HttpLimits
     from proxy.net.tls import TlsWatcher
 from proxy.telemetry.events import Telemetry
+from proxy.telemetry.observed import ObservedTools
 from proxy.telemetry.setup import build_telemetry
 from proxy.telemetry.status import StatusObserver
 
@@ -224,6 +225,7 @@ async def run(settings: Settings) -> int:
             auth=auth,
             admin_token=admin_token,
             status=bundle.status,
+            observed=bundle.observed,
         )
     finally:
         restore()
@@ -294,6 +296,7 @@ async def _serve(
     auth: Authenticator | None = None,
     admin_token: str | None = None,
     status: StatusObserver | None = None,
+    observed: ObservedTools | None = None,
 ) -> int:
     admin_server: uvicorn.Server | None = None
     listeners: list[uvicorn.Server] = []  # the MCP listener once built; stdio has none to wait for
@@ -310,6 +313,7 @@ async def _serve(
             allowed_hosts=settings.allowed_hosts,
             admin_token=admin_token,
             status=status,
+            observed=observed,
             auth=auth,
             listening=lambda: all(server.started for server in listeners),
             call_data=call_data,

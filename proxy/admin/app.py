@@ -21,7 +21,8 @@ and the active policy set.
 - `/policies`: the active policy set, its version, and the last reload error.
 - `/`: the status page (proxy/admin/statuspage.py), fed by `/status.json` (recent and problem calls,
   circuits, retry budgets, ledger entries, policy version and reload error, upstream health and
-  eras, per-tool rates and latency) and `/status/explain?tool=NAME` (`policies explain` for a tool
+  eras, per-tool rates and latency, and under `observed` what `policies suggest` reads, with the
+  advice against the active policy set) and `/status/explain?tool=NAME` (`policies explain` for a tool
   the upstream listed). The HTML carries a per-response CSP nonce and may not be framed.
 
 Admin authentication (`--admin-token-file`): every path but `/healthz` and `/readyz` (open for
@@ -65,6 +66,7 @@ from proxy.admin.statuspage import explain_document, page, status_document
 from proxy.core.service import Service
 from proxy.frontend.hostcheck import LOOPBACK_HOST_PATTERNS, HostAllowList, duplicated
 from proxy.secret_values import SECRETS
+from proxy.telemetry.observed import ObservedTools
 from proxy.telemetry.shed import SHED
 from proxy.telemetry.status import StatusObserver
 
@@ -199,6 +201,7 @@ def build_admin_app(
     allowed_hosts: list[str] | tuple[str, ...] = (),
     admin_token: str | None = None,
     status: StatusObserver | None = None,
+    observed: ObservedTools | None = None,
     auth: Any = None,
     listening: Callable[[], bool] | None = None,
     call_data: bool = True,
@@ -271,7 +274,7 @@ def build_admin_app(
 
     async def status_json(_: Request) -> Response:
         return _ScrubbedJSON(
-            status_document(service, policies, status),
+            status_document(service, policies, status, observed),
             headers={"cache-control": "no-store", "x-content-type-options": "nosniff"},
         )
 

@@ -8,6 +8,11 @@ Contract:
   with the seconds until they expire, the policy version and last reload error, the upstream's
   health, eras and restarts, and the tools the upstream listed (the names `explain` accepts).
   Built on the event loop from reads only: nothing here changes the engine's state.
+- `observed` (when the admin port runs the `ObservedTools` observer): its snapshot as
+  `policies suggest` reads it (proxy/telemetry/observed.py), and under `observed.advice` the
+  advice against the active policy set (proxy/policy/suggest.py): per tool the timer to raise, the
+  rules that would classify its unclassified texts, whether a file names it; the rules that never
+  matched.
 - `explain_document(service, tool)` is `policies explain` for one tool the upstream listed (its
   annotations as listed), or None for any other name: the page cannot be made to resolve names
   nobody listed.
@@ -30,6 +35,8 @@ from proxy.core.service import Service
 from proxy.jsonrpc import bounded
 from proxy.policy.compiled import specific_layers
 from proxy.policy.render import policy_as_dict, policy_rows
+from proxy.policy.suggest import advice_dict, advise
+from proxy.telemetry.observed import ObservedTools
 from proxy.telemetry.status import LABEL_LIMIT, StatusObserver
 
 POLL_MS = 2000
@@ -42,6 +49,7 @@ def status_document(
     service: Service,
     policies: Callable[[], dict[str, Any]] | None,
     observer: StatusObserver | None,
+    observed: ObservedTools | None = None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {"poll_ms": POLL_MS}
     doc.update(observer.snapshot() if observer is not None else {"recent": [], "problems": [], "tools": []})
@@ -103,6 +111,11 @@ def status_document(
     names = list(service.catalog.tools)
     doc["listed_tools"] = [bounded(n, LABEL_LIMIT) for n in names[:TOOL_NAMES_LIMIT]]
     doc["listed_total"] = len(names)
+    if observed is not None:
+        seen = observed.snapshot()
+        if engine is not None:
+            seen["advice"] = advice_dict(advise(engine.policies(), seen))
+        doc["observed"] = seen
     return doc
 
 

@@ -396,6 +396,7 @@ class ToolCall:
             UNCLASSIFIED if classified.defaulted else classified.category.value if classified.category else None,
             classified.dispatched.value,
             classified.evidence.source.value,
+            classified.evidence.rule,
         )
 
     def _first_success(self, result: dict[str, Any], started: float, ended: float) -> Message:

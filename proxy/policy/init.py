@@ -248,7 +248,7 @@ def side_effect_of(annotations: Any) -> tuple[SideEffect, str]:
     return side_effect, f"{', '.join(given)} in tools/list: neither read-only nor idempotent"
 
 
-def _comment_text(text: str) -> str:
+def comment_text(text: str) -> str:
     """One comment line's worth of `text`: no line breaks (YAML counts NEL, LS and PS as such) nor
     other control characters, bounded."""
     cleaned = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in text)
@@ -260,11 +260,11 @@ def _first_line(description: Any) -> str:
         return ""
     for line in description.splitlines():
         if line.strip():
-            return _comment_text(line.strip())
+            return comment_text(line.strip())
     return ""
 
 
-def _file_stem(name: str) -> str:
+def file_stem(name: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip("._-")[:80]
     return stem or "tool"
 
@@ -282,7 +282,7 @@ def draft(tools: Sequence[Mapping[str, Any]], source: str = "the server") -> Dra
         if is_glob(name):
             out.skipped.append(f"{name!r}: its name has * ? or [, which a policy file reads as a glob")
             continue
-        stem = _file_stem(name)
+        stem = file_stem(name)
         if stem.lower() in taken or f"{stem}.yaml".lower() in taken:
             stem = f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
         taken.add(stem.lower())
@@ -290,7 +290,7 @@ def draft(tools: Sequence[Mapping[str, Any]], source: str = "the server") -> Dra
         description = _first_line(tool.get("description"))
         quoted = yaml.safe_dump([name], default_flow_style=True, width=10_000, allow_unicode=True).strip()
         lines = [
-            f"# {_comment_text(name)}: {description}" if description else f"# {_comment_text(name)}: (no description)",
+            f"# {comment_text(name)}: {description}" if description else f"# {comment_text(name)}: (no description)",
             f"# Drafted by `mcp-recovery-proxy policies init` from {source}'s tools/list. Review the",
             "# inferred value against what the tool really does, then add what it needs (deadline,",
             "# attempt_timeout, rules, report: docs/policies.md). side_effect set here wins over the",

@@ -42,7 +42,7 @@ def _value(policy: ToolPolicy, key: str) -> Any:
     return obj
 
 
-def _rule_dict(rule: Rule) -> dict[str, Any]:
+def rule_dict(rule: Rule) -> dict[str, Any]:
     out: dict[str, Any] = {"name": rule.name, "category": rule.category.value}
     if rule.text is not None:
         out["text"] = rule.text.pattern
@@ -64,7 +64,7 @@ def json_value(value: Any) -> Any:
     if isinstance(value, frozenset):
         return sorted(str(v) for v in value)
     if isinstance(value, tuple):
-        return [_rule_dict(v) if isinstance(v, Rule) else json_value(v) for v in value]
+        return [rule_dict(v) if isinstance(v, Rule) else json_value(v) for v in value]
     if hasattr(value, "location") and hasattr(value, "name"):  # IdempotencyKey
         return {"location": value.location, "name": value.name}
     if isinstance(value, str):

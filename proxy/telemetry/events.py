@@ -21,6 +21,9 @@ Contract:
 - An observer may route events itself: `handler_for(event_type)` returns the callable that
   takes events of that type, or None for a type it ignores (it is then never called for them);
   without it, `on_event` takes every event. Routes are fixed when the `Telemetry` is built.
+- `AttemptFinished.rule` names what decided a failed attempt's category where a rule did: the
+  policy rule's name (evidence `rule`), or a shipped rule's id; None otherwise. Rule names come
+  from the policy files and the shipped table, never from the upstream or a caller.
 - `CallReported` carries the unresolved report (the `_meta` report of docs/recovery.md, "The
   unresolved result", already redacted and bounded, exactly as the caller gets it) of a call the engine gave up on, just
   before its `CallFinished`. It is built only when some observer takes it (`Telemetry.reports`:
@@ -78,6 +81,7 @@ class AttemptFinished(NamedTuple):
     category: str | None  # transient | validation | business | permission | unclassified | None on success
     dispatched: str  # no | unknown | yes
     evidence: str  # transport | http | jsonrpc | upstream | rule | shipped | default | none
+    rule: str | None = None  # what decided: a policy rule's name (evidence "rule"), a shipped rule's id, or None
 
 
 class BackoffStarted(NamedTuple):

@@ -9,6 +9,8 @@ Contract:
   - `.tracing`: the `TracingObserver`, or None when no `OTEL_*` exporter is configured;
   - `.status`: the status page's `StatusObserver` when the admin endpoint is on (`--admin`: the
     only reader of what it keeps), else None;
+  - `.observed`: the per-tool `ObservedTools` (latency, unclassified texts, rules matched) that
+    `/status.json` carries for `policies suggest`, on the same condition;
   - `.on_policy_reload(result, version, error)`: a `PolicyStore(on_reload=...)` hook that emits
     `PolicyReloaded`;
   - `async .shutdown()`: ends open spans and flushes the span processor (off the event loop).
@@ -30,6 +32,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from proxy.telemetry.events import Observer, PolicyReloaded, Telemetry
 from proxy.telemetry.logs import CallLogObserver
 from proxy.telemetry.metrics import MetricsObserver
+from proxy.telemetry.observed import ObservedTools
 from proxy.telemetry.status import StatusObserver
 from proxy.telemetry.tracing import TracingObserver, build_tracing
 
@@ -41,6 +44,7 @@ class TelemetryBundle:
     metrics: MetricsObserver
     tracing: TracingObserver | None
     status: StatusObserver | None = None
+    observed: ObservedTools | None = None
 
     def on_policy_reload(self, result: str, version: str, error: str | None = None) -> None:
         """`PolicyStore`'s `on_reload` hook: the error text is logged by the store, never a label."""
@@ -72,9 +76,13 @@ def build_telemetry(
         trace_id=tracing.trace_id if tracing else None, mode=getattr(settings, "call_log", "problems")
     )
     observers: list[Observer] = [call_log, metrics]
-    status = StatusObserver() if getattr(settings, "admin", None) else None
+    admin = bool(getattr(settings, "admin", None))
+    status = StatusObserver() if admin else None
+    observed = ObservedTools() if admin else None
     if status is not None:
         observers.append(status)
+    if observed is not None:
+        observers.append(observed)
     if tracing is not None:
         observers.append(tracing)
-    return TelemetryBundle(Telemetry(observers, tracer=tracing), registry, metrics, tracing, status)
+    return TelemetryBundle(Telemetry(observers, tracer=tracing), registry, metrics, tracing, status, observed)

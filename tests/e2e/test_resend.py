@@ -28,6 +28,9 @@ POLICIES = {
     "charge.yaml": "tools: [charge]\nside_effect: state_changing\nattempts: 2\ndeadline: 40s\nattempt_timeout: 30s\n",
     "hang.yaml": "tools: [hang]\nside_effect: read_only\nattempts: 1\ndeadline: 40s\nattempt_timeout: 30s\n",
 }
+# the same tool, under another name's policy: the proxy places an idempotency key upstream
+KEYED_POLICY = "idempotency_key:\n  location: argument\n  name: idempotency_key\n"
+KEY = "io.mcp-recovery-proxy/idempotencyKey"
 BASE_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 
@@ -47,9 +50,9 @@ def legacy(id_: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
 
-def answer_of(response: httpx.Response) -> dict[str, Any]:
+def answer_of(response: httpx.Response, status: int = 200) -> dict[str, Any]:
     """The JSON-RPC answer of a POST, whether it came as JSON or as an event stream."""
-    assert response.status_code == 200, (response.status_code, response.text[:500])
+    assert response.status_code == status, (response.status_code, response.text[:500])
     if response.headers.get("content-type", "").startswith("application/json"):
         return response.json()
     for line in response.text.splitlines():
@@ -228,3 +231,49 @@ async def test_a_dropped_2025_call_its_client_then_cancelled_is_not_taken_by_a_l
     assert journal.executions("charge", "x1") == 2
     resends = await status(proxy)
     assert (resends["running"], resends["kept"]) == (0, 0)
+
+
+async def test_a_callers_idempotency_key_answers_a_repeat_even_after_delivery_and_refuses_other_arguments(
+    rig: Any,
+) -> None:
+    proxy, journal = rig
+    arguments = {"account": "k-1", "amount": 4, "call_id": "k1"}
+    headers, body = modern(1, "charge", arguments)
+    body["params"]["_meta"][KEY] = "order-17"
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        with anyio.fail_after(BOUND_S):
+            first = answer_of(await http.post(proxy.url, headers=headers, json=body))
+            again = {**body, "id": 2}
+            repeat = answer_of(await http.post(proxy.url, headers=headers, json=again))
+            other = {**body, "id": 3, "params": {**body["params"], "arguments": {**arguments, "amount": 5}}}
+            # invalid params: HTTP 400 in the 2026 revision's table
+            refused = answer_of(await http.post(proxy.url, headers=headers, json=other), 400)
+            fresh = {**body, "id": 4, "params": {**body["params"], "_meta": {**body["params"]["_meta"], KEY: "o-18"}}}
+            new_key = answer_of(await http.post(proxy.url, headers=headers, json=fresh))
+    assert RESEND not in (first["result"].get("_meta") or {})
+    assert repeat["id"] == 2 and repeat["result"]["_meta"][RESEND] == {"attached": True}
+    assert repeat["result"]["structuredContent"] == first["result"]["structuredContent"]
+    assert refused["error"]["code"] == -32602 and "other arguments" in refused["error"]["message"]
+    assert RESEND not in (new_key["result"].get("_meta") or {})
+    assert journal.executions("charge", "k1") == 2  # the first call and the one with a new key
+
+
+async def test_the_callers_key_is_the_key_the_policy_places_upstream(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "charge.yaml").write_text(POLICIES["charge.yaml"] + KEYED_POLICY)
+    journal = Journal(tmp_path / "journal.jsonl")
+    upstream = scripted_stdio_command(journal.path, tmp_path / "state.json")
+    with ProxyProcess(upstream=upstream, extra=["--policies", str(policies)], log_path=tmp_path / "p.log") as proxy:
+        async with httpx.AsyncClient(timeout=BOUND_S) as http:
+            with anyio.fail_after(BOUND_S):
+                session = await open_session(http, proxy.url)
+                keyed = legacy(1, "charge", {"account": "p-1", "amount": 1, "call_id": "p1"})
+                keyed["params"]["_meta"] = {KEY: "charge-p-1"}
+                unkeyed = legacy(2, "charge", {"account": "p-2", "amount": 1, "call_id": "p2"})
+                for call in (keyed, unkeyed):
+                    answer = answer_of(await http.post(proxy.url, headers=session, json=call))
+                    assert answer["result"].get("isError") is not True, answer
+    ((placed,), (generated,)) = journal.effects("charge", "p1"), journal.effects("charge", "p2")
+    assert placed["idempotency_key"] == "charge-p-1"
+    assert generated["idempotency_key"] not in (None, "charge-p-1")  # the proxy's own, per call

@@ -82,6 +82,32 @@ class Exchange:
     on_heard: asyncio.Future[None] | None = None  # HTTP: a cancellation waiting for that head
 
 
+def mark_heard(ex: Exchange) -> None:
+    """The head of the answer to `ex`'s request came (the upstream has taken the request): wakes a
+    cancellation waiting for that (`wait_heard`)."""
+    ex.heard = True
+    waiter = ex.on_heard
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+async def wait_heard(ex: Exchange, timeout_s: float) -> None:
+    """Wait, at most `timeout_s`, until the head of the answer to `ex`'s request came (`mark_heard`,
+    or a failure that wakes `on_heard`), or the exchange's task ended. An exchange with neither a
+    task nor a flight (`transport_state` None) has ended: no wait."""
+    task = ex.transport_state
+    if task is None:
+        return
+    waiter = ex.on_heard = asyncio.get_running_loop().create_future()
+    waits: set[asyncio.Future[Any]] = {waiter}
+    if isinstance(task, asyncio.Task):
+        waits.add(task)
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ex.on_heard = None
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What the upstream speaks, learnt by probing it."""
@@ -326,8 +352,11 @@ class PendingTable:
             ex.response.set_exception(untraced(failure))
             ex.response.exception()  # mark retrieved: a cancelled waiter must not log "never retrieved"
 
-    def fail_all(self, kind: FailureKind, detail: str) -> None:
+    def fail_all(self, kind: FailureKind, detail: str, keep: Exchange | None = None) -> None:
+        """Fail every exchange in flight, all but `keep` (which stays in the table)."""
         pending, self._pending = self._pending, {}
+        if keep is not None and pending.pop(keep.upstream_id, None) is keep:
+            self._pending[keep.upstream_id] = keep
         for ex in pending.values():
             if not ex.response.done():
                 dispatched = Dispatch.UNKNOWN if ex.written else Dispatch.NO

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import SamplingMessage, TextContent
@@ -30,6 +31,42 @@ class Journal:
     slow_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     slow_finished: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[str] = field(default_factory=list)
+
+
+class RawHttp(asyncio.Protocol):
+    """A bare HTTP/1.1 server protocol in the test's own loop: each request whose body arrived is
+    handed, with its method, path and parsed JSON body (None without one), to `on_request`, in the
+    very callback that received its last bytes (before any task the write woke has resumed), and
+    `on_request` writes the answer itself. Build one per connection: `lambda: RawHttp(handler)`."""
+
+    def __init__(self, on_request: Callable[[RawHttp, str, str, Any], None]) -> None:
+        self.on_request = on_request
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            if len(self.buffer) < end + 4 + length:
+                return
+            raw = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            self.on_request(self, method, path, orjson.loads(raw) if raw else None)
 
 
 def build_server(journal: Journal | None = None) -> MCPServer:

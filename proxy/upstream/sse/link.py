@@ -7,10 +7,17 @@ progress whose token is a pending request id goes to that exchange's `on_message
 (notifications, sampling/elicitation requests) goes to the unsolicited handler: this transport has
 no per-request stream, so nothing else can be tied to a request.
 
+A request is delivered by a task of its own (the stream opened if need be, the POST, its 202);
+`send_request` returns once the POST started going out, so a caller that stops waiting from then
+on cancels a request the server may have taken: `cancel` sends `notifications/cancelled` once the
+POST's answer came (the server has the request then; sent earlier it could get there first and be
+ignored), or after the connect timeout.
+
 If the SSE stream ends, every pending exchange fails (CLOSED; dispatch unknown once written) and the
 next message reconnects and replays the client's handshake (initialize with a fresh id, then
 `notifications/initialized`) before it is sent. A 404 on a POST (the server forgot the session)
-does the same once, transparently; a second 404 is `SESSION_EXPIRED`.
+does the same once, transparently (the request's own exchange waits for its second POST, every
+other one fails); a second 404 is `SESSION_EXPIRED`.
 
 `--auth passthrough` (the upstream authenticates its callers): a link belongs to one downstream
 2025 session, so its stream is one caller's. Every message a caller sends goes with that
@@ -39,11 +46,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response, loads
 from proxy.upstream.base import (
     UPSTREAM_NOTICES,
@@ -55,6 +62,8 @@ from proxy.upstream.base import (
     LinkBase,
     OnMessage,
     PendingTable,
+    mark_heard,
+    wait_heard,
 )
 from proxy.upstream.h1 import ProxyRoute
 from proxy.upstream.sse.parse import SseError, SseParser
@@ -112,6 +121,7 @@ class SseLegacyLink(LinkBase):
         self._conn: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()  # exchange deliveries and cancellations
         self._handshake_done = False  # the client's initialize succeeded once on some connection
         self._connections = 0
         self.reconnects = 0
@@ -139,20 +149,63 @@ class SseLegacyLink(LinkBase):
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
         self._handshake.observe(message)
+        ex = self._pending.add(message, on_message)
+        # The request is delivered by a task of its own (`_deliver`: the stream, the POST, its
+        # answer); this returns once the POST started going out, like every link, so a caller
+        # that stops waiting from then on cancels a request the server may have taken.
+        sent: asyncio.Future[None] = ex.response.get_loop().create_future()
+        task = ex.response.get_loop().create_task(self._deliver(ex, message, headers, sent))
+        ex.transport_state = task
+        self._keep(task)
+        try:
+            await asyncio.shield(sent)
+        except UpstreamFailure:
+            self._pending.discard(ex)
+            raise
+        except asyncio.CancelledError:
+            if ex.written:  # the POST went out: it is cancelled as a request that was sent
+                self._keep(asyncio.get_running_loop().create_task(self.cancel(ex, "request cancelled by the proxy")))
+            else:
+                self._pending.discard(ex)
+                task.cancel()
+            raise
+        if message.get("method") == "initialize":
+            ex.response.add_done_callback(self._on_initialize_answer)
+        return ex
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold `task` (an exchange's delivery, a cancellation) until it ends; `aclose` cancels it."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(
+        self, ex: Exchange, message: Message, headers: Mapping[str, str] | None, sent: asyncio.Future[None]
+    ) -> None:
+        """The exchange task of `ex`: the stream opened (and the handshake replayed) if need be, the
+        POST, and its answer; a 404 (the upstream forgot the session) reopens the stream and posts
+        once more. `sent` is set once the POST starts going out (`ex.written`) or delivery ended
+        before that (failed: its exception); a failure after that fails the exchange."""
         is_init = message.get("method") == "initialize"
         credential = headers.get("authorization") if headers is not None else None
-        ex = self._pending.add(message, on_message)
+
+        def on_write() -> None:
+            if not sent.done():
+                sent.set_result(None)
+
         try:
             for attempt in range(2):
                 endpoint = await self._ensure_connected(replay=not is_init, credential=credential)
-                ex.written = False
-                status = await self._post(endpoint, message, headers, ex)
+                if ex.cancelled or ex.response.done():
+                    return  # given up, or failed with the stream it waited for: not sent (again)
+                ex.written = ex.heard = False
+                status = await self._post(endpoint, message, headers, ex, on_write)
+                mark_heard(ex)  # the server has taken the request (or refused it: not written then)
                 if status != 404:
                     self._accepted(credential)
                 if status == 404 and self._not_the_streams_principal(headers):
                     raise self._refused_by_session_owner()
                 if status == 404 and attempt == 0:
-                    self._drop_connection("the upstream forgot the SSE session (404)")
+                    self._drop_connection("the upstream forgot the SSE session (404)", keep=ex)
                     continue
                 if status == 404:
                     raise UpstreamFailure(
@@ -161,19 +214,26 @@ class SseLegacyLink(LinkBase):
                         "the upstream SSE session expired again right after it was re-established",
                         http_status=404,
                     )
-                break
+                return
         except UpstreamFailure as failure:
-            if ex.written:
+            untraced(failure)
+            if not sent.done():
+                sent.set_exception(failure)
+                sent.exception()
+            else:
                 self._pending.fail(ex, failure)
-                return ex
-            self._pending.discard(ex)
-            raise
         except asyncio.CancelledError:
-            self._pending.discard(ex)
+            if not sent.done():
+                sent.set_exception(
+                    UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the proxy closed the upstream link")
+                )
+                sent.exception()
             raise
-        if is_init:
-            ex.response.add_done_callback(self._on_initialize_answer)
-        return ex
+        finally:
+            if ex.transport_state is asyncio.current_task():
+                ex.transport_state = None
+            if not sent.done():
+                sent.set_result(None)
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
         """A caller's notification, with the caller's own headers (its credential, if any)."""
@@ -198,15 +258,27 @@ class SseLegacyLink(LinkBase):
     async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
         exchange.cancelled = True
         self._pending.discard(exchange)
-        conn = self._conn
-        if exchange.written and exchange.method != "initialize" and conn is not None and conn.alive:
-            params: dict[str, Any] = {"requestId": exchange.upstream_id}
-            if reason:
-                params["reason"] = reason
-            note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
-            with contextlib.suppress(UpstreamFailure):
-                if conn.endpoint.done() and not conn.endpoint.cancelled() and conn.endpoint.exception() is None:
-                    await self._post(conn.endpoint.result(), note, self._own_headers(), None)
+        if exchange.written and exchange.method != "initialize":
+            if not exchange.heard:
+                # The POST's answer has not come: the server may not have taken the request into
+                # its session yet, and a cancellation (a POST on another connection) could get
+                # there first, name no request in flight, be ignored, and the request then run to
+                # its end. So it is sent once the answer came (or delivery ended, or a bound
+                # passed); a 404 meanwhile means the request was refused, and it is not sent again.
+                await wait_heard(exchange, self._upstream.connect_timeout_s)
+            conn = self._conn
+            if exchange.written and conn is not None and conn.alive:
+                params: dict[str, Any] = {"requestId": exchange.upstream_id}
+                if reason:
+                    params["reason"] = reason
+                note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+                with contextlib.suppress(UpstreamFailure):
+                    if conn.endpoint.done() and not conn.endpoint.cancelled() and conn.endpoint.exception() is None:
+                        await self._post(conn.endpoint.result(), note, self._own_headers(), None)
+        task = exchange.transport_state
+        if isinstance(task, asyncio.Task) and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)
         self._pending.fail(
             exchange,
             UpstreamFailure(
@@ -220,6 +292,10 @@ class SseLegacyLink(LinkBase):
         if self._closed:
             return
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
         self._drop_connection("the proxy closed the upstream link")
         self._upstream.forget(self)
 
@@ -240,13 +316,15 @@ class SseLegacyLink(LinkBase):
         if not fut.cancelled() and fut.exception() is None and "result" in fut.result():
             self._handshake_done = True
 
-    def _drop_connection(self, why: str) -> None:
+    def _drop_connection(self, why: str, keep: Exchange | None = None) -> None:
+        """Close the stream and fail every exchange in flight but `keep` (the request about to be
+        sent again on the next stream)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.alive = False
             if conn.reader is not None:
                 conn.reader.cancel()
-        self._pending.fail_all(FailureKind.CLOSED, why)
+        self._pending.fail_all(FailureKind.CLOSED, why, keep)
 
     async def _ensure_connected(self, *, replay: bool, credential: str | None = None) -> str:
         """The open stream's endpoint, opening the stream first if there is none: with the
@@ -401,15 +479,23 @@ class SseLegacyLink(LinkBase):
             log.exception("unsolicited message handler failed")
 
     async def _post(
-        self, endpoint: str, message: Message, headers: Mapping[str, str] | None, ex: Exchange | None
+        self,
+        endpoint: str,
+        message: Message,
+        headers: Mapping[str, str] | None,
+        ex: Exchange | None,
+        written: Callable[[], None] | None = None,
     ) -> int:
-        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises otherwise."""
+        """POST one message to the endpoint. Returns the status when it is 2xx or 404; raises
+        otherwise. `written` runs when the POST starts going out, after `ex.written` is set."""
         flag = WriteFlag()
 
         def on_write() -> None:
             flag.written = True
             if ex is not None:
                 ex.written = True
+            if written is not None:
+                written()
 
         h = {"content-type": "application/json", **(headers or {})}
         try:

@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message
-from proxy.upstream.base import Era, Exchange, Handshake
+from proxy.upstream.base import Era, Exchange, Handshake, wait_heard
 from proxy.upstream.h1 import Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import CLIENT_ERRORS, bounded_detail, session_refused
@@ -156,7 +156,11 @@ class HttpLegacyLink(HttpLink):
                         "the upstream session expired again right after it was re-established",
                         http_status=404,
                     ) from None
+                if ex.cancelled:
+                    return  # given up meanwhile (`cancel` ends the exchange): never sent again
                 await self._reestablish(stale)
+                if ex.cancelled:
+                    return
 
     async def _reestablish(self, stale: str | None) -> None:
         async with self._reinit_lock:
@@ -270,18 +274,7 @@ class HttpLegacyLink(HttpLink):
     async def _until_heard(self, exchange: Exchange) -> None:
         """Wait (bounded by the connect timeout) until the upstream answered the head of the
         request's POST, or its exchange ended."""
-        task = exchange.transport_state
-        if task is None:
-            return  # the exchange ended: its task or flight unlinks itself then (`_exchange_ended`)
-        loop = asyncio.get_running_loop()
-        waiter = exchange.on_heard = loop.create_future()
-        waits: set[asyncio.Future[Any]] = {waiter}
-        if isinstance(task, asyncio.Task):
-            waits.add(task)
-        try:
-            await asyncio.wait(waits, timeout=self._upstream.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            exchange.on_heard = None
+        await wait_heard(exchange, self._upstream.connect_timeout_s)
 
     async def _close_session(self) -> None:
         self._stop_get_stream()

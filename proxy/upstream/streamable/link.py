@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
-from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, ours
+from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, mark_heard, ours
 from proxy.upstream.h1 import ClientError, Connection, Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import (
@@ -119,8 +119,16 @@ class HttpLink(LinkBase):
             self._pending.discard(ex)
             raise
         except asyncio.CancelledError:
-            self._pending.discard(ex)
-            task.cancel()
+            if ex.written:
+                # Cancelled between the request going out and this returning: the caller gets no
+                # exchange to cancel, so it is cancelled here as one that was sent (2025: the
+                # notification; 2026: the POST closed), or the server would run it to its end.
+                cancelling = ex.response.get_loop().create_task(self.cancel(ex, "request cancelled by the proxy"))
+                self._tasks.add(cancelling)
+                cancelling.add_done_callback(self._tasks.discard)
+            else:
+                self._pending.discard(ex)
+                task.cancel()
             raise
         return ex
 
@@ -317,15 +325,17 @@ class HttpLink(LinkBase):
                     sent.set_result(None)
                 status = response.status
                 # A 404 (or a 400 naming the session) to a request that carried a session id is a
-                # refusal before processing: this request was not executed.
+                # refusal before processing: this request was not executed. Nor is it heard: a
+                # request sent again (on a re-established session) is taken only when the head of
+                # its own answer comes, which its cancellation waits for.
                 if status == 404 and self._sent_session(headers):
                     response.release()
-                    ex.written = False
+                    ex.written = ex.heard = False
                     raise self._forgotten(headers)
                 if not 200 <= status < 300:
                     raw = await read_bounded(response)
                     if status == 400 and self._sent_session(headers) and forgot_session(raw):
-                        ex.written = False
+                        ex.written = ex.heard = False
                         raise self._forgotten(headers)
                     raise status_failure_of(response, raw, ex.upstream_id)
                 self._accepted(headers)
@@ -490,8 +500,7 @@ class Flight:
 
 
 def _heard(ex: Exchange) -> None:
-    ex.heard = True
-    _wake(ex)
+    mark_heard(ex)
 
 
 def _wake(ex: Exchange) -> None:

@@ -18,7 +18,7 @@ from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.sse.link import SseLegacyLink, SseUpstream
 
-from ..servers import Journal, free_socket, initialize_request, serve, sse_app
+from ..servers import Journal, RawHttp, free_socket, initialize_request, serve, sse_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -311,3 +311,96 @@ async def test_passthrough_only_the_accepted_credential_reopens_the_stream_and_g
             assert gets[-1] == "Bearer alice-2" and None not in gets and "Bearer bob-1" not in gets
         finally:
             await up.aclose()
+
+
+async def test_a_request_refused_by_a_server_that_forgot_the_session_is_answered_by_its_second_post() -> None:
+    """A server that forgot the SSE session while its stream still looks open to the link (a
+    restart the link has not seen yet) answers the request's POST 404: the link opens a new stream,
+    replays the handshake and posts the request again, and the request's exchange gets that
+    answer. Failing the exchange (dispatch no) while its request was posted again would leave the
+    caller retrying a request that runs, and cancelling nothing when it gives up."""
+    streams: dict[str, asyncio.Queue[bytes | None]] = {}
+    forgotten: set[str] = set()
+    calls: list[str] = []  # the sessions that took a tools/call
+
+    async def sse(request: Request) -> Response:
+        sid = f"s{len(streams) + 1}"
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        streams[sid] = queue
+
+        async def body() -> AsyncIterator[bytes]:
+            yield f"event: endpoint\ndata: /messages/?session_id={sid}\n\n".encode()
+            while (item := await queue.get()) is not None:
+                yield b"event: message\ndata: " + item + b"\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def messages(request: Request) -> Response:
+        sid = request.query_params["session_id"]
+        body = orjson.loads(await request.body())
+        if sid in forgotten or sid not in streams:
+            return Response(status_code=404)
+        queue = streams[sid]
+        if body.get("method") == "initialize":
+            result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}
+            queue.put_nowait(orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}))
+        elif body.get("method") == "tools/call":
+            calls.append(sid)
+            text = f"{sid}:{body['params']['arguments']['text']}"
+            answer_ = {"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": text}]}}
+            queue.put_nowait(orjson.dumps(answer_))
+        return Response(status_code=202)
+
+    app = Starlette(routes=[Route("/sse", sse), Route("/messages/", messages, methods=["POST"])])
+    async with serve(app) as port:
+        up = SseUpstream(f"http://127.0.0.1:{port}/sse")
+        try:
+            link = await up.open(Era.LEGACY)
+            await answer(await link.send_request(initialize_request(link)))
+            await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            forgotten.add("s1")
+            resp = await answer(await link.send_request(call(link, "echo", {"text": "again"})))
+            assert resp["result"]["content"][0]["text"] == "s2:again"
+            assert calls == ["s2"] and link.reconnects == 1
+        finally:
+            await up.aclose()
+
+
+async def test_a_request_written_as_its_caller_is_cancelled_is_still_cancelled_upstream() -> None:
+    """A caller cancelled in the moment between its request's POST going out and `send_request`
+    handing back the exchange gets no exchange to cancel: the link must send
+    `notifications/cancelled` itself (once the POST was accepted), or the server runs the request
+    to its end. The server cancels the caller the moment the POST's bytes arrive."""
+    caller: asyncio.Task[Exchange] | None = None
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if method == "GET":
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            event = b"event: endpoint\ndata: /messages/?session_id=s1\n\n"
+            conn.write(b"%x\r\n%s\r\n" % (len(event), event))
+            return
+        if body.get("method") == "tools/call":
+            assert caller is not None
+            caller.cancel()  # the server has the request; its caller has not resumed yet
+        elif body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = SseUpstream(f"http://127.0.0.1:{port}/sse")
+    try:
+        link = await up.open(Era.LEGACY)
+        request = call(link, "slow", {"seconds": 30})
+        caller = asyncio.ensure_future(link.send_request(request))
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()

@@ -25,7 +25,15 @@ from proxy.upstream.streamable.legacy import HttpLegacyLink
 from proxy.upstream.streamable.modern import HttpModernLink
 from proxy.upstream.streamable.upstream import HttpUpstream
 
-from ..servers import Journal, free_socket, initialize_request, serve, start_subprocess_server, streamable_app
+from ..servers import (
+    Journal,
+    RawHttp,
+    free_socket,
+    initialize_request,
+    serve,
+    start_subprocess_server,
+    streamable_app,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
 WAIT = 10.0
@@ -821,3 +829,41 @@ async def test_passthrough_a_404_to_another_credential_refuses_it_and_never_move
             assert gets and set(gets) <= {"Bearer alice-1", "Bearer alice-2"}, gets  # never bob's, nor none
         finally:
             await up.aclose()
+
+
+async def test_legacy_request_written_as_its_caller_is_cancelled_is_still_cancelled_upstream() -> None:
+    """A 2025 caller cancelled in the moment between its request going out and `send_request`
+    handing back the exchange (the server already has it) gets no exchange to cancel: the link
+    must cancel it itself (`notifications/cancelled`), or the server runs the request to its end.
+    The server here cancels the caller the moment the request's bytes arrive, before the caller's
+    task resumes, and then records the cancellations it gets."""
+    caller: asyncio.Task[Exchange] | None = None
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if body.get("method") == "tools/call":
+            assert caller is not None
+            caller.cancel()  # the server has the request; its caller has not resumed yet
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            return
+        if body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.LEGACY)
+        request = call(link, "slow", {"seconds": 30})
+        caller = asyncio.ensure_future(link.send_request(request))
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()

@@ -125,6 +125,15 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--replay-stream-bytes", type=int, default=s, help="kept for resumption per 2025 response stream (17 MiB)"
     )
     p.add_argument("--replay-total-bytes", type=int, default=s, help="kept for resumption in total (64 MiB)")
+    p.add_argument(
+        "--resend-window-s",
+        type=float,
+        default=s,
+        help="an undelivered answer of a tool that is not read-only is kept this long for its re-send (300; 0: off)",
+    )
+    p.add_argument(
+        "--resend-total-bytes", type=int, default=s, help="undelivered answers kept for re-sends, together (64 MiB)"
+    )
     p.add_argument("--stderr-burst-lines", type=int, default=s, help="stdio child output lines logged at once (100)")
     p.add_argument(
         "--stderr-lines-per-s", type=float, default=s, help="stdio child output lines logged a second after (20)"

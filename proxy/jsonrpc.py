@@ -49,6 +49,7 @@ META_LOG_LEVEL: Final = "io.modelcontextprotocol/logLevel"
 META_PREFIX: Final = "io.mcp-recovery-proxy/"
 META_DEADLINE_MS: Final = META_PREFIX + "deadlineMs"
 META_APPROVE_BUDGET: Final = META_PREFIX + "approveBudget"
+META_IDEMPOTENCY_KEY: Final = META_PREFIX + "idempotencyKey"
 META_ATTEMPTS: Final = META_PREFIX + "attempts"
 # on a success after attempts that could not reach the upstream: how long it was unreachable (ms)
 META_UNREACHABLE_MS: Final = META_PREFIX + "unreachableMs"

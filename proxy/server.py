@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from proxy.auth import Authenticator, build_authenticator
 from proxy.auth.tokens import read_secret_file
 from proxy.core.engine import Engine
+from proxy.core.resend import Resends
 from proxy.core.service import Service
 from proxy.core.upstreams import build_upstream, upstream_secrets
 from proxy.policy.store import PolicyStore
@@ -63,6 +64,13 @@ def build_service(settings: Settings, policies: PolicyStore, telemetry: Telemetr
         upstream_name=upstream.description,
         max_concurrent_calls=settings.max_concurrent_calls,
         shared=state,
+        resends=Resends(
+            keep_s=settings.resend_window_s,
+            max_total_bytes=settings.resend_total_bytes,
+            max_answer_bytes=settings.resend_total_bytes // 16,
+        )
+        if settings.resend_window_s > 0
+        else None,
     )
     return Service(settings, upstream, tool_calls=engine, telemetry=telemetry, state=state)
 

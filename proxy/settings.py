@@ -105,6 +105,19 @@ class Settings(BaseSettings):
         le=16 * 1024 * 1024 * 1024,
         description="events all 2025 response streams keep for resumption, together",
     )
+    resend_window_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="how long the undelivered answer of a state-changing or idempotent tools/call is kept for its "
+        "re-send (0: re-sends are not matched, every call runs)",
+    )
+    resend_total_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=64 * 1024,
+        le=16 * 1024 * 1024 * 1024,
+        description="undelivered answers kept for re-sends, together (one answer at most a sixteenth of it)",
+    )
     stderr_burst_lines: int = Field(
         100, ge=0, le=1_000_000, description="stdio child output lines logged at once before the rate applies"
     )

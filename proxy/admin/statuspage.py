@@ -87,6 +87,8 @@ def status_document(
                     }
                 )
     doc["circuits"] = circuits
+    # re-sends answered by an earlier execution, and undelivered answers held for them
+    doc["resends"] = engine.resends.status() if engine is not None and engine.resends is not None else None
     doc["ledger"] = ledger
     snapshot = policies() if policies is not None else {}
     doc["policy"] = {

@@ -2,17 +2,17 @@
 
 `ToolCall.run` is the attempt loop the engine (proxy/core/engine.py) starts for every call: each
 attempt through the relay with its own timers, `decide` (proxy/recovery) after each, a backoff
-between, and at the end the upstream's answer or the unresolved result (the report). `CallProgress`
-relays the caller's progress and keeps the latest notes (at most `PROGRESS_NOTES`) as partial
-evidence of how far a failed call got.
+between, and at the end the upstream's answer or the unresolved result (the report). Its
+`CallProgress` (proxy/core/outbox.py) relays the caller's progress and keeps the latest notes as
+partial evidence of how far a failed call got.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,18 +25,18 @@ from proxy.core.attempt_end import (
     trace_entries,
     uncancel,
 )
-from proxy.core.outbox import Outbox, ProgressRelay, progress_token_of
+from proxy.core.outbox import CallProgress, Outbox, progress_token_of
 from proxy.core.relay import Relay
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, refuses_the_caller, untraced
 from proxy.jsonrpc import (
     META_APPROVE_BUDGET,
     META_DEADLINE_MS,
+    META_IDEMPOTENCY_KEY,
     META_PREFIX,
     STRUCTURED_CONTENT_VERSIONS,
     Message,
-    bounded,
 )
-from proxy.policy.compiled import ToolPolicy
+from proxy.policy.compiled import SideEffect, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
     AttemptRecord,
@@ -55,14 +55,13 @@ from proxy.recovery import (
     decide_first_attempt,
     ledger_summary,
     new_budget_id,
-    operation_digest,
     outcome_from_response,
     unresolved_result,
     with_attempts_meta,
 )
 from proxy.recovery.classify import SUCCESS as _SUCCESS
 from proxy.recovery.outcome import Outcome
-from proxy.recovery.report import PARTIAL_TEXT_LIMIT, report_of, unreachable_s
+from proxy.recovery.report import report_of, unreachable_s
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -79,38 +78,9 @@ if TYPE_CHECKING:
 
 UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
-PROGRESS_NOTES = 20
 # A NamedTuple's constructor is a Python-level `__new__` (a frame per event); `tuple.__new__` builds
 # the same `CallSucceeded` at half the cost. Once per successful call, so its fields go in positionally.
 new_event = tuple.__new__
-
-
-class CallProgress(ProgressRelay):
-    """Progress relayed to the caller and remembered (bounded) as partial evidence."""
-
-    __slots__ = ("attempt", "notes")
-
-    def __init__(self, token: Any, now_s: float) -> None:
-        super().__init__(token)
-        self.attempt = 1
-        # the latest notes (the furthest a failed call got), across its attempts
-        self.notes: deque[PartialResult] = deque(maxlen=PROGRESS_NOTES)
-
-    def rewrite(self, message: Message) -> Message | None:
-        params = message.get("params")
-        if isinstance(params, dict) and params.get("message"):
-            # Bounded: a note is echoed back in the result; numbers and a cut message only.
-            note: dict[str, Any] = {
-                k: params[k]
-                for k in ("progress", "total")
-                if isinstance(params.get(k), (int, float)) and not isinstance(params[k], bool)
-            }
-            text = params["message"]
-            note["message"] = bounded(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bounded(str(text), 80)
-            self.notes.append(PartialResult("progress", self.attempt, note))
-        if self.token is None:
-            return None  # the caller asked for no progress: kept as evidence only
-        return super().rewrite(message)
 
 
 class ToolCall:
@@ -188,15 +158,17 @@ class ToolCall:
         """The operation digest: (upstream, tool, arguments without the proxy's idempotency key);
         computed when first needed (a report or the ledger), which most calls never are."""
         if self._op is None:
-            key = self.policy.idempotency_key
-            self._op = operation_digest(
-                self.name,
-                self.arguments,
-                key.name if key is not None and key.location == "argument" else None,
-                self.principal,
-                upstream=self.e.upstream_name,
-            )
+            self._op = self.e.operation(self.name, self.arguments, self.policy, self.principal)
         return self._op
+
+    @property
+    def keeps_running(self) -> bool:
+        """Whether the call goes on when its client's stream closes: a tool that is not
+        read-only, with re-sends on, runs to its answer for a re-send to take (docs/recovery.md,
+        "Re-sends"); a read-only call stops, as a new one costs nothing."""
+        return self.e.resends is not None and (
+            self.policy.side_effect is not SideEffect.READ_ONLY or META_IDEMPOTENCY_KEY in self.meta
+        )
 
     @property
     def budget_id(self) -> str:
@@ -216,7 +188,7 @@ class ToolCall:
         out = dict(params)
         meta = {k: v for k, v in self.meta.items() if not k.startswith(META_PREFIX)}
         if key is not None:
-            value = uuid.uuid4().hex
+            value = self._key_value()
             if key.location == "argument":
                 out["arguments"] = {**(self.arguments or {}), key.name: value}
             else:
@@ -226,6 +198,19 @@ class ToolCall:
         else:
             out.pop("_meta", None)
         return out
+
+    def _key_value(self) -> str:
+        """The idempotency key the policy places upstream: the caller's own
+        (`io.mcp-recovery-proxy/idempotencyKey`) where it gave one, so a re-send the proxy could
+        not match (another replica, after a restart) is one operation for the server too;
+        under authentication a digest of (principal, key), so two principals' keys never meet
+        at the server. Else a new one per call, the same for all its attempts."""
+        given = self.meta.get(META_IDEMPOTENCY_KEY)
+        if not isinstance(given, str):
+            return uuid.uuid4().hex
+        if self.principal is None:
+            return given
+        return hashlib.sha256(f"{self.principal}\0{given}".encode()).hexdigest()[:32]
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> Message:
@@ -326,8 +311,8 @@ class ToolCall:
                 e.antistorm.record(label, policy, classified.category, now)
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
                 # finished and its success still delivered (the client may resume the stream);
-                # only a new attempt is not started.
-                gone = self.outbox.closed and classified.category is not None
+                # only a new attempt is not started, unless the call keeps running for a re-send.
+                gone = self.outbox.closed and classified.category is not None and not self.keeps_running
                 decision = decide(
                     policy, state, classified, now_s=now, rand=e.rand, admission=self._admit_retry, cancelled=gone
                 )
@@ -356,7 +341,7 @@ class ToolCall:
                             telemetry.emit(BackoffStarted(self.call_id, label, number + 1, delay))
                         await asyncio.sleep(delay)
                         self.backoff_s += delay
-                        if self.outbox.closed:
+                        if self.outbox.closed and not self.keeps_running:
                             # A 2025 client that disconnected during the backoff: no new attempt.
                             partials = list(progress.notes) if progress is not None else []
                             return await self._give_up(GiveUp(StopReason.CANCELLED), partials=partials)

@@ -16,7 +16,10 @@ With a shared store (`shared`, proxy/state), the ledger the engine reads is the 
 call that names one), an exhaustion is written to the store before the caller gets its result
 (bounded), and the retry budget's counts are exchanged by the store's own task.
 A caller's cancellation ends everything at once, with no response. A 2025 HTTP client that only
-disconnected has not cancelled: the attempt in flight finishes, no new one starts. A cancellation
+disconnected has not cancelled: the attempt in flight finishes, no new one starts. A call of a tool
+that is not read-only, with re-sends on (proxy/core/resend.py, docs/recovery.md "Re-sends"), goes
+on whichever era its client left: its answer is kept for a re-send, and a re-send (same operation
+digest) is answered by it instead of running the tool again. A cancellation
 while `stopping` is set is the end of the shutdown grace period (proxy/core/lifecycle.py), not the
 caller's: the call resolves as an unresolved result with stop reason `shutdown`, the attempt in
 flight (cancelled upstream by the relay) recorded as its last, dispatch unknown.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import random
 import time
@@ -37,17 +41,22 @@ from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
 from proxy.core.call import ToolCall, new_event
 from proxy.core.outbox import Outbox
 from proxy.core.relay import Relay
+from proxy.core.resend import Abandoned, Flight, Resends, as_resent
 from proxy.errors import UpstreamFailure, untraced
 from proxy.jsonrpc import (
+    INVALID_PARAMS,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
     META_DEADLINE_MS,
+    META_IDEMPOTENCY_KEY,
     META_LOG_LEVEL,
     META_PREFIX,
     META_PROTOCOL_VERSION,
     Message,
+    bounded,
+    error,
 )
-from proxy.policy.compiled import PolicySet, ToolPolicy
+from proxy.policy.compiled import PolicySet, SideEffect, ToolPolicy
 from proxy.recovery import (
     CallState,
     InMemoryLedger,
@@ -55,6 +64,7 @@ from proxy.recovery import (
     Refused,
     StopReason,
     TransportError,
+    operation_digest,
     outcome_from_response,
 )
 from proxy.recovery.antistorm import AntiStorm
@@ -66,6 +76,8 @@ from proxy.telemetry.events import (
     Telemetry,
 )
 
+log = logging.getLogger("proxy.engine")
+
 # `_meta` keys requests commonly carry that are not the proxy's own: a set lookup (the parser hands
 # over its cached key strings) spares the direct path a prefix test per key on every call.
 _FOREIGN_META = frozenset(
@@ -76,6 +88,17 @@ OVERLOAD_RETRY_AFTER_S = 1.0
 LOOKUP_TIMEOUT_S = 5.0  # listing tools for a call whose tool the catalog lacks, at most (and within its deadline)
 _POLICY_CACHE = 4096
 _IN_FLIGHT_KEEP = 256  # tool labels whose in-flight count stays listed at 0
+_READ_ONLY = SideEffect.READ_ONLY
+MAX_KEY_CHARS = 255  # the caller's idempotency key, at most
+
+
+def _keyed(meta: Any) -> bool:
+    """The call carries the caller's idempotency key (a read-only tool's call is held then too)."""
+    return meta.__class__ is dict and META_IDEMPOTENCY_KEY in meta
+
+
+async def _answered(message: Message) -> Message:
+    return message
 
 
 class Engine:
@@ -90,8 +113,11 @@ class Engine:
         rand: Callable[[], float] = random.random,
         max_concurrent_calls: int | None = None,
         shared: SharedState | None = None,
+        resends: Resends | None = None,
     ) -> None:
         self.policies = policies
+        # Re-sends of calls whose answer was lost (proxy/core/resend.py); None: every call runs.
+        self.resends = resends
         self.max_concurrent_calls = max_concurrent_calls
         # The shutdown grace period is over: a cancelled call answers `shutdown` (module docstring).
         self.stopping = False
@@ -152,6 +178,10 @@ class Engine:
             if hit is not None and hit[0] is self.policies() and hit[1] is annotations
             else self.policy_for(name, annotations)
         )
+        if self.resends is not None and (policy.side_effect is not _READ_ONLY or _keyed(params.get("_meta"))):
+            answered = self._hold(relay, request, outbox, headers, name, arguments, policy, principal)
+            if answered is not None:
+                return answered
         limit = self.max_concurrent_calls
         if policy.direct and not self.telemetry.starts and (limit is None or self.in_flight < limit):
             size = self.ledger_size
@@ -287,8 +317,105 @@ class Engine:
         call = ToolCall(
             self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal
         )
+        if self.resends is not None and (call.policy.side_effect is not _READ_ONLY or _keyed(call.meta)):
+            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal)
+            if answered is not None:
+                return await answered
         call.began = began
         return await call.run()
+
+    # -- re-sends (proxy/core/resend.py) ----------------------------------------------------------
+    def operation(
+        self, name: str, arguments: dict[str, Any] | None, policy: ToolPolicy, principal_id: str | None
+    ) -> str:
+        """The operation digest of a call: the ledger's key and the re-send table's."""
+        key = policy.idempotency_key
+        return operation_digest(
+            name,
+            arguments,
+            key.name if key is not None and key.location == "argument" else None,
+            principal_id,
+            upstream=self.upstream_name,
+        )
+
+    def _hold(
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        name: str,
+        arguments: dict[str, Any] | None,
+        policy: ToolPolicy,
+        principal: Principal | None,
+    ) -> Awaitable[Message] | None:
+        """A call of a tool that is not read-only, or one with the caller's idempotency key: the
+        answer of the earlier call it repeats (`_attach`), if one is listed; a refusal for a key
+        reused with other arguments or malformed; else None, and this call's outbox now reports
+        its answer's delivery to a flight of its own. Without a key the digest is computed only
+        if the flight gets listed or a table lookup needs it."""
+        resends = self.resends
+        assert resends is not None
+        who = principal.id if principal is not None else None
+        meta = request["params"].get("_meta")
+        key = meta.get(META_IDEMPOTENCY_KEY) if meta.__class__ is dict else None
+        if key is not None:
+            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+                return _answered(
+                    error(
+                        request["id"],
+                        INVALID_PARAMS,
+                        f"{META_IDEMPOTENCY_KEY} must be a string of 1 to {MAX_KEY_CHARS} characters",
+                    )
+                )
+            keyed_op = operation_digest("\0key", {"tool": name, "key": key}, None, who, upstream=self.upstream_name)
+            arguments_op = self.operation(name, arguments, policy, who)
+            twin = resends.find(keyed_op)
+            if twin is None:
+                outbox.hold(resends.keyed(keyed_op, arguments_op), True)
+                return None
+            if twin.arguments_differ(arguments_op):
+                return _answered(
+                    error(
+                        request["id"],
+                        INVALID_PARAMS,
+                        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
+                        "arguments: a key names one call; use a new key for a new call",
+                    )
+                )
+            return self._attach(twin, relay, request, outbox, headers, principal)
+        if resends:
+            twin = resends.find(self.operation(name, arguments, policy, who))
+            if twin is not None:
+                return self._attach(twin, relay, request, outbox, headers, principal)
+        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who)), True)
+        return None
+
+    async def _attach(
+        self,
+        twin: Flight,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        principal: Principal | None,
+    ) -> Message:
+        """A re-send: answered by its twin's execution (running, or answered and kept), never by
+        running the tool again. This request's outbox reports to the same flight, so the answer
+        stays kept until some client has it. A twin that ends without an answer (its caller
+        cancelled it) leaves this call to run as a call of its own."""
+        outbox.hold(twin, False)
+        try:
+            answer = await twin.wait()
+        except Abandoned:
+            return await self(relay, request, outbox, headers, principal)
+        assert self.resends is not None
+        self.resends.attached_one()
+        log.info(
+            "tools/call %s is a re-send of a call whose answer was not delivered: answered by that call's execution",
+            request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
+        )
+        return as_resent(answer, request["id"])
 
     def left(self, label: str) -> None:
         """A call of `label` is over: the in-flight counts (entered where the call starts)."""

@@ -4,7 +4,9 @@ rewritten to the caller's token, and the JSON-RPC errors for a request that got 
 Contract:
 - `Outbox.send` never blocks: it only enqueues (the frontends' streams implement it).
 - `ProgressRelay` maps one call's upstream progress to the caller's token, keeping values
-  increasing across attempts; `SilentProgress` gives the upstream a token a caller did not ask for.
+  increasing across attempts; `SilentProgress` gives the upstream a token a caller did not ask for;
+  `CallProgress` (a tools/call's) also keeps the latest `PROGRESS_NOTES` notes as partial evidence
+  of how far a failed call got.
 - `failure_response` and `timeout_response` answer a relayed request (not a `tools/call`, whose
   answers the engine writes) with the upstream's own JSON-RPC error where it sent one, else an error
   whose `data` names the failure (`PROXY_FAILURE_KEY`), every echoed text bounded.
@@ -12,26 +14,39 @@ Contract:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.auth.base import Principal
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import INTERNAL_ERROR, META_LOG_LEVEL, REQUEST_TIMEOUT, Message, RequestId, bounded, error
+from proxy.recovery import PartialResult
+from proxy.recovery.report import PARTIAL_TEXT_LIMIT
 
 if TYPE_CHECKING:
     from proxy.core.relay import Relay
+    from proxy.core.resend import Flight
 
 PROXY_FAILURE_KEY = "io.mcp-recovery-proxy/upstreamFailure"
+PROGRESS_NOTES = 20  # progress notes a call keeps as partial evidence, the latest
 
 
 class Outbox(Protocol):
-    """Where messages for one downstream request (or a listen stream) go. `send` never blocks."""
+    """Where messages for one downstream request (or a listen stream) go. `send` never blocks.
+
+    `hold(flight, owner)`: the request's answer must not be lost (proxy/core/resend.py): the
+    outbox reports to `flight` what became of it, and a client's disconnect no longer cancels the
+    request. `owner`: the request is the flight's own call (not a re-send attached to it). An
+    outbox whose client cannot come back for an answer (the proxy's own requests, stdio) ignores it.
+    """
 
     def send(self, message: Message) -> None: ...
 
     @property
     def closed(self) -> bool: ...
+
+    def hold(self, flight: Flight, owner: bool) -> None: ...
 
 
 # (relay, request, outbox, forwarded headers, principal or None) -> the response
@@ -44,6 +59,9 @@ class NullOutbox:
     closed = False
 
     def send(self, message: Message) -> None:
+        pass
+
+    def hold(self, flight: Flight, owner: bool) -> None:
         pass
 
 
@@ -67,6 +85,34 @@ class ProgressRelay:
                 return None
             self.last = value
         return {**message, "params": {**params, "progressToken": self.token}}
+
+
+class CallProgress(ProgressRelay):
+    """Progress relayed to the caller and remembered (bounded) as partial evidence."""
+
+    __slots__ = ("attempt", "notes")
+
+    def __init__(self, token: Any, now_s: float) -> None:
+        super().__init__(token)
+        self.attempt = 1
+        # the latest notes (the furthest a failed call got), across its attempts
+        self.notes: deque[PartialResult] = deque(maxlen=PROGRESS_NOTES)
+
+    def rewrite(self, message: Message) -> Message | None:
+        params = message.get("params")
+        if isinstance(params, dict) and params.get("message"):
+            # Bounded: a note is echoed back in the result; numbers and a cut message only.
+            note: dict[str, Any] = {
+                k: params[k]
+                for k in ("progress", "total")
+                if isinstance(params.get(k), (int, float)) and not isinstance(params[k], bool)
+            }
+            text = params["message"]
+            note["message"] = bounded(text, PARTIAL_TEXT_LIMIT) if isinstance(text, str) else bounded(str(text), 80)
+            self.notes.append(PartialResult("progress", self.attempt, note))
+        if self.token is None:
+            return None  # the caller asked for no progress: kept as evidence only
+        return super().rewrite(message)
 
 
 def progress_token_of(request: Message) -> Any:

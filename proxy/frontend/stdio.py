@@ -30,6 +30,7 @@ from typing import Any
 
 from proxy import jsonrpc
 from proxy.core.relay import Relay
+from proxy.core.resend import Flight
 from proxy.core.service import Service
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
@@ -64,6 +65,9 @@ class _StdoutOutbox:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def hold(self, flight: Flight, owner: bool) -> None:
+        """A stdio client that loses its pipe is gone with the proxy's session: nothing to keep."""
 
     def close(self) -> None:
         self._closed = True

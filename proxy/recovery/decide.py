@@ -256,8 +256,8 @@ _TABLE: tuple[DecisionRow, ...] = (
     DecisionRow(
         StopReason.CANCELLED,
         "caller",
-        "the caller cancelled the request (no response is sent), or a 2025 HTTP caller disconnected"
-        " (no new attempt; the result waits for a resumed stream)",
+        "the caller cancelled the request (no response is sent), or a 2025 HTTP caller of a read-only tool"
+        " disconnected (no new attempt; the result waits for a resumed stream)",
         "notifications/cancelled arrives during the backoff before attempt 2",
     ),
     DecisionRow(

@@ -35,6 +35,11 @@ Contract:
     at `--max-sessions` or `--max-sessions-per-client` (proxy/core/capacity.py).
   - `mcp_recovery_sessions_closed_uninitialized_total`: 2025 sessions closed because nothing
     followed their `initialize` within the session init timeout.
+  - `mcp_recovery_resends_total{event}`: re-sends of a state-changing or idempotent `tools/call`
+    whose first answer was not delivered (proxy/core/resend.py): `attached` (answered by the
+    earlier call's execution, the tool not run again), `kept` (an undelivered answer kept for a
+    re-send), `expired` (kept for the whole window, nobody came), `evicted` (dropped for the
+    table's bounds), `too_large` (an answer above the per-answer bound, not kept).
   - `mcp_recovery_auth_failures_total{reason}`: requests refused for their credentials or
     scopes, by `proxy.auth.base.REASONS` (the MCP port's 401/403, passthrough's relayed upstream
     401/403, the admin port's bearer token).
@@ -95,6 +100,12 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
         "Requests refused for their credentials or scopes (HTTP 401/403), by reason.",
         "reason",
         tuple(sorted(REASONS - {"other"})),
+    ),
+    "resends": (
+        "Re-sent tools/call answered by an earlier identical call's execution, and undelivered answers kept "
+        "for them, by event.",
+        "event",
+        ("attached", "kept", "expired", "evicted", "too_large"),
     ),
 }
 OTHER = "other"

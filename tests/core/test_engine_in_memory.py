@@ -464,7 +464,7 @@ async def test_a_success_under_an_approved_fresh_budget_says_which_budget_it_use
 
 
 def test_progress_notes_kept_as_partial_results_are_bounded() -> None:
-    from proxy.core.call import PROGRESS_NOTES, CallProgress
+    from proxy.core.outbox import PROGRESS_NOTES, CallProgress
 
     progress = CallProgress("caller-token", 0.0)
     huge = {"progressToken": "up-1", "progress": 1, "total": ["x"] * 1000, "message": "m" * 100_000}

@@ -25,8 +25,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from proxy.core.call import PROGRESS_NOTES
 from proxy.core.engine import Engine
+from proxy.core.outbox import PROGRESS_NOTES
 from proxy.core.relay import Relay, ToolCatalog
 from proxy.policy.compile import load_policy_dir
 from proxy.upstream.base import Exchange, OnMessage

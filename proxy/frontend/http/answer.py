@@ -13,7 +13,10 @@ Contract (`Answers.answer`, once per POSTed request):
   error once the answer already streams.
 - Returns whether a successful result was written (a new 2025 session is kept only then).
 - A client that went away is watched (`LateWatches`): its 2026 request, or a 2025 request other
-  than `tools/call`, is cancelled (see `answer`).
+  than `tools/call`, is cancelled (see `answer`), unless its answer is held for a re-send.
+- Delivery: once the answer is handed to a connection still open, the stream says so
+  (`Stream.wrote_answer`); a request whose answer is held (`Stream.hold`, proxy/core/resend.py)
+  thus knows whether its client got it.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class Answers:
             first, data = item
             ok = "result" in first
             await respond(send, status_for(first, modern), data, [JSON, *extra])
+            stream.wrote_answer()
             return ok
         finally:
             watches.end(stream)
@@ -160,6 +164,7 @@ class Answers:
                 message, data = item
                 await send({"type": "http.response.body", "body": sse(data), "more_body": True})
                 if jsonrpc.is_response(message) and message.get("id") == down_id:
+                    stream.wrote_answer()
                     ok = "result" in message
                     break
                 item = await next_message(stream, ping=send)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy import jsonrpc
+from proxy.core.resend import Flight
 from proxy.jsonrpc import Message
 from proxy.settings import Settings
 from proxy.telemetry.shed import SHED
@@ -70,10 +71,12 @@ class Stream:
         "_waiter",
         "down_id",
         "finished",
+        "flight",
         "listen",
         "max_bytes",
         "on_pressure",
         "on_stream",
+        "owns_flight",
         "pressured",
     )
 
@@ -98,8 +101,20 @@ class Stream:
         self.finished = False  # the handler is over: no message follows what is queued
         self.down_id: Any = None
         self.on_stream: Callable[[], None] | None = None
+        self.flight: Flight | None = None  # see `hold`
+        self.owns_flight = False
+
+    def hold(self, flight: Flight, owner: bool) -> None:
+        """The request's answer must not be lost (proxy/core/resend.py): `flight` hears of the
+        answer, of its delivery (`wrote_answer`) or of this stream closing before it; and the
+        client's disconnect does not cancel the request (`watch_disconnect`)."""
+        self.flight = flight
+        self.owns_flight = owner
 
     def send(self, message: Message) -> None:
+        flight = self.flight
+        if flight is not None and message.get("id") == self.down_id and jsonrpc.is_response(message):
+            flight.answered(message)
         if self._closed and not self._keep:
             return
         data = jsonrpc.dumps_out(message)  # once, secrets removed: the writer writes these bytes
@@ -180,10 +195,23 @@ class Stream:
         self.on_stream = None
         self.wake()
 
+    def wrote_answer(self) -> None:
+        """The request's answer was handed to the client's connection: delivered, unless the
+        stream had closed (the client was gone) before."""
+        flight = self.flight
+        if flight is not None and not self._closed:
+            flight.delivered()
+
     def close(self) -> None:
         self._closed = True
         if self.pressured:
             self._release()
+        flight = self.flight
+        if flight is not None and not flight.ended:
+            if flight.answer is None and self.finished and self.owns_flight:
+                flight.abandoned()  # the request ended without an answer: it was cancelled
+            else:
+                flight.stranded()  # the client went before its answer: a re-send may take it
         self.wake()
 
 
@@ -220,14 +248,14 @@ async def wait_disconnect(receive: Receive) -> None:
 
 async def watch_disconnect(receive: Receive, stream: Stream, cancel: asyncio.Task[None] | None) -> None:
     """Close `stream` when its client disconnects; then cancel `cancel` (the request's task) unless
-    the answer can still be resumed. 2026 HTTP: closing the response stream is the cancellation;
-    2025: see `Answers.answer` (proxy/frontend/http/answer.py)."""
+    the answer can still be resumed or a re-send may take it (`Stream.hold`). 2026 HTTP: closing the
+    response stream is the cancellation; 2025: see `Answers.answer` (proxy/frontend/http/answer.py)."""
     with contextlib.suppress(Exception):
         await wait_disconnect(receive)
         log.debug("client disconnected")
         resumable = stream.resumable
         stream.close()
-        if cancel is not None and not resumable:
+        if cancel is not None and not resumable and stream.flight is None:
             cancel.cancel()
 
 

@@ -24,6 +24,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from proxy import jsonrpc
+from proxy.core.resend import Flight
 from proxy.frontend.http.outbox import Receive, Send, Stream, next_message, sse, wait_disconnect
 from proxy.frontend.http.respond import SSE_HEADERS
 from proxy.jsonrpc import Message
@@ -58,6 +59,7 @@ class Replay:
         self.answer_seq: int | None = None  # the event carrying the request's answer
         self.seq = 0
         self.target: Send | None = None
+        self.flight: Flight | None = None  # the request's answer may be kept for a re-send too
         self.lock = asyncio.Lock()
         self.finished = asyncio.Event()
 
@@ -171,6 +173,7 @@ class Replays:
         2025-11-25 priming event. Returns whether a successful result was written."""
         replay = self.new(replay_key(next(self._ids)), session_id, down_id)
         replay.target = send
+        replay.flight = stream.flight
         ok = False
         try:
             if prime:
@@ -184,6 +187,10 @@ class Replays:
                 answer = jsonrpc.is_response(message) and message.get("id") == down_id
                 await replay.emit(data, answer=answer)
                 if answer:
+                    if replay.target is send:  # written to the client's connection, not only recorded
+                        stream.wrote_answer()
+                    elif replay.target is not None and replay.flight is not None:
+                        replay.flight.delivered()  # written to the GET that resumed the stream
                     ok = "result" in message
                     break
                 item = await next_message(stream, ping=replay.write_ping)
@@ -204,6 +211,8 @@ class Replays:
             for seq, data in list(replay.events):
                 if seq > after:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+                    if seq == replay.answer_seq and replay.flight is not None:
+                        replay.flight.delivered()  # resumed: a later identical call is a new call
             lost = replay.answer_seq
             if lost is not None and after < lost <= replay.evicted_upto:
                 # The answer was evicted to keep the buffers bounded: say so rather than end the

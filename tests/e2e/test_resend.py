@@ -14,8 +14,10 @@ from typing import Any
 
 import anyio
 import httpx
+import lxml.html
 import pytest
 
+from tests.e2e.test_status_page import browse
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
 
@@ -126,7 +128,7 @@ def rig(tmp_path: Path) -> Any:
         yield proxy, journal
 
 
-async def test_a_2026_call_whose_stream_was_cut_is_answered_once_to_its_reissue(rig: Any) -> None:
+async def test_a_2026_call_whose_stream_was_cut_is_answered_once_to_its_reissue(rig: Any, tmp_path: Path) -> None:
     proxy, journal = rig
     arguments = {"account": "a-1", "amount": 5, "then": "hang", "hang_s": 1.5, "call_id": "m1"}
     headers, body = modern(1, "charge", arguments)
@@ -146,6 +148,10 @@ async def test_a_2026_call_whose_stream_was_cut_is_answered_once_to_its_reissue(
     assert len(journal.effects("charge", "m1")) == 1
     assert not journal.events(tool="charge", event="cancelled", call="m1")  # ran to its end
     assert (await status(proxy))["attached"] == 1
+    # the operator's status page counts it (headless Chromium renders the page)
+    page = await anyio.to_thread.run_sync(browse, proxy.admin + "/", tmp_path / "profile")
+    cells = [td.text_content() for td in lxml.html.fromstring(page).xpath('//table[@id="resends"]/tbody/tr/td')]
+    assert cells == ["0", "0", "0", "1", "300 s"], cells
 
 
 async def test_an_answer_kept_after_its_call_ended_goes_to_the_reissue_and_only_once(rig: Any) -> None:

@@ -120,7 +120,7 @@ class Deadlines:
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
             if timer.active:
-                self._fire(timer)
+                self.fire(timer)
             elif self.dead:
                 self.dead -= 1
         while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
@@ -130,7 +130,9 @@ class Deadlines:
         if heap:
             self.arm(heap[0][0])
 
-    def _fire(self, timer: AttemptTimer) -> None:
+    def fire(self, timer: AttemptTimer) -> None:
+        """`timer`'s entry came due (the loop timer's sweep calls this): cancel its attempt's task,
+        or enter it again if it stands for a later moment now (sent since, or kept alive)."""
         due = timer.due()
         if timer.when is None or due > timer.when:  # entered for an earlier moment than it stands for
             timer.when = None

@@ -16,14 +16,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.core.deadlines import AttemptTimer, Deadlines
+from proxy.core.engine import Engine
+from proxy.core.relay import Relay, ToolCatalog
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
+from proxy.policy.compile import compile_files
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.streamable.failures import forgot_session
 from proxy.upstream.streamable.headers import encode_header_value
 from proxy.upstream.streamable.legacy import HttpLegacyLink
 from proxy.upstream.streamable.modern import HttpModernLink
 from proxy.upstream.streamable.upstream import HttpUpstream
+from tests.core.memory_link import RecordingOutbox
 
 from ..servers import (
     Journal,
@@ -863,6 +868,76 @@ async def test_legacy_request_written_as_its_caller_is_cancelled_is_still_cancel
             await caller
         await asyncio.wait_for(got_cancel.wait(), WAIT)
         assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatch_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same moment, through the relay and the engine, with the attempt's own timer as what
+    cancels: the request is on the server, `send_request` has not returned. The attempt must be
+    recorded as dispatch unknown (a state-changing tool: not retried, outcome unknown), never as
+    "not sent" (which would let the engine send it again), and the request is cancelled upstream.
+    The server fires the attempt's timer the moment the request's bytes arrive (what the loop
+    timer does when it comes due); a second attempt would be answered at once."""
+    timers: list[tuple[Deadlines, AttemptTimer]] = []
+    start = Deadlines.start
+
+    def recording(self: Deadlines, *args: Any, **kwargs: Any) -> AttemptTimer:
+        timer = start(self, *args, **kwargs)
+        timers.append((self, timer))
+        return timer
+
+    monkeypatch.setattr(Deadlines, "start", recording)
+    calls: list[Any] = []
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if body.get("method") == "tools/call":
+            calls.append(body["id"])
+            if len(calls) == 1:
+                deadlines, timer = timers[-1]
+                deadlines.fire(timer)  # due now: the server has the request; its caller has not resumed
+                conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                return
+            answer = orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer))
+            conn.write(answer)
+            return
+        if body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        link = await up.open(Era.LEGACY)
+        catalog = ToolCatalog()
+        catalog.observe(
+            {"tools": [{"name": "charge", "inputSchema": {"type": "object"}}]}
+        )  # unannotated: state-changing
+        # attempt timeout = deadline: the timer's one entry stands for the moment it fires here
+        policy = b"tools: [charge]\nattempts: 3\ndeadline: 20s\nattempt_timeout: 20s\n"
+        policies = compile_files([("charge.yaml", "charge.yaml", policy)])
+        engine = Engine(policies=lambda: policies, rand=lambda: 0.0)
+        relay = Relay(link, catalog=catalog, tool_calls=engine, session_id="s1")  # type: ignore[arg-type]
+        outbox = RecordingOutbox()
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "charge", "arguments": {}}}
+        await asyncio.wait_for(relay.handle_request(request, outbox), WAIT)
+        (answer,) = outbox.messages
+        assert len(calls) == 1, "sent once"
+        report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+        (step,) = report["attemptedSteps"]
+        assert step["dispatched"] == "unknown", step
+        assert report["stopReason"] == "outcome_unknown" and report["outcomeUnknown"] is True, report
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert cancelled_ids == calls
     finally:
         await up.aclose()
         server.close()

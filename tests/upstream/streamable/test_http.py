@@ -16,12 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.core.deadlines import AttemptTimer, Deadlines
-from proxy.core.engine import Engine
-from proxy.core.relay import Relay, ToolCatalog
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
-from proxy.policy.compile import compile_files
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.streamable.failures import forgot_session
 from proxy.upstream.streamable.headers import encode_header_value
@@ -30,6 +26,7 @@ from proxy.upstream.streamable.modern import HttpModernLink
 from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.core.memory_link import RecordingOutbox
 
+from ..attempts import CHARGE, AttemptTimers, state_changing_relay
 from ..servers import (
     Journal,
     RawHttp,
@@ -883,15 +880,7 @@ async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatc
     "not sent" (which would let the engine send it again), and the request is cancelled upstream.
     The server fires the attempt's timer the moment the request's bytes arrive (what the loop
     timer does when it comes due); a second attempt would be answered at once."""
-    timers: list[tuple[Deadlines, AttemptTimer]] = []
-    start = Deadlines.start
-
-    def recording(self: Deadlines, *args: Any, **kwargs: Any) -> AttemptTimer:
-        timer = start(self, *args, **kwargs)
-        timers.append((self, timer))
-        return timer
-
-    monkeypatch.setattr(Deadlines, "start", recording)
+    timers = AttemptTimers(monkeypatch)
     calls: list[Any] = []
     cancelled_ids: list[Any] = []
     got_cancel = asyncio.Event()
@@ -900,8 +889,7 @@ async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatc
         if body.get("method") == "tools/call":
             calls.append(body["id"])
             if len(calls) == 1:
-                deadlines, timer = timers[-1]
-                deadlines.fire(timer)  # due now: the server has the request; its caller has not resumed
+                timers.fire_latest()  # the server has the request; its caller has not resumed
                 conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
                 return
             answer = orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
@@ -917,21 +905,11 @@ async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatc
     port = server.sockets[0].getsockname()[1]
     up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
     try:
-        link = await up.open(Era.LEGACY)
-        catalog = ToolCatalog()
-        catalog.observe(
-            {"tools": [{"name": "charge", "inputSchema": {"type": "object"}}]}
-        )  # unannotated: state-changing
-        # attempt timeout = deadline: the timer's one entry stands for the moment it fires here
-        policy = b"tools: [charge]\nattempts: 3\ndeadline: 20s\nattempt_timeout: 20s\n"
-        policies = compile_files([("charge.yaml", "charge.yaml", policy)])
-        engine = Engine(policies=lambda: policies, rand=lambda: 0.0)
-        relay = Relay(link, catalog=catalog, tool_calls=engine, session_id="s1")  # type: ignore[arg-type]
+        relay = state_changing_relay(await up.open(Era.LEGACY))
         outbox = RecordingOutbox()
-        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "charge", "arguments": {}}}
-        await asyncio.wait_for(relay.handle_request(request, outbox), WAIT)
-        (answer,) = outbox.messages
+        await asyncio.wait_for(relay.handle_request(CHARGE, outbox), WAIT)
         assert len(calls) == 1, "sent once"
+        (answer,) = outbox.messages
         report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
         (step,) = report["attemptedSteps"]
         assert step["dispatched"] == "unknown", step

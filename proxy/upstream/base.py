@@ -17,11 +17,12 @@ unsolicited handler. Links never retry and never time out requests: the engine o
 `cancel` stops an exchange as the transport and era require and drops its late response.
 
 `on_write` (optional): called synchronously, without blocking, once the request may have reached
-the upstream (as it is written; maybe more than once), and at the latest before `send_request`
-returns or raises, in particular when `send_request` is cancelled after the write: the caller then
-has no exchange, yet must count the request as sent (dispatch unknown, never "not sent"). A link
-whose `send_request` is cancelled after the write cancels that request upstream itself, as
-`cancel` would.
+the upstream: as it is written, or (where another task of the link writes it) when `send_request`
+returns or is cancelled; maybe more than once, and always before `send_request` returns or
+raises. It matters when `send_request` is cancelled after the write: the caller then has no
+exchange, yet must count the request as sent (dispatch unknown, never "not sent"). A link whose
+`send_request` is cancelled after the write cancels that request upstream itself, as `cancel`
+would.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +74,17 @@ class EchoLink(LinkBase):
         self._loop = asyncio.get_running_loop()
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         ex = self._pending.add(message, on_message)
         ex.written = True
+        if on_write is not None:
+            on_write()
         if message["method"] == "tools/list":
             result: Any = {"tools": [TOOL]}
         else:

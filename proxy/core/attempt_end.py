@@ -50,8 +50,9 @@ def is_success(response: Message) -> bool:
 def timed_out(
     number: int, timeout_s: float, timeout: TimeoutError, policy: ToolPolicy, deadline_s: float
 ) -> TransportError:
-    """A timed-out attempt: not sent (the send deadline), silent past the idle timer, or
-    unanswered. The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
+    """A timed-out attempt: not sent (the send deadline, before any of the request was written),
+    silent past the idle timer, or unanswered (a request written but whose hand-over had not
+    returned included). The relay's timer (`AttemptTimedOut`) says which; a timeout of any other origin
     counts as sent (dispatch unknown), the side that never repeats a state-changing call. The
     detail names the timer that cut it, its value and the policy key that changes it."""
     was_sent = timeout.sent if isinstance(timeout, AttemptTimedOut) else True

@@ -9,6 +9,9 @@ Contract:
 - Before the request is handed to the transport the timer stands for the send deadline; after,
   for the response timeout (never past the deadline), and with `idle_s` also for the idle timer,
   which any message related to the attempt restarts (`alive_at`).
+- `AttemptTimer.wrote` (the link's `on_write`) records that the request may have reached the
+  upstream even when the hand-over never returned: a timer firing then says sent (dispatch
+  unknown), never "not sent".
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any
 
 
 class AttemptTimedOut(TimeoutError):
-    """`Relay.attempt`'s timer ran out. `sent` says whether the request had been handed to the
-    transport by then (the response timeout) or not (the send deadline): the timer knows, so no
-    flag object is built per attempt to tell."""
+    """`Relay.attempt`'s timer ran out. `sent` says whether the request may have reached the
+    upstream by then (handed to the transport, or written while the hand-over was still running)
+    or not (cut by the send deadline before anything went out): the timer knows, so no flag object
+    is built per attempt to tell."""
 
     def __init__(self, sent: bool, idle_s: float | None = None) -> None:
         super().__init__()
@@ -116,7 +120,7 @@ class Deadlines:
         while heap and heap[0][0] <= horizon:
             timer = heapq.heappop(heap)[2]
             if timer.active:
-                self._fire(timer)
+                self.fire(timer)
             elif self.dead:
                 self.dead -= 1
         while heap and not heap[0][2].active:  # no wake-up for attempts that already ended
@@ -126,7 +130,9 @@ class Deadlines:
         if heap:
             self.arm(heap[0][0])
 
-    def _fire(self, timer: AttemptTimer) -> None:
+    def fire(self, timer: AttemptTimer) -> None:
+        """`timer`'s entry came due (the loop timer's sweep calls this): cancel its attempt's task,
+        or enter it again if it stands for a later moment now (sent since, or kept alive)."""
         due = timer.due()
         if timer.when is None or due > timer.when:  # entered for an earlier moment than it stands for
             timer.when = None
@@ -149,9 +155,24 @@ class AttemptTimer:
     With `idle_s`, the attempt also ends when nothing related to it (progress, a log message, a
     request to the client) came for that long since it was sent or since the last such message
     (`alive_at`); never later than the response timeout or the deadline. A message only moves
-    `alive_at`: the entry fires at its old time, finds itself early and is entered again."""
+    `alive_at`: the entry fires at its old time, finds itself early and is entered again.
 
-    __slots__ = ("active", "alive_at", "deadline_at", "fired", "idle_s", "response_s", "sent_at", "task", "when")
+    `written` turns true when the link wrote the request (`wrote`, its `on_write`): from then on
+    the attempt counts as sent even if the hand-over is cut before it returned (a stdio child not
+    reading its stdin, an HTTP request whose answer's head has not come)."""
+
+    __slots__ = (
+        "active",
+        "alive_at",
+        "deadline_at",
+        "fired",
+        "idle_s",
+        "response_s",
+        "sent_at",
+        "task",
+        "when",
+        "written",
+    )
 
     def __init__(
         self, task: asyncio.Task[Any] | None, response_s: float, deadline_at: float, when: float, idle_s: float | None
@@ -165,6 +186,16 @@ class AttemptTimer:
         self.when: float | None = when
         self.idle_s = idle_s
         self.alive_at: float | None = None
+        self.written = False
+
+    def wrote(self) -> None:
+        """The link wrote the request (its `on_write`): it may have reached the upstream."""
+        self.written = True
+
+    @property
+    def sent(self) -> bool:
+        """Whether the request may have reached the upstream: handed over, or written."""
+        return self.written or self.sent_at is not None
 
     def due(self) -> float:
         sent_at = self.sent_at

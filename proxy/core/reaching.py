@@ -14,7 +14,7 @@ Contract:
   too (as the upstream's own 400 would be: validation, not dispatched): the answer says so.
 - One reach at a time, shared by the calls that wait for it, never cancelled by one of them
   (an attempt's timer stops its own wait, not the service's probe).
-- Cancelling an exchange cancels it on the link that took it.
+- Cancelling an exchange cancels it on the link that took it; `on_write` is the real link's.
 """
 
 from __future__ import annotations
@@ -67,10 +67,16 @@ class ReachingLink:
         return await asyncio.shield(task)
 
     async def send_request(
-        self, message: Message, *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: Message,
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         link = await self.link()
-        exchange = await link.send_request(message, on_message=on_message, headers=headers)
+        # cancelled after the real link wrote the request: that link cancels it upstream itself
+        exchange = await link.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         self._taken[exchange.upstream_id] = link
         # answered: nothing left to cancel (a cancelled one waits for `cancel`, which pops it)
         exchange.response.add_done_callback(

@@ -337,7 +337,9 @@ class Relay:
         caps the response timer (the call's deadline is never passed). `sent` is set once the
         request was handed over (for a caller that waits for that). If the awaiting task is
         cancelled (the caller cancelled, or a timer fired), the upstream exchange is cancelled as
-        its transport requires.
+        its transport requires (by the link itself when it is cancelled after writing the request,
+        before it returned the exchange); a timer that fires once the link wrote the request raises
+        `AttemptTimedOut` with `sent` true, whether or not the hand-over returned.
         `params` replaces the request's params (the engine adds an idempotency key this way).
         `idle_s` (with `response_timeout_s`): the attempt also ends when nothing related to it came
         for that long (`AttemptTimedOut.idle_s` says so); the upstream then gets a progress token
@@ -391,7 +393,9 @@ class Relay:
         sent_ex: Exchange | None = None
         try:
             async with ticket:  # waiting for a slot or the client's share counts against the send deadline
-                sent_ex = await link.send_request(up, on_message=on_message, headers=headers)
+                # `timer.wrote`: a hand-over cut after the link wrote the request still counts as
+                # sent (a timer firing says dispatch unknown, never "not sent")
+                sent_ex = await link.send_request(up, on_message=on_message, headers=headers, on_write=timer.wrote)
                 timer.sent_at = loop.time()
                 if timer.when is None:
                     deadlines.enter(timer)
@@ -403,7 +407,7 @@ class Relay:
                 self._cancel_upstream(sent_ex, "request cancelled by the proxy")
             if timer.fired and timer.task is not None and timer.task.uncancel() == 0:
                 # our timer, and nobody else cancelled the task
-                raise AttemptTimedOut(timer.sent_at is not None, idle_s if timer.idled() else None) from None
+                raise AttemptTimedOut(timer.sent, idle_s if timer.idled() else None) from None
             raise
         finally:
             deadlines.end(timer)

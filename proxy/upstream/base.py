@@ -15,6 +15,14 @@ response (result or error) or fails with `UpstreamFailure`. Messages tied to the
 on that request's own response stream) go to `on_message`; everything else goes to the link's
 unsolicited handler. Links never retry and never time out requests: the engine owns both.
 `cancel` stops an exchange as the transport and era require and drops its late response.
+
+`on_write` (optional): called synchronously, without blocking, once the request may have reached
+the upstream: as it is written, or (where another task of the link writes it) when `send_request`
+returns or is cancelled; maybe more than once, and always before `send_request` returns or
+raises. It matters when `send_request` is cancelled after the write: the caller then has no
+exchange, yet must count the request as sent (dispatch unknown, never "not sent"). A link whose
+`send_request` is cancelled after the write cancels that request upstream itself, as `cancel`
+would.
 """
 
 from __future__ import annotations
@@ -130,6 +138,7 @@ class UpstreamLink(Protocol):
         *,
         on_message: OnMessage | None = None,
         headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange: ...
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None: ...

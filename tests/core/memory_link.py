@@ -3,7 +3,7 @@ logic (no sockets, no processes). Subclasses decide how `send_request` answers."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.upstream.base import Era, Exchange, OnMessage, PendingTable
@@ -24,11 +24,18 @@ class MemoryLink:
         pass
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         self.sent.append(message)
         ex = self.pending.add(message, on_message)
         ex.written = True
+        if on_write is not None:
+            on_write()
         return ex
 
     def answer(self, ex: Exchange, result: dict[str, Any]) -> None:

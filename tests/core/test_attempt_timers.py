@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -28,10 +28,15 @@ class SlowLink(MemoryLink):
         self.send_s, self.answer_s = send_s, answer_s
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         await asyncio.sleep(self.send_s)
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         if self.answer_s is not None:
             asyncio.get_running_loop().call_later(self.answer_s, self.answer, ex, {})
         return ex

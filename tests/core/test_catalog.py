@@ -5,7 +5,7 @@ would be. The link stands in for a transport; what is tested is the catalog's an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -40,9 +40,14 @@ class ListingLink(MemoryLink):
         self.unsolicited = handler
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         if message["method"] == "tools/list":
             self.lists += 1
             answer = self.listing if self.listing is not None else {}

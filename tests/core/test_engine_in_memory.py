@@ -4,7 +4,7 @@ through real peers. The link stands in for a transport; what is tested is the en
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,14 @@ class ScriptedLink(MemoryLink):
         self.on_send = on_send
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         result = self.results[min(len(self.sent), len(self.results)) - 1]
         asyncio.get_running_loop().call_soon(self.answer, ex, result)
         if self.on_send is not None:
@@ -280,9 +285,14 @@ class _RawLink(MemoryLink):
         self.answer_with = answer
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         reply = {**self.answer_with, "id": message["id"]}
         asyncio.get_running_loop().call_soon(self.pending.resolve, reply)
         return ex
@@ -353,9 +363,14 @@ class ErrorLink(MemoryLink):
         self.code = code
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         error = {"jsonrpc": "2.0", "id": ex.upstream_id, "error": {"code": self.code, "message": "upstream broke"}}
         asyncio.get_running_loop().call_soon(self.pending.resolve, error)
         return ex
@@ -398,12 +413,17 @@ class SilentListLink(ScriptedLink):
     (`results` empty)."""
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         if message.get("method") == "tools/list" or not self.results:
             self.sent.append(message)
             return self.pending.add(message, on_message)
-        return await super().send_request(message, on_message=on_message, headers=headers)
+        return await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
 
 
 @pytest.mark.parametrize("answers", [True, False])
@@ -525,9 +545,10 @@ async def test_the_tool_listing_made_for_a_call_carries_that_callers_credential_
             *,
             on_message: OnMessage | None = None,
             headers: Mapping[str, str] | None = None,
+            on_write: Callable[[], None] | None = None,
         ) -> Exchange:
             seen.append((message["method"], headers))
-            return await super().send_request(message, on_message=on_message, headers=headers)
+            return await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
 
     listing = {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
     link = Recording([listing, {"content": []}])

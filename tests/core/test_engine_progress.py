@@ -82,9 +82,14 @@ class ProgressLink(MemoryLink):
         self.tasks: list[asyncio.Task[None]] = []
 
     async def send_request(
-        self, message: dict[str, Any], *, on_message: OnMessage | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        on_message: OnMessage | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
-        ex = await super().send_request(message, on_message=on_message, headers=headers)
+        ex = await super().send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         script = self.scripts[min(len(self.sent), len(self.scripts)) - 1]
         self.tasks.append(asyncio.get_running_loop().create_task(script(Attempt(self, message, ex))))
         return ex

@@ -78,3 +78,25 @@ async def test_an_attempt_that_reached_the_upstream_and_was_given_up_is_cancelle
     (answer,) = outbox.messages
     assert answer["result"]["isError"] is True
     assert calls, "the attempt reached the real link"
+
+
+class WritesThenWaits(SilentLink):
+    """Writes a tool call (its `on_write` runs), then its `send_request` never returns: a hand-over
+    that an attempt's timer cuts after the request went out."""
+
+    async def send_request(self, message: dict[str, Any], **kw: Any) -> Any:
+        ex = await super().send_request(message, **kw)
+        if message["method"] == "tools/call":
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        return ex
+
+
+async def test_an_attempt_cut_after_the_reached_link_wrote_it_is_dispatch_unknown() -> None:
+    reach = Reach(WritesThenWaits(), failures=0)
+    outbox = RecordingOutbox()
+    async with asyncio.timeout(10):
+        await reaching_relay(reach).handle_request(CALL, outbox, by_id=False)
+    (answer,) = outbox.messages
+    report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+    assert [step["dispatched"] for step in report["attemptedSteps"]] == ["unknown"], report
+    assert report["stopReason"] == "outcome_unknown", report

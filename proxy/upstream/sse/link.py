@@ -145,6 +145,7 @@ class SseLegacyLink(LinkBase):
         *,
         on_message: OnMessage | None = None,
         headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
@@ -164,11 +165,15 @@ class SseLegacyLink(LinkBase):
             raise
         except asyncio.CancelledError:
             if ex.written:  # the POST went out: it is cancelled as a request that was sent
+                if on_write is not None:
+                    on_write()  # the delivery task wrote it: the caller hears so before it ends
                 self._keep(asyncio.get_running_loop().create_task(self.cancel(ex, "request cancelled by the proxy")))
             else:
                 self._pending.discard(ex)
                 task.cancel()
             raise
+        if on_write is not None:
+            on_write()
         if message.get("method") == "initialize":
             ex.response.add_done_callback(self._on_initialize_answer)
         return ex

@@ -13,6 +13,9 @@
 - Quick successive deaths back off (a crash loop): while the backoff lasts, a request fails at
   once with `NOT_RUNNING` (dispatch no) and the remaining wait as `retry_after_s`
   (`next_spawn_at`).
+- A request is written at once; `send_request` then waits while the child's stdin pipe is full.
+  Cancelled in that wait, the request counts as written (`on_write` ran) and is cancelled here
+  (`notifications/cancelled` queued behind it): its caller never got the exchange to cancel.
 - An answer from a child marks it `answered`, resets the crash count and reports the upstream up;
   an exit the proxy did not ask for is reported to the owner (`LinkOwner.lost`).
 """
@@ -119,6 +122,7 @@ class StdioLink(LinkBase):
         *,
         on_message: OnMessage | None = None,
         headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         self._handshake.observe(message)
         child = await self._ensure_child(message)
@@ -129,10 +133,19 @@ class StdioLink(LinkBase):
             self._pending.discard(ex)
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, f"upstream stdin closed: {exc}") from None
         ex.written = True
+        if on_write is not None:
+            on_write()
         try:
             await child.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             self._pending.fail(ex, UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, f"write failed: {exc}"))
+        except asyncio.CancelledError:
+            # Cancelled while the child's stdin pipe is full (the child does not read it): the
+            # request is written (it reaches the child once it reads again), and the caller gets
+            # no exchange to cancel. So it is cancelled here, its notification queued right
+            # behind it, or the child would run it to its end.
+            self._cancel_written(child, ex, "request cancelled by the proxy")
+            raise
         return ex
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
@@ -153,10 +166,18 @@ class StdioLink(LinkBase):
         self._pending.discard(exchange)
         if not exchange.written or exchange.method == "initialize":
             return
-        params: dict[str, object] = {"requestId": exchange.upstream_id}
-        if reason:
-            params["reason"] = reason
-        await self.send_notification({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+        await self.send_notification(_cancelled_note(exchange, reason))
+
+    def _cancel_written(self, child: Child, exchange: Exchange, reason: str) -> None:
+        """`cancel` for a request written to `child` whose `send_request` was cancelled: the
+        notification is queued on the child's stdin without waiting for the pipe to drain (the
+        caller is being cancelled; the bytes go out once the child reads)."""
+        exchange.cancelled = True
+        self._pending.discard(exchange)
+        if exchange.method == "initialize" or not child.alive:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            child.write(dumps(_cancelled_note(exchange, reason)) + b"\n")
 
     def pause_reading(self, paused: bool) -> None:
         """Backpressure from this link's one client (a legacy session): while a stream of its
@@ -301,6 +322,13 @@ class StdioLink(LinkBase):
         n = self._quick_deaths
         delay_s = 0.0 if n <= 1 else min(self._upstream.max_restart_backoff_s, 0.25 * 2 ** (n - 2))
         self._next_spawn_at = time.monotonic() + delay_s
+
+
+def _cancelled_note(exchange: Exchange, reason: str | None) -> Message:
+    params: dict[str, object] = {"requestId": exchange.upstream_id}
+    if reason:
+        params["reason"] = reason
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
 
 
 _NOT_JSON = object()

@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.jsonrpc import LEGACY_VERSIONS, Message, RequestId, valid_id
@@ -63,6 +63,7 @@ class SessionLink:
         *,
         on_message: OnMessage | None = None,
         headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         method = message.get("method", "")
         if method == "initialize":
@@ -76,7 +77,8 @@ class SessionLink:
         busy[self] = busy.get(self, 0) + 1  # before any wait: the next placement sees it
         try:
             await child.ready()
-            ex = await child.link.send_request(message, on_message=on_message, headers=headers)
+            # a request cancelled after the child's link wrote it is cancelled by that link
+            ex = await child.link.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         except BaseException:
             self._done(child)
             raise

@@ -4,7 +4,9 @@ the JSON-RPC message level.
 `HttpLink` (subclassed by `HttpModernLink` and `HttpLegacyLink`) implements `UpstreamLink`:
 - `send_request` POSTs the message and returns its `Exchange` once the request started going out
   (a failure before that is raised: dispatch no); from then on the exchange's future gets the
-  response, or the `UpstreamFailure` with dispatch unknown. Two ways through, the same outcome:
+  response, or the `UpstreamFailure` with dispatch unknown. Cancelled after the request started
+  going out, it calls the caller's `on_write` and cancels the request itself (the caller has no
+  exchange to cancel). Two ways through, the same outcome:
   * When a pooled connection is idle, the request is written at once (`h1.HttpClient.send_now`)
     and a 2xx `application/json` answer is delivered from the connection's own callbacks
     (`Flight`, an `h1.Sink`): no task per request. Any other answer (an event stream, an error
@@ -31,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
@@ -87,6 +89,7 @@ class HttpLink(LinkBase):
         *,
         on_message: OnMessage | None = None,
         headers: Mapping[str, str] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> Exchange:
         if self._closed:
             raise UpstreamFailure(FailureKind.CLOSED, Dispatch.NO, "the upstream link is closed")
@@ -108,6 +111,8 @@ class HttpLink(LinkBase):
                 raise _invalid_header() from None
             if flight.conn is not None:
                 ex.written = True
+                if on_write is not None:
+                    on_write()
                 ex.transport_state = flight
                 return ex
         # the exchange's loop (its table's), asked once for the request
@@ -122,7 +127,11 @@ class HttpLink(LinkBase):
             if ex.written:
                 # Cancelled between the request going out and this returning: the caller gets no
                 # exchange to cancel, so it is cancelled here as one that was sent (2025: the
-                # notification; 2026: the POST closed), or the server would run it to its end.
+                # notification; 2026: the POST closed), or the server would run it to its end;
+                # and the caller hears it went out (the exchange task wrote it: `on_write` is
+                # called here, in the caller's task, before its cancellation goes on).
+                if on_write is not None:
+                    on_write()
                 cancelling = ex.response.get_loop().create_task(self.cancel(ex, "request cancelled by the proxy"))
                 self._tasks.add(cancelling)
                 cancelling.add_done_callback(self._tasks.discard)
@@ -130,6 +139,8 @@ class HttpLink(LinkBase):
                 self._pending.discard(ex)
                 task.cancel()
             raise
+        if on_write is not None:
+            on_write()
         return ex
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:

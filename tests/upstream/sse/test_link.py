@@ -17,7 +17,9 @@ from proxy.errors import Dispatch, FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Era, Exchange
 from proxy.upstream.sse.link import SseLegacyLink, SseUpstream
+from tests.core.memory_link import RecordingOutbox
 
+from ..attempts import CHARGE, AttemptTimers, state_changing_relay
 from ..servers import Journal, RawHttp, free_socket, initialize_request, serve, sse_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28")]
@@ -400,6 +402,61 @@ async def test_a_request_written_as_its_caller_is_cancelled_is_still_cancelled_u
             await caller
         await asyncio.wait_for(got_cancel.wait(), WAIT)
         assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_attempt_timer_firing_as_its_post_is_written_records_dispatch_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same moment through the relay and the engine, with the attempt's own timer as what
+    cancels: the attempt is recorded as dispatch unknown (a state-changing tool: outcome unknown,
+    not sent again), never "not sent", and the request is cancelled upstream. The server fires
+    the attempt's timer the moment the POST's bytes arrive; a second attempt would be answered at
+    once on the stream."""
+    timers = AttemptTimers(monkeypatch)
+    streams: list[RawHttp] = []
+    calls: list[Any] = []
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if method == "GET":
+            streams.append(conn)
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            event = b"event: endpoint\ndata: /messages/?session_id=s1\n\n"
+            conn.write(b"%x\r\n%s\r\n" % (len(event), event))
+            return
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+        if body.get("method") == "tools/call":
+            calls.append(body["id"])
+            if len(calls) == 1:
+                timers.fire_latest()  # the server has the request; its caller has not resumed
+                return
+            answer = orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
+            event = b"event: message\ndata: %s\n\n" % answer
+            streams[-1].write(b"%x\r\n%s\r\n" % (len(event), event))
+        elif body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = SseUpstream(f"http://127.0.0.1:{port}/sse")
+    try:
+        relay = state_changing_relay(await up.open(Era.LEGACY))
+        outbox = RecordingOutbox()
+        await asyncio.wait_for(relay.handle_request(CHARGE, outbox), WAIT)
+        assert len(calls) == 1, "sent once"
+        (answer,) = outbox.messages
+        report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+        (step,) = report["attemptedSteps"]
+        assert step["dispatched"] == "unknown", step
+        assert report["stopReason"] == "outcome_unknown" and report["outcomeUnknown"] is True, report
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert cancelled_ids == calls
     finally:
         await up.aclose()
         server.close()

@@ -24,7 +24,9 @@ from proxy.upstream.streamable.headers import encode_header_value
 from proxy.upstream.streamable.legacy import HttpLegacyLink
 from proxy.upstream.streamable.modern import HttpModernLink
 from proxy.upstream.streamable.upstream import HttpUpstream
+from tests.core.memory_link import RecordingOutbox
 
+from ..attempts import CHARGE, AttemptTimers, state_changing_relay
 from ..servers import (
     Journal,
     RawHttp,
@@ -863,6 +865,57 @@ async def test_legacy_request_written_as_its_caller_is_cancelled_is_still_cancel
             await caller
         await asyncio.wait_for(got_cancel.wait(), WAIT)
         assert request["id"] in cancelled_ids
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatch_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same moment, through the relay and the engine, with the attempt's own timer as what
+    cancels: the request is on the server, `send_request` has not returned. The attempt must be
+    recorded as dispatch unknown (a state-changing tool: not retried, outcome unknown), never as
+    "not sent" (which would let the engine send it again), and the request is cancelled upstream.
+    The server fires the attempt's timer the moment the request's bytes arrive (what the loop
+    timer does when it comes due); a second attempt would be answered at once."""
+    timers = AttemptTimers(monkeypatch)
+    calls: list[Any] = []
+    cancelled_ids: list[Any] = []
+    got_cancel = asyncio.Event()
+
+    def on_request(conn: RawHttp, method: str, path: str, body: Any) -> None:
+        if body.get("method") == "tools/call":
+            calls.append(body["id"])
+            if len(calls) == 1:
+                timers.fire_latest()  # the server has the request; its caller has not resumed
+                conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                return
+            answer = orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
+            conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer))
+            conn.write(answer)
+            return
+        if body.get("method") == "notifications/cancelled":
+            cancelled_ids.append(body["params"]["requestId"])
+            got_cancel.set()
+        conn.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.get_running_loop().create_server(lambda: RawHttp(on_request), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    up = HttpUpstream(f"http://127.0.0.1:{port}/mcp")
+    try:
+        relay = state_changing_relay(await up.open(Era.LEGACY))
+        outbox = RecordingOutbox()
+        await asyncio.wait_for(relay.handle_request(CHARGE, outbox), WAIT)
+        assert len(calls) == 1, "sent once"
+        (answer,) = outbox.messages
+        report = answer["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
+        (step,) = report["attemptedSteps"]
+        assert step["dispatched"] == "unknown", step
+        assert report["stopReason"] == "outcome_unknown" and report["outcomeUnknown"] is True, report
+        await asyncio.wait_for(got_cancel.wait(), WAIT)
+        assert cancelled_ids == calls
     finally:
         await up.aclose()
         server.close()

@@ -316,7 +316,7 @@ class Service:
                 try:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
-                    log.info("upstream %s: %s", self.upstream.description, self.capabilities)
+                    log.info("upstream %s: %s; %s", self.upstream.description, self.capabilities, self.served_eras())
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
@@ -409,6 +409,16 @@ class Service:
         if not reaching:
             relay.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
         return relay
+
+    def served_eras(self) -> dict[str, str]:
+        """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
+        clients over a 2025 session of the proxy's), `refused` (as the upstream would refuse it)."""
+        caps = self.capabilities
+        if caps is None:
+            return {}
+        bridged = caps.legacy and self.settings.era_bridge
+        modern = "native" if caps.modern else "bridged" if bridged else "refused"
+        return {"2025": "native" if caps.legacy else "refused", "2026-07-28": modern}
 
     def legacy_supported(self) -> bool:
         return self.capabilities is None or self.capabilities.legacy

@@ -77,7 +77,7 @@ def legacy_initialize(request_id: RequestId) -> Message:
     return {"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": params}
 
 
-def _without_modern_meta(message: Message) -> Message:
+def without_modern_meta(message: Message) -> Message:
     params = message.get("params")
     if not isinstance(params, dict):
         return message
@@ -91,7 +91,7 @@ def _without_modern_meta(message: Message) -> Message:
     return {**message, "params": new_params}
 
 
-def _level_of(message: Message) -> int | None:
+def level_of(message: Message) -> int | None:
     """The index in LOG_LEVELS of the level a 2026 request asked for; None: no log messages."""
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
@@ -173,7 +173,7 @@ class ModernOverLegacy:
     ) -> Exchange:
         method = message.get("method")
         if method == "server/discover":
-            return self._answered(message, self._discover())
+            return self._answered(message, self.discover())
         if method == "subscriptions/listen":
             return self._listen(message, on_message)
         params = message.get("params")
@@ -181,10 +181,10 @@ class ModernOverLegacy:
             # the bridge never answers input_required, so no continuation can be one of its own
             refusal = {"code": INVALID_PARAMS, "message": "no input was requested for this call (requestState unknown)"}
             return self._answered(message, error=refusal)
-        level = _level_of(message)
+        level = level_of(message)
         relayed = self._related(on_message, level)
         inner_ex = await self._inner.send_request(
-            _without_modern_meta(message), on_message=relayed, headers=headers, on_write=on_write
+            without_modern_meta(message), on_message=relayed, headers=headers, on_write=on_write
         )
         loop = asyncio.get_running_loop()
         outer = Exchange(message["id"], str(method), on_message, loop.create_future(), written=True)
@@ -193,7 +193,7 @@ class ModernOverLegacy:
         return outer
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
-        await self._inner.send_notification(_without_modern_meta(message), headers=headers)
+        await self._inner.send_notification(without_modern_meta(message), headers=headers)
 
     async def send_response(self, message: Message) -> None:
         await self._inner.send_response(message)
@@ -226,10 +226,16 @@ class ModernOverLegacy:
         info = self._init.get("serverInfo")
         return {META_SERVER_INFO: info} if isinstance(info, dict) else {}
 
-    def _discover(self) -> dict[str, Any]:
+    def _capabilities(self) -> dict[str, Any]:
+        """The session's server capabilities as 2026 has them: 2025-11-25 tasks are not bridged
+        (2026-07-28 has no core tasks)."""
+        caps = self._init.get("capabilities")
+        return {k: v for k, v in caps.items() if k != "tasks"} if isinstance(caps, dict) else {}
+
+    def discover(self) -> dict[str, Any]:
         result: dict[str, Any] = {
             "supportedVersions": [LATEST_MODERN],
-            "capabilities": self._init.get("capabilities") or {},
+            "capabilities": self._capabilities(),
             "ttlMs": 0,
             "cacheScope": "private",
             "resultType": "complete",
@@ -265,9 +271,9 @@ class ModernOverLegacy:
             outer.response.set_exception(exc)
             outer.response.exception()
             return
-        outer.response.set_result(self._translated(method, done.result()))
+        outer.response.set_result(self.translated(method, done.result()))
 
-    def _translated(self, method: str, response: Message) -> Message:
+    def translated(self, method: str, response: Message) -> Message:
         error = response.get("error")
         if isinstance(error, dict):
             if error.get("code") == RESOURCE_NOT_FOUND_2025:

@@ -10,11 +10,17 @@ into a request of that session and each answer back:
 - `server/discover` is answered from what `initialize` returned (capabilities, instructions,
   server info), never sent upstream;
 - a request loses the 2026 per-request `_meta` keys (protocol version, client info, client
-  capabilities, log level), which a 2025 server does not know; everything else goes as it came;
-- a result gets `resultType: "complete"` and the server's info in `_meta`; a list result gets the
-  2026 caching fields (`ttlMs: 0`, `cacheScope: "private"`: the session's answers are not known to
-  be the same for every caller); the 2025-11-25 task field `execution` leaves tool definitions
-  (2026 has no core tasks); the 2025 "resource not found" (-32002) becomes 2026's -32602;
+  capabilities, log level), which a 2025 server does not know, and the input-required answers
+  (`inputResponses`, `requestState`: the bridge never asks for input, so they answer nothing of
+  its and are ignored, as a server ignores what it does not recognise); everything else goes as
+  it came;
+- a method 2026 removed (`ping`, `logging/setLevel`, `resources/subscribe`, ...) is answered
+  "Method not found", as a 2026 server answers it;
+- a result gets `resultType: "complete"` and the server's info in `_meta`; a list result and a
+  `resources/read` result get the 2026 caching fields (`ttlMs: 0`, `cacheScope: "private"`: the
+  session's answers are not known to be the same for every caller); the 2025-11-25 task field
+  `execution` leaves tool definitions (2026 has no core tasks); the 2025 "resource not found"
+  (-32002) becomes 2026's -32602;
 - `notifications/message` reaches a request's caller only at or above the level the request asked
   for (`io.modelcontextprotocol/logLevel`), none without one, as a 2026 server behaves;
 - `subscriptions/listen` is served here: the session's `list_changed` notifications go to every
@@ -59,6 +65,11 @@ log = logging.getLogger("proxy.upstream.bridge")
 MODERN_ONLY_META: Final = frozenset({META_PROTOCOL_VERSION, META_CLIENT_INFO, META_CLIENT_CAPABILITIES, META_LOG_LEVEL})
 CONTINUATION: Final = frozenset({"requestState", "inputResponses"})  # a 2026 input-required retry
 LIST_METHODS: Final = frozenset({"tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+CACHEABLE: Final = LIST_METHODS | {"resources/read"}  # the 2026 results that carry ttlMs and cacheScope
+# Methods of the 2025 revisions that 2026-07-28 removed: a 2026 server answers them "Method not found".
+REMOVED_IN_2026: Final = frozenset(
+    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list"}
+)
 RESOURCE_NOT_FOUND_2025: Final = -32002
 # RFC 5424 severities as MCP names them, least severe first.
 LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -176,11 +187,13 @@ class ModernOverLegacy:
             return self._answered(message, self.discover())
         if method == "subscriptions/listen":
             return self._listen(message, on_message)
+        if method in REMOVED_IN_2026:
+            return self._answered(message, error={"code": METHOD_NOT_FOUND, "message": "Method not found"})
         params = message.get("params")
-        if method == "tools/call" and isinstance(params, dict) and CONTINUATION.intersection(params):
-            # the bridge never answers input_required, so no continuation can be one of its own
-            refusal = {"code": INVALID_PARAMS, "message": "no input was requested for this call (requestState unknown)"}
-            return self._answered(message, error=refusal)
+        if isinstance(params, dict) and CONTINUATION.intersection(params):
+            # The bridge never answers input_required, so these are no answers to it: ignored, as
+            # a server ignores what it does not recognise.
+            message = {**message, "params": {k: v for k, v in params.items() if k not in CONTINUATION}}
         level = level_of(message)
         relayed = self._related(on_message, level)
         inner_ex = await self._inner.send_request(
@@ -283,7 +296,7 @@ class ModernOverLegacy:
         if not isinstance(result, dict):
             return response
         result = {**result, "resultType": result.get("resultType", "complete")}
-        if method in LIST_METHODS:
+        if method in CACHEABLE:
             result.setdefault("ttlMs", 0)
             result.setdefault("cacheScope", "private")
             tools = result.get("tools")

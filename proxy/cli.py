@@ -126,6 +126,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--replay-total-bytes", type=int, default=s, help="kept for resumption in total (64 MiB)")
     p.add_argument(
+        "--era-bridge",
+        choices=["on", "off"],
+        default=s,
+        help="2026-07-28 clients in front of a 2025-only upstream: served over a 2025 session (on, default) or refused",
+    )
+    p.add_argument(
         "--resend-window-s",
         type=float,
         default=s,

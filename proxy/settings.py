@@ -105,6 +105,11 @@ class Settings(BaseSettings):
         le=16 * 1024 * 1024 * 1024,
         description="events all 2025 response streams keep for resumption, together",
     )
+    era_bridge: bool = Field(
+        True,
+        description="serve 2026-07-28 clients in front of a 2025-only upstream over a 2025 session of the proxy's "
+        "(off: they are refused as that server would refuse them)",
+    )
     resend_window_s: float = Field(
         300.0,
         ge=0,

@@ -9,6 +9,9 @@ and the active policy set.
   (proxy/core/service.py): kept from the traffic, re-checked while down, and for an HTTP or SSE
   upstream also re-probed here every `--ready-check-interval-s`. Kubernetes readiness probes and
   the Docker HEALTHCHECK use it.
+- `/readyz` says, when ready, which eras the upstream speaks (`eras`) and how each era's clients
+  are served (`served`: `native`, `bridged`: 2026 clients over a 2025 session of the proxy's, or
+  `refused`).
 - `/readyz` also carries `state`: `{"store": "memory"}`, or the shared store's description (no
   credentials), whether it answers, and while it does not, the fallback in use. An unreachable
   store fails `/readyz` only with `--state-required-for-ready` (docs/state.md, the trade-off).
@@ -238,6 +241,7 @@ def build_admin_app(
                 "status": "ready",
                 "upstream": service.upstream.description,
                 "eras": {"legacy": bool(caps and caps.legacy), "modern": bool(caps and caps.modern)},
+                "served": service.served_eras(),  # per era: native, bridged or refused
                 "sessions": len(service.sessions),
                 "state": state,
                 **extra,

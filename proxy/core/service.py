@@ -44,9 +44,9 @@ from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
 from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
+from proxy.core.eras import ModernRelays
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import ToolCallHandler
-from proxy.core.reaching import ReachingLink
 from proxy.core.relay import Relay
 from proxy.core.task_owners import TaskOwners
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -55,7 +55,7 @@ from proxy.settings import Settings
 from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import Capabilities, Era, Upstream
+from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 
 log = logging.getLogger("proxy.service")
 
@@ -92,9 +92,15 @@ class Service:
         self.sessions: dict[str, Relay] = {}
         self._session_clients: dict[str, str] = {}  # session id -> the client that opened it (its key)
         self.uninitialized_closed = 0  # sessions closed because nothing followed their initialize
-        self._modern: Relay | None = None
-        self._reaching: Relay | None = None  # 2026 tool calls before the upstream is reached
         self._probe_lock = asyncio.Lock()
+        self.eras = ModernRelays(
+            upstream,
+            self.ensure_probed,
+            self._era_relay,
+            bridge=settings.era_bridge,
+            bridge_timeout_s=settings.request_timeout_s,
+            engine_takes_calls=tool_calls is not None,
+        )
         # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)
         self.probe_refusal: UpstreamFailure | None = None
         self._recheck: asyncio.Task[None] | None = None
@@ -161,22 +167,19 @@ class Service:
             # (proxy/upstream/stdio/process.py `stop_children`); closing a relay's link after that
             # is quick. Closing one relay after another would stop the children one group after
             # another, each with its own bound.
-            relays = [*sessions, *self._era_relays()]
-            await asyncio.gather(*(relay.end_requests() for relay in relays), return_exceptions=True)
+            await asyncio.gather(
+                *(relay.end_requests() for relay in sessions), self.eras.end_requests(), return_exceptions=True
+            )
             await self.upstream.aclose()
         await asyncio.gather(
             *(relay.aclose() for relay in sessions),
-            *((self._reaching.aclose(),) if self._reaching is not None else ()),
+            self.eras.aclose(),
             *closing,
             return_exceptions=True,
         )
         await self.upstream.aclose()
         if self.state is not None:
             await self.state.aclose()
-
-    def _era_relays(self) -> list[Relay]:
-        """The relays of the 2026 era: the shared one, and the one of calls before it existed."""
-        return [relay for relay in (self._modern, self._reaching) if relay is not None]
 
     def cut_drain_short(self) -> None:
         """A second stop signal: end what is in flight now instead of at the grace period's end."""
@@ -217,7 +220,7 @@ class Service:
         log.warning("shutdown grace period over: ending %d requests still in flight", len(ended))
         # Each ends at once (its attempt is cancelled, its answer written); bounded all the same.
         await asyncio.wait(ended, timeout=5.0)
-        relays = [*self.sessions.values(), *self._era_relays()]
+        relays = [*self.sessions.values(), *self.eras.live()]
         await asyncio.gather(*(relay.settle() for relay in relays), return_exceptions=True)
         return len(ended)
 
@@ -313,7 +316,7 @@ class Service:
                 try:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
-                    log.info("upstream %s: %s", self.upstream.description, self.capabilities)
+                    log.info("upstream %s: %s; %s", self.upstream.description, self.capabilities, self.served_eras())
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
@@ -382,48 +385,40 @@ class Service:
 
     # -- relays ---------------------------------------------------------------------------------
     async def modern_relay(self) -> Relay | None:
-        """The shared relay for 2026-07-28 requests, or None when the upstream does not speak it."""
-        caps = await self.ensure_probed()
-        if caps is None or not caps.modern:
-            return None
-        if self._modern is None:
-            link = await self.upstream.open(Era.MODERN)
-            # Shared by every 2026 caller, unless the one client on stdio is the only caller.
-            shared = self.settings.listen != "stdio"
-            self._modern = Relay(
-                link,
-                catalogs=self.catalogs,
-                tool_calls=self.tool_calls,
-                shared=shared,
-                shares=self.shares,
-                requests=self.requests,
-                on_protocol_mismatch=self.renegotiate,
-                **self._relay_options(),
-            )
-            self._modern.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
-        return self._modern
+        """The shared relay for 2026-07-28 requests, or None when the upstream does not speak it
+        and is not bridged (proxy/core/eras.py)."""
+        return await self.eras.current()
 
     async def modern_relay_for(self, request: Message) -> Relay | None:
-        """The relay of a 2026 request. A `tools/call` the 2026 relay cannot take yet (the upstream
-        not reached: not started, crash-looping, refusing) goes to the engine all the same, over a
-        relay whose link reaches the upstream on each attempt (proxy/core/reaching.py): its failure is
-        an outcome the engine classifies, retries and reports, never a transport error."""
-        try:
-            return await self.modern_relay()
-        except UpstreamFailure:
-            if request.get("method") != "tools/call" or self.tool_calls is None:
-                raise
-        if self._reaching is None:
-            self._reaching = Relay(
-                ReachingLink(self.modern_relay),
-                catalogs=self.catalogs,
-                tool_calls=self.tool_calls,
-                shared=self.settings.listen != "stdio",
-                shares=self.shares,
-                requests=self.requests,
-                **self._relay_options(),
-            )
-        return self._reaching
+        """The relay of a 2026 request; a `tools/call` always gets one (proxy/core/eras.py)."""
+        return await self.eras.for_request(request)
+
+    def _era_relay(self, link: UpstreamLink, reaching: bool) -> Relay:
+        """A relay of 2026 requests over `link`; `reaching`: the one of tool calls before the
+        upstream is reached, whose link reaches it on each attempt."""
+        relay = Relay(
+            link,
+            catalogs=self.catalogs,
+            tool_calls=self.tool_calls,
+            shared=self.settings.listen != "stdio",  # unless the one client on stdio is the only caller
+            shares=self.shares,
+            requests=self.requests,
+            on_protocol_mismatch=None if reaching else self.renegotiate,
+            **self._relay_options(),
+        )
+        if not reaching:
+            relay.list_tools_soon()  # the upstream is reached: its tools are known before a call needs them
+        return relay
+
+    def served_eras(self) -> dict[str, str]:
+        """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
+        clients over a 2025 session of the proxy's), `refused` (as the upstream would refuse it)."""
+        caps = self.capabilities
+        if caps is None:
+            return {}
+        bridged = caps.legacy and self.settings.era_bridge
+        modern = "native" if caps.modern else "bridged" if bridged else "refused"
+        return {"2025": "native" if caps.legacy else "refused", "2026-07-28": modern}
 
     def legacy_supported(self) -> bool:
         return self.capabilities is None or self.capabilities.legacy

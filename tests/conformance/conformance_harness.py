@@ -212,8 +212,10 @@ def everything_server_http(tools: ConformanceTools, log_dir: Path) -> Iterator[s
         yield f"http://127.0.0.1:{port}/mcp"
 
 
-def everything_stdio_argv(tools: ConformanceTools) -> list[str]:
-    return [tools.python, str(HERE / "everything_stdio.py")]
+def everything_stdio_argv(tools: ConformanceTools, only_2025: bool = False) -> list[str]:
+    """`only_2025`: behind a wrapper that refuses 2026-07-28 as a 2025-only server does."""
+    script = "everything_stdio_2025_only.py" if only_2025 else "everything_stdio.py"
+    return [tools.python, str(HERE / script)]
 
 
 def proxy_available() -> bool:

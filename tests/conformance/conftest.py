@@ -17,7 +17,7 @@ from conformance_harness import (
     skip_or_fail,
 )
 
-TARGETS = ("direct", "proxy-stdio-upstream", "proxy-http-upstream")
+TARGETS = ("direct", "proxy-stdio-upstream", "proxy-http-upstream", "proxy-bridge-2025-only-upstream")
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +46,10 @@ def conformance_target(
             url = stack.enter_context(proxy_server(["--upstream", upstream], log_dir, target))
         elif target == "proxy-stdio-upstream":
             upstream_cmd = everything_stdio_argv(conformance_tools)
+            url = stack.enter_context(proxy_server(["--", *upstream_cmd], log_dir, target))
+        elif target == "proxy-bridge-2025-only-upstream":
+            # the same server restricted to the 2025 revisions: 2026 goes through the era bridge
+            upstream_cmd = everything_stdio_argv(conformance_tools, only_2025=True)
             url = stack.enter_context(proxy_server(["--", *upstream_cmd], log_dir, target))
         else:  # pragma: no cover
             raise AssertionError(target)

@@ -1,7 +1,9 @@
 """The official MCP conformance suite (server mode) against the SDK everything-server, directly
 and through our proxy (stdio upstream and Streamable HTTP upstream), on three legs:
 ``--suite all --spec-version 2025-11-25``, ``--suite all --spec-version 2026-07-28`` and the
-suite's default active suite. Scores are scenarios, not checks. See docs/conformance.md.
+suite's default active suite; and the 2026-07-28 leg through the proxy's era bridge, in front of
+the same server restricted to the 2025 revisions (everything_stdio_2025_only.py). Scores are
+scenarios, not checks. See docs/conformance.md.
 """
 
 from __future__ import annotations
@@ -23,7 +25,33 @@ LEGS = tuple(LEG_OPTIONS)
 # everything-server scores 33/33, 40/40, 31/31 here); the proxy's goal is the direct score,
 # so add an entry only with a reason someone has agreed to. A listed scenario that passes
 # fails the test, so the table cannot go stale.
-KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {}
+_NOT_BRIDGED = (
+    "the era bridge does not yet turn a 2025 server's requests to its client (sampling, elicitation, "
+    "roots) into input-required results: its session declares no client capability, so the server "
+    "refuses or completes the call instead (docs/conformance.md, docs/deploy.md 'Eras')"
+)
+KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
+    ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
+        "server-stateless": "one check calls test_streaming_elicitation, refused with -32021: " + _NOT_BRIDGED,
+        **{
+            f"input-required-result-{name}": _NOT_BRIDGED
+            for name in (
+                "basic-elicitation",
+                "basic-sampling",
+                "basic-list-roots",
+                "request-state",
+                "multiple-input-requests",
+                "multi-round",
+                "missing-input-response",
+                "non-tool-request",
+                "result-type",
+                "tampered-state",
+                "capability-check",
+                "validate-input",
+            )
+        },
+    },
+}
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,6 +71,8 @@ def test_conformance(
     record_score,
 ) -> None:
     target, url = conformance_target
+    if target == "proxy-bridge-2025-only-upstream" and leg != "2026-07-28":
+        pytest.skip("a 2025 client in front of a 2025-only server is the proxy-stdio-upstream target's 2025 legs")
     run = run_suite(conformance_tools, url, leg, tmp_path)
     known = KNOWN_FAILURES.get((target, leg), {})
 

@@ -1,8 +1,8 @@
 """The relay in front of each kind of upstream: stdio, Streamable HTTP and legacy SSE.
 
 Real SDK clients through the real proxy to the scripted upstream, in every era the upstream
-speaks; a 2026 client in front of a legacy SSE upstream falls back to the handshake, as it would
-against that server directly.
+speaks; a 2026 client in front of a legacy SSE upstream is served through the proxy's era bridge
+(tests/e2e/test_era_bridge.py has the rest).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ async def test_everything_relays_through_each_upstream(upstream: tuple[str, str]
                 assert "Ada" in str((await client.get_prompt("greet", {"name": "Ada"})).messages[0].content)
 
 
-async def test_a_2026_client_falls_back_to_the_handshake_in_front_of_a_legacy_only_upstream(
+async def test_a_2026_client_is_served_through_the_era_bridge_in_front_of_a_legacy_only_upstream(
     upstream: tuple[str, str],
 ) -> None:
     kind, url = upstream
@@ -80,6 +80,7 @@ async def test_a_2026_client_falls_back_to_the_handshake_in_front_of_a_legacy_on
         pytest.skip("only the legacy SSE upstream lacks the 2026 revision")
     with anyio.fail_after(BOUND_S):
         async with Client(url, mode="auto") as client:
+            assert client.protocol_version == "2026-07-28"  # the proxy's bridge answered server/discover
             assert text_of(await client.call_tool("echo", {"text": "auto"})) == "auto"
 
 

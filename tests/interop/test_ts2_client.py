@@ -18,8 +18,9 @@ progress notifications, resources and prompts, logging (2025: `logging/setLevel`
 per-request log level in `_meta`), and cancellation by AbortSignal (the scripted server journals
 the attempt `cancelled`). v2 validates structuredContent against a tool's outputSchema and throws
 on a mismatch: the shape server's failing tools with output schemas must come back as results.
-A 2025-only upstream (npm server-everything 2026.8.31): `auto` ends up on the 2025 handshake
-through the proxy, a pinned client gets v2's typed ERA_NEGOTIATION_FAILED at connect (no hang).
+A 2025-only upstream (npm server-everything 2026.8.31): a 2026 client (auto or pinned) is served
+through the proxy's era bridge; with `--era-bridge off` a pinned client gets v2's typed
+ERA_NEGOTIATION_FAILED at connect (no hang) and `auto` ends up on the 2025 handshake.
 2026-only features the proxy relays: subscriptions/listen (opened, acknowledged, closed) and
 elicitation (2025: a server request; 2026: an input_required result the v2 client fulfils and
 retries).
@@ -282,18 +283,33 @@ def everything_http(prereq: Prerequisites, tmp_path_factory: pytest.TempPathFact
 @pytest.mark.parametrize("listen", ("http", "stdio"))
 @pytest.mark.parametrize("mode", MODES)
 def test_2025_only_upstream(prereq: Prerequisites, mode: str, listen: str, request: pytest.FixtureRequest) -> None:
-    """npm server-everything speaks the 2025 handshake only: `auto` falls back to it through the
-    proxy and works; a pinned client is told at connect, with v2's typed error, not left hanging."""
+    """npm server-everything speaks the 2025 handshake only: through the proxy a 2026 client (auto
+    or pinned) is served over the proxy's bridge, its tools and their structured content as the
+    server gives them; a 2025 client over the handshake, as directly."""
     if listen == "http":
         target = Target(url=request.getfixturevalue("everything_http").url)
     else:
         target = Target(argv=proxy_stdio_argv([prereq.node, prereq.server_everything, "stdio"]))
     with Ts2Client(prereq, mode, target) as client:
         connected = client.connected
-        if mode == "pin":
-            assert not connected["ok"]
-            assert connected["error"]["code"] == "ERA_NEGOTIATION_FAILED", connected
-            return
         assert connected["ok"], connected
-        assert connected["connected"]["era"] == "legacy"
+        assert connected["connected"]["era"] == ERA[mode]
         assert client.tool("echo", message="through")["content"][0]["text"] == "Echo: through"
+        structured = client.tool("get-structured-content", location="Chicago")
+        assert not structured.get("isError") and isinstance(structured.get("structuredContent"), dict), structured
+
+
+def test_2025_only_upstream_with_the_bridge_off_refuses_a_pinned_2026_client(
+    prereq: Prerequisites, tmp_path: Path
+) -> None:
+    """`--era-bridge off`: the proxy refuses 2026 as the server itself would; a pinned client is
+    told at connect, with v2's typed error, not left hanging; `auto` falls back to the handshake."""
+    upstream = [prereq.node, prereq.server_everything, "stdio"]
+    proxy = ProxyProcess(upstream=upstream, extra=["--era-bridge", "off"], log_path=tmp_path / "proxy.log")
+    with started(proxy):
+        with Ts2Client(prereq, "pin", Target(url=proxy.url)) as client:
+            assert not client.connected["ok"]
+            assert client.connected["error"]["code"] == "ERA_NEGOTIATION_FAILED", client.connected
+        with Ts2Client(prereq, "auto", Target(url=proxy.url)) as client:
+            assert client.connected["ok"] and client.connected["connected"]["era"] == "legacy", client.connected
+            assert client.tool("echo", message="through")["content"][0]["text"] == "Echo: through"

@@ -1,7 +1,8 @@
 """The eras a network upstream speaks are learnt again when it says proxy and upstream disagree
 (a 2026 header or version error means renegotiate before further tool calls: docs/recovery.md), and
 on each readiness re-probe: an upstream redeployed without (or with) the 2026-07-28 revision is
-then served accordingly. A real uvicorn upstream whose eras the test switches."""
+then served accordingly: natively, or (`--era-bridge`, on by default) over a 2025 session of the
+proxy's while the upstream lacks 2026. A real uvicorn upstream whose eras the test switches."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from proxy.core.relay import Relay
 from proxy.core.service import Service
 from proxy.policy.compiled import PolicySet
 from proxy.settings import Settings
+from proxy.upstream.bridge import ModernOverLegacy
 from proxy.upstream.streamable.upstream import HttpUpstream
 
 from .servers import serve
@@ -87,48 +89,73 @@ async def wait_until(predicate: Any, timeout_s: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.parametrize("bridge", [True, False], ids=["bridged", "refused"])
 @pytest.mark.parametrize("engine", [True, False], ids=["engine", "plain-relay"])
-async def test_an_upstream_that_dropped_the_2026_revision_is_renegotiated_after_its_version_error(engine: bool) -> None:
+async def test_an_upstream_that_dropped_the_2026_revision_is_renegotiated_after_its_version_error(
+    engine: bool, bridge: bool
+) -> None:
     upstream = SwitchableUpstream(modern=True)
     async with serve(upstream.app()) as port:
-        settings = Settings(listen="http://127.0.0.1:1/mcp", upstream=f"http://127.0.0.1:{port}/mcp")
+        settings = Settings(listen="http://127.0.0.1:1/mcp", upstream=f"http://127.0.0.1:{port}/mcp", era_bridge=bridge)
         tool_calls = Engine(policies=lambda: PolicySet(version="t")) if engine else None
         service = Service(settings, HttpUpstream(settings.upstream), tool_calls=tool_calls)  # type: ignore[arg-type]
         await service.start()
         try:
             relay = await service.modern_relay()
             assert isinstance(relay, Relay) and service.capabilities is not None and service.capabilities.modern
+            assert not isinstance(relay.link, ModernOverLegacy)
             upstream.modern = False  # redeployed without 2026-07-28
             answers = Answers()
             await relay.handle_request(modern_call(), answers, by_id=False)
             assert answers.messages[0]["error"]["code"] == -32022, "the version error reaches the caller as is"
             await wait_until(lambda: service.capabilities is not None and not service.capabilities.modern)
-            assert await service.modern_relay() is None, "2026 requests are now refused by the proxy itself"
             assert service.legacy_supported()
             discovers = upstream.discovers
             await relay.handle_request(modern_call(), Answers(), by_id=False)
             await asyncio.sleep(0.2)
             assert upstream.discovers == discovers, "renegotiation is rate-limited"
+            bridged = await service.modern_relay()
+            if not bridge:
+                assert bridged is None, "2026 requests are now refused by the proxy itself"
+                return
+            # 2026 requests now go over a 2025 session of the proxy's (the upstream refuses any
+            # request that still carries the 2026 `_meta` keys with -32022)
+            assert bridged is not None and isinstance(bridged.link, ModernOverLegacy)
+            answers = Answers()
+            await bridged.handle_request(modern_call(), answers, by_id=False)
+            result = answers.messages[0]["result"]
+            assert result["content"][0]["text"] == "ok" and result["resultType"] == "complete"
         finally:
             await service.aclose()
 
 
-async def test_an_upstream_that_gained_the_2026_revision_is_learnt_by_the_readiness_probe() -> None:
+@pytest.mark.parametrize("bridge", [True, False], ids=["bridged", "refused"])
+async def test_an_upstream_that_gained_the_2026_revision_is_learnt_by_the_readiness_probe(bridge: bool) -> None:
     upstream = SwitchableUpstream(modern=False)
     async with serve(upstream.app()) as port:
         settings = Settings(
-            listen="http://127.0.0.1:1/mcp", upstream=f"http://127.0.0.1:{port}/mcp", ready_check_interval_s=0.05
+            listen="http://127.0.0.1:1/mcp",
+            upstream=f"http://127.0.0.1:{port}/mcp",
+            ready_check_interval_s=0.05,
+            era_bridge=bridge,
         )
         service = Service(settings, HttpUpstream(settings.upstream))  # type: ignore[arg-type]
         await service.start()
         try:
-            assert await service.modern_relay() is None
+            before = await service.modern_relay()
+            if bridge:
+                assert before is not None and isinstance(before.link, ModernOverLegacy)
+                answers = Answers()
+                await before.handle_request(modern_call(), answers, by_id=False)
+                assert answers.messages[0]["result"]["content"][0]["text"] == "ok"
+            else:
+                assert before is None
             upstream.modern = True
             await asyncio.sleep(0.1)
             assert (await service.readiness())[0]
             assert service.capabilities is not None and service.capabilities.modern
             relay = await service.modern_relay()
-            assert relay is not None
+            assert relay is not None and not isinstance(relay.link, ModernOverLegacy), "the upstream's own 2026 link"
             answers = Answers()
             await relay.handle_request(modern_call(), answers, by_id=False)
             assert answers.messages[0]["result"]["content"][0]["text"] == "ok"

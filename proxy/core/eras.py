@@ -1,0 +1,110 @@
+"""The relays of 2026-07-28 requests: the shared one, the one of tool calls before the upstream is
+reached, and those replaced when the upstream's eras changed.
+
+Contract of `ModernRelays`:
+- `current()` is the relay every 2026 request takes: over the upstream's own 2026 link where the
+  upstream speaks 2026-07-28; over a 2025 session of the proxy's, translated by the bridge
+  (proxy/upstream/bridge.py), where it speaks only the 2025 revisions and bridging is on
+  (`--era-bridge`); None where neither (the caller refuses the request as that upstream would).
+  One relay at a time, however many first requests race for it.
+- When the upstream gains or loses the 2026 revision (a redeploy learnt by a re-probe), the next
+  request gets a relay of the fitting kind; the replaced relay's requests finish on it, and a
+  replaced bridge's session is closed with the proxy (`aclose`).
+- `for_request(request)`: a `tools/call` that the shared relay cannot take yet (the upstream not
+  reached: not started, crash-looping, refusing) goes to the engine all the same, over a relay
+  whose link reaches the upstream on each attempt (proxy/core/reaching.py), so its failure is an
+  outcome the engine classifies, retries and reports, never a transport error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from proxy.core.reaching import ReachingLink
+from proxy.core.relay import Relay
+from proxy.errors import UpstreamFailure
+from proxy.jsonrpc import Message
+from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
+from proxy.upstream.bridge import ModernOverLegacy
+
+
+class ModernRelays:
+    def __init__(
+        self,
+        upstream: Upstream,
+        probe: Callable[[], Awaitable[Capabilities | None]],
+        build: Callable[[UpstreamLink, bool], Relay],
+        *,
+        bridge: bool,
+        bridge_timeout_s: float,
+        engine_takes_calls: bool,
+    ) -> None:
+        """`probe`: the upstream's eras (raises UpstreamFailure while it is not reached);
+        `build(link, reaching)`: the service's relay over `link` (`reaching`: the relay of calls
+        before the upstream is reached); `bridge`: serve a 2025-only upstream's 2026 callers over
+        a 2025 session, whose handshake is bounded by `bridge_timeout_s`."""
+        self._upstream = upstream
+        self._probe = probe
+        self._build = build
+        self._bridge = bridge
+        self._bridge_timeout_s = bridge_timeout_s
+        self._engine_takes_calls = engine_takes_calls
+        self.shared: Relay | None = None
+        self.reaching: Relay | None = None
+        self.retired: list[Relay] = []
+        self._lock = asyncio.Lock()
+
+    def live(self) -> list[Relay]:
+        """The relays requests may still be running on."""
+        return [relay for relay in (self.shared, self.reaching, *self.retired) if relay is not None]
+
+    async def current(self) -> Relay | None:
+        caps = await self._probe()
+        if caps is None or not (caps.modern or (caps.legacy and self._bridge)):
+            return None
+        relay = self.shared
+        if relay is not None and isinstance(relay.link, ModernOverLegacy) is caps.modern:
+            self.retired.append(relay)  # the upstream gained or lost the 2026 revision
+            self.shared = relay = None
+        if relay is not None:
+            return relay
+        async with self._lock:
+            if self.shared is None:
+                self.shared = self._build(await self._link(caps), False)
+            return self.shared
+
+    async def _link(self, caps: Capabilities) -> UpstreamLink:
+        if caps.modern:
+            return await self._upstream.open(Era.MODERN)
+        return await ModernOverLegacy.open(await self._upstream.open(Era.LEGACY), self._bridge_timeout_s)
+
+    async def for_request(self, request: Message) -> Relay | None:
+        try:
+            return await self.current()
+        except UpstreamFailure:
+            if request.get("method") != "tools/call" or not self._engine_takes_calls:
+                raise
+        if self.reaching is None:
+            self.reaching = self._build(ReachingLink(self.current), True)
+        return self.reaching
+
+    async def end_requests(self) -> None:
+        """Every request of these relays is ended (bounded, each relay's own)."""
+        await asyncio.gather(*(relay.end_requests() for relay in self.live()), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """The reaching relay closes; a bridge's 2025 session ends with its requests (the
+        upstream's own 2026 link is the upstream's to close)."""
+        closing = [relay for relay in (self.shared, *self.retired) if relay is not None]
+        await asyncio.gather(
+            *((self.reaching.aclose(),) if self.reaching is not None else ()),
+            *(_close_bridge(relay) for relay in closing),
+            return_exceptions=True,
+        )
+
+
+async def _close_bridge(relay: Relay) -> None:
+    if isinstance(relay.link, ModernOverLegacy):
+        await relay.end_requests()
+        await relay.link.aclose()

@@ -1,0 +1,80 @@
+"""The SDK's everything-server over stdio, restricted to the 2025 handshake revisions: a thin wrapper
+that refuses the 2026-07-28 revision exactly as a server of the 2025 era does (the TypeScript SDK
+1.x servers answer `server/discover`, which they do not know, with -32601 "Method not found").
+
+It starts everything_stdio.py, relays every line both ways unchanged, and answers itself the one
+2026 request a 2025 server could be sent first: `server/discover`; any other request carrying the
+2026 `_meta` protocol version gets the -32022 refusal naming the versions it supports. Used to run
+the conformance suite's 2026-07-28 leg through the proxy's era bridge (test_conformance.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODERN_META = "io.modelcontextprotocol/protocolVersion"
+SUPPORTED = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"]
+
+
+def refusal(message: dict) -> dict | None:
+    """The answer a 2025-only server gives to `message` itself, or None to pass it on."""
+    if "id" not in message or "method" not in message:
+        return None
+    if message["method"] == "server/discover":
+        return {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "Method not found"}}
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and MODERN_META in meta:
+        data = {"supported": SUPPORTED, "requested": meta[MODERN_META]}
+        error = {"code": -32022, "message": "Unsupported protocol version", "data": data}
+        return {"jsonrpc": "2.0", "id": message["id"], "error": error}
+    return None
+
+
+def main() -> int:
+    child = subprocess.Popen(
+        [sys.executable, str(HERE / "everything_stdio.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert child.stdin is not None and child.stdout is not None
+    out_lock = threading.Lock()
+
+    def write_out(line: bytes) -> None:
+        with out_lock:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+    def pump_child() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            write_out(line)
+
+    threading.Thread(target=pump_child, daemon=True).start()
+    try:
+        for line in sys.stdin.buffer:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            answer = refusal(message) if isinstance(message, dict) else None
+            if answer is not None:
+                write_out(json.dumps(answer).encode() + b"\n")
+                continue
+            child.stdin.write(line)
+            child.stdin.flush()
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    child.stdin.close()
+    try:
+        return child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -344,7 +344,10 @@ async def hold_sessions(
             async with gate:
                 client = await Client(url, mode="legacy").__aenter__()
         except Exception as exc:  # a refused session is a result of the run
-            errors.append(f"{type(exc).__name__}: {exc}"[:160])
+            leaf: BaseException = exc
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]  # the SDK client's task group wraps the refusal
+            errors.append(f"{type(leaf).__name__}: {leaf}"[:160])
             mark("opened")
             return
         try:

@@ -12,6 +12,8 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import REQUEST_TIMEOUT
 
+from proxy.demo.server import BUSY_TEXT
+
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 20.0
@@ -61,6 +63,21 @@ async def test_lookup_customer_fails_twice_then_succeeds(era: str) -> None:
     record = results[2].structured_content
     assert record is not None and record["customer_id"] == "c-42" and record["name"]
     assert other.is_error  # counters are per customer id
+
+
+@pytest.mark.parametrize("how", ["--chaos", "DEMO_CHAOS=1"])
+async def test_chaos_mode_lookup_failures_are_plain_texts_without_an_error_category(how: str) -> None:
+    params = demo_params(DEMO_CHAOS="1") if how == "DEMO_CHAOS=1" else demo_params()
+    if how == "--chaos":
+        params.args.append("--chaos")
+    with anyio.fail_after(BOUND_S):
+        async with Client(params, mode="legacy") as client:
+            results = [await client.call_tool("lookup_customer", {"customer_id": "c-42"}) for _ in range(3)]
+    assert [r.is_error for r in results] == [True, True, False]
+    for failed in results[:2]:
+        assert failed.structured_content is None  # no errorCategory, no isRetryable: nothing to classify by
+        assert [getattr(b, "text", None) for b in failed.content] == [BUSY_TEXT]
+    assert results[2].structured_content is not None and results[2].structured_content["customer_id"] == "c-42"
 
 
 async def test_search_archive_always_transient_with_partial_note() -> None:

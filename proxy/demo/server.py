@@ -4,6 +4,7 @@ Run it over stdio (the default) or Streamable HTTP on 127.0.0.1::
 
     python -m proxy.demo.server
     python -m proxy.demo.server --http --port 8765     # endpoint http://127.0.0.1:8765/mcp
+    python -m proxy.demo.server --chaos                # failures without a category (below)
 
 What each tool demonstrates:
 
@@ -20,6 +21,14 @@ What each tool demonstrates:
 - `refund_status(order_id)` (read-only): that status check; it tells whether the refund exists.
 - `slow_report(steps=5)` (read-only): progress notifications relayed through the proxy.
 - `echo(text)` (read-only): a plain pass-through.
+
+Chaos mode (`--chaos`, or `DEMO_CHAOS=1` in the environment, which reaches the server that
+`mcp-recovery-proxy demo` starts): the server fails the way a server that follows no error
+convention does. `lookup_customer` fails just as often, but its failure is a plain error text,
+`the customer database is busy, try again in a moment`, with no `errorCategory` or
+`isRetryable`: nothing tells the proxy it is temporary, so the call is reported unclassified and
+not retried until a policy rule classifies the text (`mcp-recovery-proxy policies suggest`
+drafts that rule from what the proxy saw).
 
 State lives in memory, so restarting the server resets it.
 """
@@ -50,6 +59,9 @@ mcp = MCPServer(
 )
 
 _lookups: Counter[str] = Counter()
+# Chaos mode: failures as a plain text, without the error convention's category (module docstring).
+_chaos = os.environ.get("DEMO_CHAOS", "").strip().lower() in ("1", "true", "yes", "on")
+BUSY_TEXT = "the customer database is busy, try again in a moment"
 
 
 class _RefundBook:
@@ -107,6 +119,10 @@ def _transient_error(message: str, **extra: object) -> CallToolResult:
     )
 
 
+def _plain_error(message: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
 def _fake_customer(customer_id: str) -> Customer:
     digest = hashlib.sha256(customer_id.encode()).digest()
     first = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald"][digest[0] % 6]
@@ -128,6 +144,8 @@ async def lookup_customer(customer_id: str) -> Annotated[CallToolResult, Custome
     """
     _lookups[customer_id] += 1
     if _lookups[customer_id] % 3 != 0:
+        if _chaos:
+            return _plain_error(BUSY_TEXT)
         return _transient_error("customer database briefly unavailable")
     customer = _fake_customer(customer_id)
     return CallToolResult(
@@ -191,7 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Flaky demo MCP server for mcp-recovery-proxy.")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP on 127.0.0.1 instead of stdio")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--chaos",
+        action="store_true",
+        help="fail without an error category: lookup_customer's failures are a plain error text (also DEMO_CHAOS=1)",
+    )
     args = parser.parse_args(argv)
+    if args.chaos:
+        global _chaos
+        _chaos = True
     if args.http:
         mcp.run("streamable-http", host="127.0.0.1", port=args.port)
     else:

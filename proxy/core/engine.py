@@ -41,7 +41,7 @@ from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
 from proxy.core.call import ToolCall, new_event
 from proxy.core.outbox import Outbox
 from proxy.core.relay import Relay
-from proxy.core.resend import Abandoned, Flight, Resends, as_resent
+from proxy.core.resend import Abandoned, Flight, Resends, SharedRecord, as_resent
 from proxy.errors import UpstreamFailure, untraced
 from proxy.jsonrpc import (
     INVALID_PARAMS,
@@ -131,6 +131,8 @@ class Engine:
         self.antistorm = AntiStorm()
         if shared is not None:
             shared.attach(self.antistorm)
+            if resends is not None:
+                resends.share(shared.resends)  # re-sends are matched across replicas too
         self.telemetry = telemetry or Telemetry()
         self.upstream_name = upstream_name
         self.clock = clock
@@ -371,10 +373,13 @@ class Engine:
             keyed_op = operation_digest("\0key", {"tool": name, "key": key}, None, who, upstream=self.upstream_name)
             arguments_op = self.operation(name, arguments, policy, who)
             twin = resends.find(keyed_op)
-            if twin is None:
-                outbox.hold(resends.keyed(keyed_op, arguments_op), True)
+            remote = resends.remote(keyed_op) if twin is None else None
+            if twin is None and remote is None:
+                outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s), True)
                 return None
-            if twin.arguments_differ(arguments_op):
+            if (twin is not None and twin.arguments_differ(arguments_op)) or (
+                remote is not None and remote.arguments_op != arguments_op
+            ):
                 return _answered(
                     error(
                         request["id"],
@@ -383,12 +388,19 @@ class Engine:
                         "arguments: a key names one call; use a new key for a new call",
                     )
                 )
-            return self._attach(twin, relay, request, outbox, headers, principal)
-        if resends:
-            twin = resends.find(self.operation(name, arguments, policy, who))
             if twin is not None:
                 return self._attach(twin, relay, request, outbox, headers, principal)
-        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who)), True)
+            assert remote is not None
+            return self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+        if resends:
+            op = self.operation(name, arguments, policy, who)
+            twin = resends.find(op)
+            if twin is not None:
+                return self._attach(twin, relay, request, outbox, headers, principal)
+            remote = resends.remote(op)
+            if remote is not None:
+                return self._attach_remote(op, remote, relay, request, outbox, headers, policy, principal)
+        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who), policy.deadline_s), True)
         return None
 
     async def _attach(
@@ -413,6 +425,37 @@ class Engine:
         self.resends.attached_one()
         log.info(
             "tools/call %s is a re-send of a call whose answer was not delivered: answered by that call's execution",
+            request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
+        )
+        return as_resent(answer, request["id"])
+
+    async def _attach_remote(
+        self,
+        op: str,
+        record: SharedRecord,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        policy: ToolPolicy,
+        principal: Principal | None,
+    ) -> Message:
+        """A re-send of a call another replica listed in the shared store (proxy/state/resends.py):
+        answered by that call's execution, whose answer the store keeps or will keep. The wait is
+        bounded by the call's deadline (that call cannot run longer) and ends early if the record
+        goes (its call was cancelled) or the store stops answering; without an answer this call
+        runs as a call of its own, as it would on one replica."""
+        resends = self.resends
+        assert resends is not None and resends.shared is not None
+        flight = resends.attach_remote(op, record)
+        outbox.hold(flight, False)
+        answer = await resends.shared.answer(op, policy.deadline_s)
+        if answer is None:
+            flight.abandoned()  # its waiters (re-sends here) run anew too
+            return await self(relay, request, outbox, headers, principal)
+        resends.attached_one()
+        log.info(
+            "tools/call %s is a re-send of a call another replica ran: answered by that call's execution",
             request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
         )
         return as_resent(answer, request["id"])

@@ -101,6 +101,16 @@ async def _answered(message: Message) -> Message:
     return message
 
 
+def _key_reused(down_id: Any, name: str) -> Message:
+    """The refusal of a caller's idempotency key sent again with other arguments."""
+    return error(
+        down_id,
+        INVALID_PARAMS,
+        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
+        "arguments: a key names one call; use a new key for a new call",
+    )
+
+
 class Engine:
     def __init__(
         self,
@@ -320,7 +330,7 @@ class Engine:
             self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal
         )
         if self.resends is not None and (call.policy.side_effect is not _READ_ONLY or _keyed(call.meta)):
-            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal)
+            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal, began)
             if answered is not None:
                 return await answered
         call.began = began
@@ -350,6 +360,7 @@ class Engine:
         arguments: dict[str, Any] | None,
         policy: ToolPolicy,
         principal: Principal | None,
+        began: float | None = None,
     ) -> Awaitable[Message] | None:
         """A call of a tool that is not read-only, or one with the caller's idempotency key: the
         answer of the earlier call it repeats (`_attach`), if one is listed; a refusal for a key
@@ -375,19 +386,15 @@ class Engine:
             twin = resends.find(keyed_op)
             remote = resends.remote(keyed_op) if twin is None else None
             if twin is None and remote is None:
+                if resends.shared is not None:
+                    keyed = (keyed_op, arguments_op)
+                    return self._claim_keyed(keyed, relay, request, outbox, headers, name, policy, principal, began)
                 outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s), True)
                 return None
             if (twin is not None and twin.arguments_differ(arguments_op)) or (
                 remote is not None and remote.arguments_op != arguments_op
             ):
-                return _answered(
-                    error(
-                        request["id"],
-                        INVALID_PARAMS,
-                        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
-                        "arguments: a key names one call; use a new key for a new call",
-                    )
-                )
+                return _answered(_key_reused(request["id"], name))
             if twin is not None:
                 return self._attach(twin, relay, request, outbox, headers, principal)
             assert remote is not None
@@ -428,6 +435,40 @@ class Engine:
             request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
         )
         return as_resent(answer, request["id"])
+
+    async def _claim_keyed(
+        self,
+        keyed: tuple[str, str],
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        name: str,
+        policy: ToolPolicy,
+        principal: Principal | None,
+        began: float | None,
+    ) -> Message:
+        """A call with the caller's idempotency key and a shared store: its record is claimed in
+        the store before it runs (one bounded round trip), so the same key sent to two replicas
+        at once runs once: the replica that lost the claim answers with the other's execution.
+        A store that does not answer leaves the call to run, matched on this replica only."""
+        keyed_op, arguments_op = keyed
+        resends = self.resends
+        assert resends is not None and resends.shared is not None
+        claimed = await resends.shared.claim(keyed_op, arguments_op, policy.deadline_s)
+        if claimed is False:
+            remote = resends.remote(keyed_op)
+            if remote is not None and remote.arguments_op != arguments_op:
+                return _key_reused(request["id"], name)
+            if remote is not None:
+                return await self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+        outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s, claimed=claimed is True), True)
+        params = request["params"]
+        arguments = params.get("arguments")
+        call = ToolCall(self, relay, request, outbox, headers, params, name, arguments, principal=principal)
+        if began is not None:
+            call.began = began
+        return await call.run()
 
     async def _attach_remote(
         self,

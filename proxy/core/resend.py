@@ -84,6 +84,8 @@ class SharedTable(Protocol):
 
     def find(self, op: str) -> SharedRecord | None: ...
 
+    async def claim(self, op: str, arguments_op: str, run_s: float) -> bool | None: ...
+
     async def answer(self, op: str, bound_s: float) -> Message | None: ...
 
 
@@ -249,10 +251,12 @@ class Resends:
     def flight(self, op_of: Callable[[], str], run_s: float = 0.0) -> Flight:
         return Flight(self, op_of, None, run_s)
 
-    def keyed(self, op: str, arguments_op: str, run_s: float = 0.0) -> Flight:
+    def keyed(self, op: str, arguments_op: str, run_s: float = 0.0, *, claimed: bool = False) -> Flight:
         """A flight for a call with the caller's idempotency key, listed from its start (under
-        `op`, the key's digest) when the bounds allow."""
+        `op`, the key's digest) when the bounds allow. `claimed`: its record is in the shared
+        store already (`SharedTable.claim`)."""
         flight = Flight(self, lambda: op, arguments_op, run_s)
+        flight.shared = claimed
         self.list(flight)
         return flight
 
@@ -298,10 +302,10 @@ class Resends:
         flight.listed = True
         shared = self.shared
         if shared is not None and not flight.remote:
-            flight.shared = True
-            if flight.answer is None:
+            if flight.answer is None and not flight.shared:
                 # claimed in the store now: a re-send on another replica waits for this call
                 shared.listed(op, flight.keyed, flight.arguments_op, flight.run_s or self.keep_s)
+            flight.shared = True
         if flight.answer is None:
             self.running[op] = flight
         else:

@@ -127,7 +127,32 @@ class SharedResends:
         self._write(ANSWERED, op, [self.replica, data, ttl_ms, *args, self.channel, message])
 
     def gone(self, op: str, own: bool) -> None:
+        self._forget(op)  # at once: an identical call after the delivery is a new call here too
         self._write(GONE, op, [self.channel, self._message(GONE, op), "1" if own else "0", self.replica])
+
+    async def claim(self, op: str, arguments_op: str, run_s: float) -> bool | None:
+        """A keyed call's record, claimed before the call runs (one bounded round trip): True,
+        ours; False, another replica's (its record is in the view now); None, the store did not
+        answer (the call runs, matched on this replica only)."""
+        if not self._up():
+            self._dropped(1)
+            return None
+        ttl_ms = max(1, int((run_s + RUN_GRACE_S) * 1000))
+        message = self._message(LISTED, op, y="1", g=arguments_op, ttl=ttl_ms)
+        args: list[str | bytes | int] = [self.replica, ttl_ms, "1", arguments_op, self.channel, message]
+        try:
+            reply = await self._call("resend", self._claim(keys=[self.key(op)], args=args))
+        except StoreUnavailable:
+            self._dropped(1)
+            return None
+        if reply == 1:
+            self._learn(op, False, True, arguments_op, ttl_ms / 1000)
+            return True
+        state, keyed, other, ttl = reply[1:] if isinstance(reply, list) and len(reply) == 5 else (None,) * 4
+        if state is None or not ttl or int(ttl) <= 0:
+            return None  # gone meanwhile: run, as if the store had not answered
+        self._learn(op, state == b"a", keyed == b"1", (other or b"").decode(), int(ttl) / 1000)
+        return False
 
     def _write(self, kind: str, op: str, args: list[Any]) -> None:
         if not self._up() or len(self._writes) >= MAX_PENDING_WRITES:
@@ -149,7 +174,7 @@ class SharedResends:
                     self._dropped(1 + len(self._writes))
                     self._writes.clear()
                     return
-                if done != 1:
+                if done != 1:  # (a claim another replica holds answers its record: not ours)
                     continue  # another replica's record: its own messages keep the view
                 if kind == GONE:
                     self._forget(op)
@@ -266,6 +291,12 @@ class SharedResends:
         for waiter in self._waiters.get(op, ()):
             if not waiter.done():
                 waiter.set_result(None)
+
+    async def flushed(self) -> None:
+        """Until the writes made so far reached the store (or were dropped)."""
+        writer = self._writer
+        if writer is not None:
+            await asyncio.wait({writer})
 
     async def aclose(self) -> None:
         if self._writer is not None:

@@ -55,9 +55,11 @@ end
 return {calls, retries}
 """
 # KEYS[1]: the record; ARGV: replica, TTL ms, keyed, arguments digest, channel, message.
-# 1: listed now; 0: a replica listed this operation first (one record per operation)
+# 1: listed now; else {0, state, keyed, arguments digest, TTL ms} of the record a replica
+# listed first (one record per operation)
 RESEND_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local found = redis.call('HMGET', KEYS[1], 's', 'k', 'g')
+if found[1] then return {0, found[1], found[2], found[3], redis.call('PTTL', KEYS[1])} end
 redis.call('HSET', KEYS[1], 's', 'r', 'o', ARGV[1], 'k', ARGV[3], 'g', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[5], ARGV[6])

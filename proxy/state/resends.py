@@ -178,7 +178,9 @@ class SharedResends:
                     continue  # another replica's record: its own messages keep the view
                 if kind == GONE:
                     self._forget(op)
-                else:  # ours in the store: our view has it too (our messages are skipped)
+                elif not any(k == GONE and o == op for k, o, _ in self._writes):
+                    # ours in the store: our view has it too (our messages are skipped), unless
+                    # its end is on its way (`gone` took it out of the view already)
                     ttl_ms = args[1] if kind == LISTED else args[2]
                     keyed, arguments_op = (args[2], args[3]) if kind == LISTED else (args[3], args[4])
                     self._learn(op, kind == ANSWERED, keyed == "1", arguments_op, ttl_ms / 1000)

@@ -1,7 +1,8 @@
 """A call re-sent after its answer was lost never runs twice, when the re-send reaches another
 replica (docs/recovery.md, "Re-sends"; proxy/state/resends.py).
 
-Real processes: two proxies (HTTP in) sharing one real redis-server, in front of one scripted SDK
+Real processes: two proxies (HTTP in) sharing one real store (a redis-server, a Redis Cluster, a
+valkey-server), in front of one scripted SDK
 server over Streamable HTTP whose `charge` tool (state-changing, no annotations) journals its
 effect first, then waits; raw HTTP clients whose connection to replica A is closed mid-call the way
 a client's read timeout or a network drop closes it, and that re-send through replica B. The
@@ -25,7 +26,7 @@ from tests.e2e.test_resend import KEY, RESEND, answer_of, drop_mid_call, modern,
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
-from tests.state.redis_server import RedisServer
+from tests.state.redis_server import RedisCluster, RedisServer
 from tests.state.test_two_proxies import metric, wait_gauge
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
@@ -38,7 +39,7 @@ POLICIES = {
 class Replicas:
     """Two proxies on one store and one upstream (the replicas of one service behind one address)."""
 
-    def __init__(self, tmp: Path, store: RedisServer) -> None:
+    def __init__(self, tmp: Path, store: RedisServer | RedisCluster) -> None:
         self.tmp = tmp
         self.store = store
         self.journal = Journal(tmp / "journal.jsonl")
@@ -75,10 +76,14 @@ class Replicas:
         return self.proxies[1]
 
 
-@pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Replicas]:
-    """For the tests that leave the store alone (each charges accounts of its own)."""
-    with Replicas(tmp_path_factory.mktemp("resend-replicas"), redis_server) as r:
+@pytest.fixture(scope="module", params=["redis", "cluster", "valkey"])
+def replicas(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """For the tests that leave the store alone (each charges accounts of its own): on a
+    redis-server, a three-master Redis Cluster (every record's script on its own slot's primary,
+    the channel reaching every node) and a valkey-server."""
+    fixture = {"redis": "redis_server", "cluster": "redis_cluster", "valkey": "valkey_server"}[request.param]
+    store = request.getfixturevalue(fixture)
+    with Replicas(tmp_path_factory.mktemp(f"resend-{request.param}"), store) as r:
         yield r
 
 

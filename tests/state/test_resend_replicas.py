@@ -226,3 +226,35 @@ async def test_with_the_store_killed_every_call_is_answered_in_time_and_re_sends
         assert took < 10.0, "no call waited on the store that is away"
         # A's listing could not be written: counted, and the call matched on A alone
         assert metric(r.a, "mcp_recovery_state_fallbacks_total", 'operation="resend"') >= 1
+
+
+async def test_a_stalled_store_holds_no_re_send_or_keyed_call_past_its_bound(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    with Replicas(tmp_path, own_redis) as r:
+        call = uuid.uuid4().hex[:8]
+        arguments = {"account": f"s-{call}", "amount": 1, "then": "hang", "hang_s": 2.0, "call_id": call}
+        headers, body = modern(1, "charge", arguments)
+        with anyio.fail_after(BOUND_S):
+            before = await records(r.b)
+            await drop_mid_call(r.a.url, headers, body, r.journal, "charge", call)
+            await until_records(r.b, before + 1)  # B would wait for A's call
+        sleeper = own_redis.stall(12.0)
+        try:
+            started = time.monotonic()
+            with anyio.fail_after(11.0):  # before the store wakes up
+                _, again = modern(2, "charge", arguments)
+                resent = await post(r.b, again, headers)
+                keyed_headers, keyed = modern(3, "charge", {"account": f"s-{call}", "amount": 2, "call_id": call})
+                keyed["params"]["_meta"][KEY] = f"stalled-{call}"
+                claimed = await post(r.a, keyed, keyed_headers)
+            took = time.monotonic() - started
+        finally:
+            sleeper.settimeout(30)
+            assert sleeper.recv(16).startswith(b"+OK"), "the store woke up"
+            sleeper.close()
+        # B stopped waiting on the store it could not reach: the re-send ran as a call of its own;
+        # the keyed call ran without its claim
+        assert resent["result"]["structuredContent"]["charged"] and not claimed["result"].get("isError")
+        assert took < 11.0
+        assert r.journal.executions("charge", call) == 3

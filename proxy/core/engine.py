@@ -41,7 +41,7 @@ from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
 from proxy.core.call import ToolCall, new_event
 from proxy.core.outbox import Outbox
 from proxy.core.relay import Relay
-from proxy.core.resend import Abandoned, Flight, Resends, as_resent
+from proxy.core.resend import Abandoned, Flight, Resends, SharedRecord, as_resent
 from proxy.errors import UpstreamFailure, untraced
 from proxy.jsonrpc import (
     INVALID_PARAMS,
@@ -101,6 +101,16 @@ async def _answered(message: Message) -> Message:
     return message
 
 
+def _key_reused(down_id: Any, name: str) -> Message:
+    """The refusal of a caller's idempotency key sent again with other arguments."""
+    return error(
+        down_id,
+        INVALID_PARAMS,
+        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
+        "arguments: a key names one call; use a new key for a new call",
+    )
+
+
 class Engine:
     def __init__(
         self,
@@ -131,6 +141,8 @@ class Engine:
         self.antistorm = AntiStorm()
         if shared is not None:
             shared.attach(self.antistorm)
+            if resends is not None:
+                resends.share(shared.resends)  # re-sends are matched across replicas too
         self.telemetry = telemetry or Telemetry()
         self.upstream_name = upstream_name
         self.clock = clock
@@ -318,7 +330,7 @@ class Engine:
             self, relay, request, outbox, headers, params, name, params.get("arguments"), principal=principal
         )
         if self.resends is not None and (call.policy.side_effect is not _READ_ONLY or _keyed(call.meta)):
-            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal)
+            answered = self._hold(relay, request, outbox, headers, name, call.arguments, call.policy, principal, began)
             if answered is not None:
                 return await answered
         call.began = began
@@ -348,6 +360,7 @@ class Engine:
         arguments: dict[str, Any] | None,
         policy: ToolPolicy,
         principal: Principal | None,
+        began: float | None = None,
     ) -> Awaitable[Message] | None:
         """A call of a tool that is not read-only, or one with the caller's idempotency key: the
         answer of the earlier call it repeats (`_attach`), if one is listed; a refusal for a key
@@ -371,24 +384,30 @@ class Engine:
             keyed_op = operation_digest("\0key", {"tool": name, "key": key}, None, who, upstream=self.upstream_name)
             arguments_op = self.operation(name, arguments, policy, who)
             twin = resends.find(keyed_op)
-            if twin is None:
-                outbox.hold(resends.keyed(keyed_op, arguments_op), True)
+            remote = resends.remote(keyed_op) if twin is None else None
+            if twin is None and remote is None:
+                if resends.shared is not None:
+                    keyed = (keyed_op, arguments_op)
+                    return self._claim_keyed(keyed, relay, request, outbox, headers, name, policy, principal, began)
+                outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s), True)
                 return None
-            if twin.arguments_differ(arguments_op):
-                return _answered(
-                    error(
-                        request["id"],
-                        INVALID_PARAMS,
-                        f"this {META_IDEMPOTENCY_KEY} was used for a call of {bounded(name, 80)} with other "
-                        "arguments: a key names one call; use a new key for a new call",
-                    )
-                )
-            return self._attach(twin, relay, request, outbox, headers, principal)
-        if resends:
-            twin = resends.find(self.operation(name, arguments, policy, who))
+            if (twin is not None and twin.arguments_differ(arguments_op)) or (
+                remote is not None and remote.arguments_op != arguments_op
+            ):
+                return _answered(_key_reused(request["id"], name))
             if twin is not None:
                 return self._attach(twin, relay, request, outbox, headers, principal)
-        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who)), True)
+            assert remote is not None
+            return self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+        if resends:
+            op = self.operation(name, arguments, policy, who)
+            twin = resends.find(op)
+            if twin is not None:
+                return self._attach(twin, relay, request, outbox, headers, principal)
+            remote = resends.remote(op)
+            if remote is not None:
+                return self._attach_remote(op, remote, relay, request, outbox, headers, policy, principal)
+        outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who), policy.deadline_s), True)
         return None
 
     async def _attach(
@@ -413,6 +432,71 @@ class Engine:
         self.resends.attached_one()
         log.info(
             "tools/call %s is a re-send of a call whose answer was not delivered: answered by that call's execution",
+            request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
+        )
+        return as_resent(answer, request["id"])
+
+    async def _claim_keyed(
+        self,
+        keyed: tuple[str, str],
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        name: str,
+        policy: ToolPolicy,
+        principal: Principal | None,
+        began: float | None,
+    ) -> Message:
+        """A call with the caller's idempotency key and a shared store: its record is claimed in
+        the store before it runs (one bounded round trip), so the same key sent to two replicas
+        at once runs once: the replica that lost the claim answers with the other's execution.
+        A store that does not answer leaves the call to run, matched on this replica only."""
+        keyed_op, arguments_op = keyed
+        resends = self.resends
+        assert resends is not None and resends.shared is not None
+        claimed = await resends.shared.claim(keyed_op, arguments_op, policy.deadline_s)
+        if claimed is False:
+            remote = resends.remote(keyed_op)
+            if remote is not None and remote.arguments_op != arguments_op:
+                return _key_reused(request["id"], name)
+            if remote is not None:
+                return await self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+        outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s, claimed=claimed is True), True)
+        params = request["params"]
+        arguments = params.get("arguments")
+        call = ToolCall(self, relay, request, outbox, headers, params, name, arguments, principal=principal)
+        if began is not None:
+            call.began = began
+        return await call.run()
+
+    async def _attach_remote(
+        self,
+        op: str,
+        record: SharedRecord,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        policy: ToolPolicy,
+        principal: Principal | None,
+    ) -> Message:
+        """A re-send of a call another replica listed in the shared store (proxy/state/resends.py):
+        answered by that call's execution, whose answer the store keeps or will keep. The wait is
+        bounded by the call's deadline (that call cannot run longer) and ends early if the record
+        goes (its call was cancelled) or the store stops answering; without an answer this call
+        runs as a call of its own, as it would on one replica."""
+        resends = self.resends
+        assert resends is not None and resends.shared is not None
+        flight = resends.attach_remote(op, record)
+        outbox.hold(flight, False)
+        answer = await resends.shared.answer(op, policy.deadline_s)
+        if answer is None:
+            flight.abandoned()  # its waiters (re-sends here) run anew too
+            return await self(relay, request, outbox, headers, principal)
+        resends.attached_one()
+        log.info(
+            "tools/call %s is a re-send of a call another replica ran: answered by that call's execution",
             request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
         )
         return as_resent(answer, request["id"])

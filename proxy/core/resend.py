@@ -30,6 +30,14 @@ Contract:
   the tool's class, and stays listed after its answer was delivered, for `keep_s`: a call with
   the same key is answered by it (running, or kept), and one whose arguments differ is refused
   (`arguments_differ`), not run.
+- Shared (`Resends.share`, with `--state redis://…`: proxy/state/resends.py): a listed flight is
+  also told to the shared store (`SharedTable.listed`, then `answered`), so a re-send that reaches
+  another replica is answered from the store (`Engine` attaches it to a flight of its own marked
+  `remote`). A delivery tells the store (`gone`: an identical call after it is a new call on every
+  replica; a keyed record stays for its window), as does an abandonment or an answer too large to
+  keep. Every call into the shared table returns at once (its writes go in the background), and
+  `find` is a lookup in its local view: the call path never waits on the store, except a re-send
+  that another replica's call answers, which waits for that answer, bounded.
 - No I/O: everything runs on the event loop's thread; the one timer is the loop's (expiry).
 """
 
@@ -39,7 +47,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.jsonrpc import META_PREFIX, Message, dumps_out
 from proxy.telemetry.shed import SHED
@@ -49,6 +57,36 @@ KEEP_S = 300.0
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 MAX_TOTAL_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 10_000
+
+
+class SharedRecord(Protocol):
+    """What the shared view knows of another replica's listed call (never its answer)."""
+
+    keyed: bool
+    arguments_op: str | None
+
+
+class SharedTable(Protocol):
+    """The re-send records shared by the replicas (proxy/state/resends.py `SharedResends`).
+
+    Every method but `answer` returns at once: the writes go to the store in the background, in
+    order, and are dropped while the store is away (each replica then matches its own calls only)."""
+
+    on_gone: Callable[[str], None] | None
+
+    def __bool__(self) -> bool: ...
+
+    def listed(self, op: str, keyed: bool, arguments_op: str | None, run_s: float) -> None: ...
+
+    def answered(self, op: str, data: bytes, keep_s: float, keyed: bool, arguments_op: str | None) -> None: ...
+
+    def gone(self, op: str, own: bool) -> None: ...
+
+    def find(self, op: str) -> SharedRecord | None: ...
+
+    async def claim(self, op: str, arguments_op: str, run_s: float) -> bool | None: ...
+
+    async def answer(self, op: str, bound_s: float) -> Message | None: ...
 
 
 class Abandoned(Exception):
@@ -69,10 +107,21 @@ class Flight:
         "expires_at",
         "keyed",
         "listed",
+        "remote",
+        "run_s",
+        "shared",
         "size",
     )
 
-    def __init__(self, table: Resends, op_of: Callable[[], str], arguments_op: str | None = None) -> None:
+    def __init__(
+        self,
+        table: Resends,
+        op_of: Callable[[], str],
+        arguments_op: str | None = None,
+        run_s: float = 0.0,
+        *,
+        remote: bool = False,
+    ) -> None:
         self._table = table
         self._op_of = op_of
         self._op: str | None = None
@@ -86,6 +135,11 @@ class Flight:
         self.listed = False
         self.expires_at = 0.0
         self.size = 0
+        self.run_s = run_s  # how long the call may run at most (its deadline): the store's bound
+        # a re-send answered from another replica's record (proxy/state/resends.py): its delivery
+        # ends that record, nothing of it is written to the store
+        self.remote = remote
+        self.shared = remote  # the store holds a record this flight speaks for (ours, or remote)
 
     @property
     def op(self) -> str:
@@ -112,8 +166,11 @@ class Flight:
         flight's answer stays, for a later call with the same key)."""
         if not self.ended:
             self.ended = True
-            if self.listed and not self.keyed:
-                self._table.unlist(self)
+            if not self.keyed:
+                if self.listed:
+                    self._table.unlist(self)
+                if self.shared:
+                    self._table.unshare(self)
 
     def arguments_differ(self, arguments_op: str) -> bool:
         """A call with this flight's key but other arguments (keyed flights only)."""
@@ -131,6 +188,8 @@ class Flight:
         self.ended = True
         if self.listed:
             self._table.unlist(self)
+        if self.shared and not self.remote:
+            self._table.unshare(self)  # the record ends without an answer: a re-send runs anew
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(Abandoned())
@@ -177,20 +236,48 @@ class Resends:
         self.kept_bytes = 0
         self.attached = 0  # re-sends answered by an earlier execution, since start
         self._timer: asyncio.TimerHandle | None = None
+        self.shared: SharedTable | None = None  # the replicas' records (`share`)
 
     def __bool__(self) -> bool:
-        """Whether any flight is listed (the engine computes no digest while none is)."""
-        return bool(self.running) or bool(self.kept)
+        """Whether any flight is listed, here or (shared) by another replica (the engine
+        computes no digest while none is)."""
+        return bool(self.running) or bool(self.kept) or (self.shared is not None and bool(self.shared))
 
-    def flight(self, op_of: Callable[[], str]) -> Flight:
-        return Flight(self, op_of)
+    def share(self, shared: SharedTable) -> None:
+        """List flights in the replicas' shared store too (module docstring, "Shared")."""
+        self.shared = shared
+        shared.on_gone = self.forget
 
-    def keyed(self, op: str, arguments_op: str) -> Flight:
+    def flight(self, op_of: Callable[[], str], run_s: float = 0.0) -> Flight:
+        return Flight(self, op_of, None, run_s)
+
+    def keyed(self, op: str, arguments_op: str, run_s: float = 0.0, *, claimed: bool = False) -> Flight:
         """A flight for a call with the caller's idempotency key, listed from its start (under
-        `op`, the key's digest) when the bounds allow."""
-        flight = Flight(self, lambda: op, arguments_op)
+        `op`, the key's digest) when the bounds allow. `claimed`: its record is in the shared
+        store already (`SharedTable.claim`)."""
+        flight = Flight(self, lambda: op, arguments_op, run_s)
+        flight.shared = claimed
         self.list(flight)
         return flight
+
+    def remote(self, op: str) -> SharedRecord | None:
+        """Another replica's listed call of operation `op` (the shared view: no round trip)."""
+        return self.shared.find(op) if self.shared is not None else None
+
+    def attach_remote(self, op: str, record: SharedRecord) -> Flight:
+        """The flight of a re-send answered from another replica's record (`Engine` waits for
+        that answer): its delivery ends the record; if its own stream breaks too, it is listed
+        here like any flight (a third re-send here takes it), and nothing of it goes to the store."""
+        return Flight(self, lambda: op, record.arguments_op, remote=True)
+
+    def forget(self, op: str) -> None:
+        """Another replica delivered the answer of `op` (a re-send took it there): the answer
+        kept here is delivered too, so an identical call after it is a new call here as well."""
+        flight = self.kept.get(op)
+        if flight is not None and not flight.keyed:
+            flight.ended = True
+            flight.shared = False
+            self.unlist(flight)
 
     def find(self, op: str) -> Flight | None:
         """The listed flight of operation `op`, running or kept (an expired one is dropped first)."""
@@ -213,6 +300,12 @@ class Resends:
             SHED.count("resends", "evicted")  # every entry still running: this one is not listed
             return
         flight.listed = True
+        shared = self.shared
+        if shared is not None and not flight.remote:
+            if flight.answer is None and not flight.shared:
+                # claimed in the store now: a re-send on another replica waits for this call
+                shared.listed(op, flight.keyed, flight.arguments_op, flight.run_s or self.keep_s)
+            flight.shared = True
         if flight.answer is None:
             self.running[op] = flight
         else:
@@ -227,7 +320,12 @@ class Resends:
         if size > self.max_answer_bytes or size > self.max_total_bytes:
             flight.listed = False
             SHED.count("resends", "too_large")
+            if flight.shared and not flight.remote:
+                self.unshare(flight)  # not shared either: a re-send elsewhere runs anew
             return
+        shared = self.shared
+        if shared is not None and flight.shared and not flight.remote:
+            shared.answered(op, dumps_out(flight.answer), self.keep_s, flight.keyed, flight.arguments_op)
         flight.size = size
         flight.expires_at = self.clock() + self.keep_s
         self.kept[op] = flight
@@ -245,6 +343,12 @@ class Resends:
         elif self.kept.get(op) is flight:
             del self.kept[op]
             self.kept_bytes -= flight.size
+
+    def unshare(self, flight: Flight) -> None:
+        """The store's record of `flight` ends (delivered, abandoned, not kept)."""
+        flight.shared = False
+        if self.shared is not None:
+            self.shared.gone(flight.op, not flight.remote)
 
     def expire(self) -> None:
         """Drop the kept answers whose time is up (oldest first: they were kept in that order)."""

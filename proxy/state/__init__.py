@@ -27,6 +27,8 @@ The contract the engine relies on (`SharedState`):
 - `cleared` forgets an operation everywhere (in the background: nothing waits for it).
 - `attach(antistorm)` lets the store's sync task exchange the retry budget's counts; the
   circuit breaker stays per replica (docs/state.md says why).
+- `resends` is the fleet's re-send records (proxy/state/resends.py): the engine's re-send table
+  lists its calls there too, and a re-send of another replica's call is answered from it.
 - `check()` runs once before the proxy serves: a store that answers but refuses the proxy
   (its certificate does not verify against `--state-ca`, the handshake fails, the password or
   ACL user is wrong) raises `StateConfigError` (a `ValueError`: the command prints it and exits 2)
@@ -47,11 +49,13 @@ if TYPE_CHECKING:
     from proxy.recovery.antistorm import AntiStorm
     from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger
     from proxy.settings import Settings
+    from proxy.state.resends import SharedResends
 
 
 class SharedState(Protocol):
     ledger: InMemoryLedger
     description: str
+    resends: SharedResends
 
     @property
     def up(self) -> bool: ...

@@ -13,7 +13,8 @@ Contract:
   connection inside each operation's bound); to a Redis Cluster, its `RedisCluster`. Every socket
   operation is bounded by `timeout_s` and nothing is retried (the caller bounds each operation and
   falls back to local state); over TLS, every connection uses `tls`'s context.
-- `scan(client, call, match)` yields the matching keys in batches, of every primary of a cluster.
+- `scan(client, call, match)` yields the matching keys in batches, of every primary of a cluster
+  (`glob_escape` makes a literal prefix of `match`).
 """
 
 from __future__ import annotations
@@ -165,6 +166,11 @@ async def scan(
         yield _as_bytes(keys)
         if not cursor:
             break
+
+
+def glob_escape(text: str) -> str:
+    """A literal text inside a SCAN MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 def _as_bytes(keys: list[bytes | str]) -> list[bytes]:

@@ -2,7 +2,8 @@
 
 - `mcp_recovery_state_store_up`: 1 while the store answers, 0 while the proxy runs on local state.
 - `mcp_recovery_state_store_errors_total{operation}`: store operations that failed or exceeded the
-  store timeout (`ping`, `record`, `approve`, `clear`, `budget`, `subscribe`, `reconcile`).
+  store timeout (`ping`, `record`, `approve`, `clear`, `budget`, `subscribe`, `reconcile`,
+  `resend`).
 - `mcp_recovery_state_fallbacks_total{operation}`: what was done locally instead: `record` (an
   exhaustion kept for the store), `approve` (an approval refused: single use could not be
   checked), `clear`, `budget` (a sync of the retry budget's counts skipped).

@@ -7,6 +7,9 @@ holds).
   so two replicas racing on one budget id approve exactly one call.
 - `CLEAR`: forget an operation and publish that.
 - `BUDGET`: add this replica's calls and retries to the window's buckets and read the totals.
+- `RESEND_CLAIM`, `RESEND_ANSWER`, `RESEND_GONE`: a re-send record (proxy/state/resends.py): list a
+  running call unless a replica listed it, store its answer unless another replica holds the
+  record, delete it (only if ours, when asked); each publishes what it did.
 """
 
 RECORD = """
@@ -51,3 +54,36 @@ for i, key in ipairs(KEYS) do
 end
 return {calls, retries}
 """
+# KEYS[1]: the record; ARGV: replica, TTL ms, keyed, arguments digest, channel, message.
+# 1: listed now; else {0, state, keyed, arguments digest, TTL ms} of the record a replica
+# listed first (one record per operation)
+RESEND_CLAIM = """
+local found = redis.call('HMGET', KEYS[1], 's', 'k', 'g')
+if found[1] then return {0, found[1], found[2], found[3], redis.call('PTTL', KEYS[1])} end
+redis.call('HSET', KEYS[1], 's', 'r', 'o', ARGV[1], 'k', ARGV[3], 'g', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"""
+# ARGV: replica, answer, TTL ms, keyed, arguments digest, channel, message.
+# 1: stored (ours, or no record: a listing the store missed); 0: another replica's record
+RESEND_ANSWER = """
+local owner = redis.call('HGET', KEYS[1], 'o')
+if owner and owner ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 's', 'a', 'o', ARGV[1], 'a', ARGV[2], 'k', ARGV[4], 'g', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
+"""
+# ARGV: channel, message, "1" to delete only a record of this replica's, replica.
+RESEND_GONE = """
+if ARGV[3] == '1' then
+  local owner = redis.call('HGET', KEYS[1], 'o')
+  if owner and owner ~= ARGV[4] then return 0 end
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+
+ALL = (RECORD, APPROVE, CLEAR, BUDGET, RESEND_CLAIM, RESEND_ANSWER, RESEND_GONE)  # loaded at each reconcile

@@ -68,17 +68,19 @@ from proxy.state.connect import (
     StoreUnavailable,
     TlsContext,
     describe,
+    glob_escape,
     open_client,
     refusal,
     scan,
 )
+from proxy.state.resends import ANSWERED, GONE, LISTED, SharedResends
 
 log = logging.getLogger("proxy.state")
 T = TypeVar("T")
 
 # Closed label sets of the metrics (proxy/state/metrics.py).
-OPERATIONS = ("ping", "record", "approve", "clear", "budget", "subscribe", "reconcile")
-FALLBACKS = ("record", "approve", "clear", "budget")
+OPERATIONS = ("ping", "record", "approve", "clear", "budget", "subscribe", "reconcile", "resend")
+FALLBACKS = ("record", "approve", "clear", "budget", "resend")
 MAX_PENDING_TASKS = 256  # background clears in flight; past it a clear waits for the reconcile
 RESUBSCRIBE_MAX_S = 2.0
 LISTEN_POLL_S = 0.25  # how long the listener waits for a message before it checks for a resubscribe
@@ -144,12 +146,27 @@ class RedisState:
         self.budget = BudgetSync(
             self.client, self._call, self._failed, prefix=prefix, upstream_name=upstream_name, clock=clock, wall=wall
         )
+        # The re-send records of the fleet (proxy/state/resends.py), on the same channel.
+        self.resends = SharedResends(
+            self.client,
+            self._call,
+            lambda: self._up,
+            self._message,
+            self._resend_dropped,
+            prefix=prefix,
+            channel=self.channel,
+            replica=self._replica,
+            clock=clock,
+        )
         # Called after the view, `up` or a reconcile changed (tests wait on it; None: nobody asks).
         self.on_change: Callable[[], None] | None = None
 
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
+
+    def _resend_dropped(self, n: int) -> None:
+        self.fallbacks["resend"] += n
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -199,6 +216,7 @@ class RedisState:
         self._closed = True
         if self.tls_watcher is not None:
             await self.tls_watcher.aclose()
+        await self.resends.aclose()
         tasks = [*self._tasks, *self._background]
         for task in tasks:
             task.cancel()
@@ -210,10 +228,13 @@ class RedisState:
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"store": self.description, "up": self._up}
         if not self._up:
-            out["fallback"] = "local ledger and retry budget; approvals of shared budgets refused"
+            out["fallback"] = (
+                "local ledger and retry budget; approvals of shared budgets refused; re-sends matched per replica"
+            )
             out["error"] = self.last_error
         out["pendingEntries"] = len(self._pending)
         out["entries"] = len(self.ledger)
+        out["resendRecords"] = len(self.resends.view)
         watcher = self.tls_watcher
         if watcher is not None and (watcher.reloads_ok or watcher.reloads_error):
             out["tls"] = {"reloads": watcher.reloads_ok, "refused": watcher.reloads_error}
@@ -244,6 +265,7 @@ class RedisState:
         if self._up:
             log.warning("shared state %s down (%s): local state until it answers", self.description, self.last_error)
         self._up = False
+        self.resends.store_changed()  # a re-send waiting on the store stops waiting
         self._changed()
 
     def _came_back(self) -> None:
@@ -369,6 +391,8 @@ class RedisState:
                 self.ledger.approve(op, msg["b"], now)
             elif kind == "c":
                 self.ledger.clear(op)
+            elif kind in (LISTED, ANSWERED, GONE):
+                self.resends.on_message(kind, msg)
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignored a malformed message on %s", self.channel)
         self._changed()
@@ -451,7 +475,7 @@ class RedisState:
                 # A new or restarted store (or every primary of a cluster) has none of our scripts
                 # (they are not persisted): load them once here, so the pipelines below and the
                 # budget sync can name them by their hash.
-                for script in (scripts.RECORD, scripts.APPROVE, scripts.CLEAR, scripts.BUDGET):
+                for script in scripts.ALL:
                     await self._call("reconcile", self.client.script_load(script))
                 now = self.clock()
                 pipe = self.client.pipeline(transaction=False)
@@ -471,6 +495,7 @@ class RedisState:
                 self._pending.clear()
                 self._unsynced_clears.clear()
                 await self._pull()
+                await self.resends.pull()
             except StoreUnavailable:
                 return
             except STORE_ERRORS as exc:
@@ -487,7 +512,7 @@ class RedisState:
         found: set[str] = set()
         respend: list[tuple[str, str]] = []
         prefix = f"{self.prefix}ledger:{{"
-        async for keys in scan(self.client, self._call, f"{_glob_escape(prefix)}*"):
+        async for keys in scan(self.client, self._call, f"{glob_escape(prefix)}*"):
             if keys:
                 pipe = self.client.pipeline(transaction=False)
                 for key in keys:
@@ -533,8 +558,3 @@ class RedisState:
     async def sync_budget(self) -> None:
         """One exchange of the retry budget's counts with the store (proxy/state/budget.py)."""
         await self.budget.sync()
-
-
-def _glob_escape(text: str) -> str:
-    """A literal text inside a SCAN MATCH pattern."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

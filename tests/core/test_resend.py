@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.core.resend import RESEND_KEY, Abandoned, Flight, Resends, as_resent
+from proxy.jsonrpc import dumps_out
 from proxy.telemetry.shed import SHED
 
 
@@ -184,3 +185,107 @@ def test_a_resent_answer_carries_its_own_id_and_the_mark_and_an_error_goes_as_it
     assert original["result"]["_meta"] == {"k": 1}  # not mutated: other re-sends get it too
     failed = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "no"}}
     assert as_resent(failed, 2) == {"jsonrpc": "2.0", "id": 2, "error": {"code": -32000, "message": "no"}}
+
+
+class Told:
+    """A shared table that writes down what the local table tells it (proxy/state/resends.py is
+    the real one, tested against a real store in tests/state/test_resend_store.py)."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[Any, ...]] = []
+        self.records: dict[str, Any] = {}
+        self.on_gone: Any = None
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def listed(self, op: str, keyed: bool, arguments_op: str | None, run_s: float) -> None:
+        self.said.append(("listed", op, keyed, arguments_op, run_s))
+
+    def answered(self, op: str, data: bytes, keep_s: float, keyed: bool, arguments_op: str | None) -> None:
+        self.said.append(("answered", op, len(data), keep_s, keyed))
+
+    def gone(self, op: str, own: bool) -> None:
+        self.said.append(("gone", op, own))
+
+    def find(self, op: str) -> Any:
+        return self.records.get(op)
+
+    async def answer(self, op: str, bound_s: float) -> Any:
+        return None
+
+
+def shared_table(**bounds: Any) -> tuple[Resends, Told]:
+    resends = Resends(keep_s=60.0, **bounds)
+    told = Told()
+    resends.share(told)
+    return resends, told
+
+
+def test_a_shared_table_tells_the_store_of_a_listing_its_answer_and_its_delivery_in_order() -> None:
+    resends, told = shared_table()
+    f = resends.flight(lambda: "op", 40.0)
+    f.stranded()
+    f.answered(answer(1, 5))
+    f.delivered()
+    size = len(dumps_out(answer(1, 5)))
+    listed, kept = ("listed", "op", False, None, 40.0), ("answered", "op", size, 60.0, False)
+    assert told.said == [listed, kept, ("gone", "op", True)]
+    resends.close()
+
+
+def test_a_delivered_call_never_reaches_the_shared_store() -> None:
+    resends, told = shared_table()
+    f = resends.flight(lambda: "op", 40.0)
+    f.answered(answer(1))
+    f.delivered()
+    assert told.said == []
+
+
+def test_an_abandoned_or_too_large_call_leaves_the_store_and_a_keyed_one_stays_after_delivery() -> None:
+    resends, told = shared_table(max_answer_bytes=100)
+    cancelled = resends.flight(lambda: "cancelled", 40.0)
+    cancelled.stranded()
+    cancelled.abandoned()
+    large = resends.flight(lambda: "large", 40.0)
+    large.stranded()
+    large.answered(answer(2, 200))
+    keyed = resends.keyed("key-op", "args-op", 40.0)
+    keyed.answered(answer(3, 5))
+    keyed.delivered()
+    assert [s for s in told.said if s[0] == "gone"] == [("gone", "cancelled", True), ("gone", "large", True)]
+    assert ("listed", "key-op", True, "args-op", 40.0) in told.said
+    assert resends.find("key-op") is keyed, "a keyed answer stays for its window"
+    resends.close()
+
+
+def test_a_re_send_answered_from_another_replica_ends_that_record_on_delivery_and_writes_nothing() -> None:
+    resends, told = shared_table()
+
+    class Record:
+        keyed = False
+        arguments_op = None
+
+    f = resends.attach_remote("op", Record())
+    f.stranded()  # its own stream broke too: listed here, not in the store
+    f.answered(answer(4))
+    assert resends.find("op") is f
+    f.delivered()
+    assert told.said == [("gone", "op", False)]
+    assert resends.find("op") is None
+    resends.close()
+
+
+def test_an_answer_delivered_on_another_replica_is_forgotten_here_and_the_table_counts_remote_records() -> None:
+    resends, told = shared_table()
+    assert not resends
+    told.records["elsewhere"] = object()
+    assert resends, "a record of another replica: the engine looks operations up"
+    f = resends.flight(lambda: "op", 40.0)
+    f.stranded()
+    f.answered(answer(5))
+    assert told.on_gone is not None
+    told.on_gone("op")  # a re-send took it on another replica
+    assert resends.find("op") is None and f.ended
+    assert ("gone", "op", True) not in told.said, "the store heard of it already"
+    resends.close()

@@ -67,10 +67,41 @@ class _StdoutOutbox:
         return self._closed
 
     def hold(self, flight: Flight, owner: bool) -> None:
-        """A stdio client that loses its pipe is gone with the proxy's session: nothing to keep."""
+        """Only a tools/call's own outbox (`_CallOutbox`) reports to a flight."""
 
     def close(self) -> None:
         self._closed = True
+
+
+class _CallOutbox:
+    """The outbox of one `tools/call`: the shared stdout, plus what the engine's re-send table
+    needs to hear (proxy/core/resend.py): the answer, and its delivery, which on a pipe is its
+    being written (a stdio client that loses its pipe ends the proxy's session with it). So a call
+    with the caller's idempotency key is kept, answered, for its window, and a repeat takes it."""
+
+    __slots__ = ("_down_id", "_flight", "_out")
+
+    def __init__(self, out: _StdoutOutbox, down_id: Any) -> None:
+        self._out = out
+        self._down_id = down_id
+        self._flight: Flight | None = None
+
+    def send(self, message: Message) -> None:
+        flight = self._flight
+        if flight is not None and message.get("id") == self._down_id and jsonrpc.is_response(message):
+            flight.answered(message)
+            self._out.send(message)
+            if not self._out.closed:
+                flight.delivered()
+            return
+        self._out.send(message)
+
+    @property
+    def closed(self) -> bool:
+        return self._out.closed
+
+    def hold(self, flight: Flight, owner: bool) -> None:
+        self._flight = flight
 
 
 class StdioFrontend:
@@ -184,7 +215,8 @@ class StdioFrontend:
                 out.send(jsonrpc.error(message["id"], jsonrpc.INVALID_REQUEST, "send initialize first"))
             return
         try:
-            await relay.handle_request(message, out)
+            call = message.get("method") == "tools/call"
+            await relay.handle_request(message, _CallOutbox(out, message["id"]) if call else out)
         except Exception:
             log.exception("relaying %s failed", message.get("method"))
             out.send(jsonrpc.error(message["id"], jsonrpc.INTERNAL_ERROR, "internal proxy error"))

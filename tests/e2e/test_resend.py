@@ -283,3 +283,32 @@ async def test_the_callers_key_is_the_key_the_policy_places_upstream(tmp_path: P
     ((placed,), (generated,)) = journal.effects("charge", "p1"), journal.effects("charge", "p2")
     assert placed["idempotency_key"] == "charge-p-1"
     assert generated["idempotency_key"] not in (None, "charge-p-1")  # the proxy's own, per call
+
+
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+async def test_over_stdio_a_keyed_repeat_is_answered_by_the_first_execution_and_never_waits_for_ever(
+    tmp_path: Path, mode: str
+) -> None:
+    """`--listen stdio`: the client's pipe is its delivery, so a call with the caller's key is
+    answered and kept as it is written, and the repeat takes that answer (one effect), at once."""
+    from mcp import Client, StdioServerParameters
+
+    from tests.fixtures.helpers import PYTHON, REPO_ROOT
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    for name, text in POLICIES.items():
+        (policies / name).write_text(text)
+    journal = tmp_path / "journal.jsonl"
+    upstream = scripted_stdio_command(journal, tmp_path / "state.json")
+    argv = ["-m", "proxy", "serve", "--listen", "stdio", "--policies", str(policies), "--", *upstream]
+    params = StdioServerParameters(command=PYTHON, args=argv, cwd=str(REPO_ROOT))
+    arguments = {"account": "s-1", "amount": 3, "call_id": f"stdio-key-{mode}"}
+    with anyio.fail_after(BOUND_S):
+        async with Client(params, mode=mode) as client:
+            first = await client.call_tool("charge", arguments, meta={KEY: f"stdio-order-{mode}"})
+            repeat = await client.call_tool("charge", arguments, meta={KEY: f"stdio-order-{mode}"})
+    assert not first.is_error and not repeat.is_error
+    assert repeat.meta is not None and repeat.meta[RESEND] == {"attached": True}
+    assert repeat.structured_content == first.structured_content
+    assert Journal(journal).executions("charge", f"stdio-key-{mode}") == 1

@@ -116,10 +116,10 @@ class ToolCatalog:
         """Whether the tool's input schema marks any argument `x-mcp-header` (cached per listing)."""
         known = self._param_headers.get(name)
         if known is None:
-            from mcp.shared.inbound import x_mcp_header_map
+            from proxy.sdk import inbound
 
             tool = self.tools.get(name)
-            known = bool(tool and x_mcp_header_map(tool.get("inputSchema")))
+            known = bool(tool and inbound.x_mcp_header_map(tool.get("inputSchema")))
             self._param_headers[name] = known
         return known
 

@@ -30,7 +30,11 @@ from tests.fixtures.helpers import PYTHON, REPO_ROOT, terminate
 from tests.interop.harness import skip_or_fail, started
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.interop, pytest.mark.timeout(900)]
+# Not serial (but the child-cap test): the assertions are answers and counts. The runs are
+# sequential whatever the load; the one clock that matters is the shipped 600 s idle timeout,
+# which the first session must outlast until the count (100 runs: about 2 minutes alone, 5 at
+# load 6 on two cores).
+pytestmark = [pytest.mark.slow, pytest.mark.interop, pytest.mark.timeout(900)]
 RUN_BOUND_S = 60.0
 APP = {"name": "app", "version": "1"}
 
@@ -172,6 +176,9 @@ def children_of(pid: int) -> set[int]:
     return out
 
 
+# Serial: the bound on live children counts one child still stopping, which a loaded machine
+# can make two (a child's exit outlasting the next run).
+@pytest.mark.serial
 def test_the_inspector_past_a_small_child_cap_is_answered_and_idle_children_are_reclaimed(
     clients: Clients, tmp_path: Path
 ) -> None:

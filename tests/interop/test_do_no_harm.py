@@ -43,7 +43,10 @@ from tests.interop.harness import (
 from tests.interop.test_ts2_client import Ts2Client
 from tests.proxy_process import ProxyProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.interop]
+# Not serial: every assertion is an answer, a text or a count from the journal; the one figure
+# (unreachableMs >= 1500) is a lower bound a loaded machine only raises, and the 35 s read is
+# waited for, not timed. BOUND_S and the test timeouts leave room for slow starts.
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
 HERE = Path(__file__).resolve().parent
 SERVER = HERE / "fastmcp_server.py"

@@ -30,8 +30,6 @@ import logging
 from collections.abc import MutableMapping
 from typing import Any
 
-from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, validate_mcp_param_headers
-
 from proxy import jsonrpc
 from proxy.auth.base import Authenticator, AuthRefused, Principal
 from proxy.core.relay import Relay
@@ -53,6 +51,7 @@ from proxy.frontend.http.outbox import ClientGone, Receive, Send, Stream, primes
 from proxy.frontend.http.respond import respond, respond_error, respond_json, respond_session_refused
 from proxy.frontend.http.resume import Replays
 from proxy.jsonrpc import Message
+from proxy.sdk import inbound
 from proxy.settings import LOOPBACK_HOSTS, Settings
 from proxy.telemetry.shed import SHED
 
@@ -298,7 +297,7 @@ class McpHttpApp:
         if rejection is not None:
             await respond_json(
                 send,
-                ERROR_CODE_HTTP_STATUS.get(rejection.code, 400),
+                inbound.ERROR_CODE_HTTP_STATUS.get(rejection.code, 400),
                 jsonrpc.error(message["id"], rejection.code, rejection.message, rejection.data),
             )
             return
@@ -332,7 +331,7 @@ class McpHttpApp:
             return None  # an unknown tool: the upstream owns that answer
         if not claimed and not relay.catalog_of(principal).declares_param_headers(name):
             return None  # nothing to mirror and nothing claimed: skip the schema walk
-        return validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
+        return inbound.validate_mcp_param_headers(tool.get("inputSchema"), arguments, headers)
 
     async def _post_legacy(
         self,

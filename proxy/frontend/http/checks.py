@@ -13,19 +13,19 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from mcp.shared.inbound import (
-    MCP_METHOD_HEADER,
-    MCP_NAME_HEADER,
-    MCP_PROTOCOL_VERSION_HEADER,
-    MODERN_PROTOCOL_VERSIONS,
-    NAME_BEARING_METHODS,
-    InboundLadderRejection,
-    classify_inbound_request,
-    find_duplicated_routing_header,
-)
-
 from proxy import jsonrpc
 from proxy.jsonrpc import Message
+from proxy.sdk import inbound
+
+# The ladder's names, bound here once: `plainly_routable` runs on every 2026 request.
+MCP_METHOD_HEADER = inbound.MCP_METHOD_HEADER
+MCP_NAME_HEADER = inbound.MCP_NAME_HEADER
+MCP_PROTOCOL_VERSION_HEADER = inbound.MCP_PROTOCOL_VERSION_HEADER
+MODERN_PROTOCOL_VERSIONS = inbound.MODERN_PROTOCOL_VERSIONS
+NAME_BEARING_METHODS = inbound.NAME_BEARING_METHODS
+InboundLadderRejection = inbound.InboundLadderRejection
+classify_inbound_request = inbound.classify_inbound_request
+find_duplicated_routing_header = inbound.find_duplicated_routing_header
 
 # Headers a request may carry once only: a second one is answered 400 (`McpHttpApp._http`).
 SINGLE_HEADERS = (b"host", b"origin", b"mcp-session-id", b"authorization", b"last-event-id", b"content-type")

@@ -14,14 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
-
 from proxy import jsonrpc
 from proxy.auth.base import AuthRefused
 from proxy.core import capacity
 from proxy.errors import FailureKind, UpstreamFailure
 from proxy.frontend.http.outbox import Send
 from proxy.jsonrpc import Message
+from proxy.sdk import inbound
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -64,7 +63,7 @@ async def respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure
 
 def status_for(message: Message, modern: bool) -> int:
     if modern and "error" in message and isinstance(message["error"], dict):
-        return ERROR_CODE_HTTP_STATUS.get(message["error"].get("code"), 200)  # type: ignore[arg-type]
+        return inbound.ERROR_CODE_HTTP_STATUS.get(message["error"].get("code"), 200)  # type: ignore[arg-type]
     return 200
 
 

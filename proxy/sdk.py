@@ -1,0 +1,61 @@
+"""The one part of the MCP Python SDK the proxy runs, `mcp.shared.inbound`, loaded without the rest.
+
+The proxy checks a 2026 request with the SDK's own validation ladder, so that it rejects exactly
+what the reference server rejects; it runs no other SDK code. That module imports only the
+standard library and `mcp_types`, but an ordinary `import mcp.shared.inbound` first runs the `mcp`
+package's `__init__`, which imports the SDK's whole client and server: most of the proxy's
+start-up time, for code the proxy never calls.
+
+Contract: `inbound` is the module `mcp.shared.inbound` itself, from the SDK's own file, found
+through the import system (`sys.meta_path`, so an import hook sees it as it would any import)
+and registered in `sys.modules` under its own name, so a later import of it by name (the SDK's
+own `from mcp.shared.inbound import ...`, in a process that also runs the SDK) gets this very
+module: one copy, the same classes. Where `mcp` is already imported, or its files cannot be
+located, the ordinary import is used. Only the `mcp` package's `__init__` is skipped: when some
+other code imports `mcp` later, it runs then, as usual (the `mcp.shared` package it creates does
+not list `inbound` as an attribute; the SDK only ever imports it by name).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+_NAME = "mcp.shared.inbound"
+
+
+def _load_inbound() -> ModuleType:
+    loaded = sys.modules.get(_NAME)
+    if loaded is not None:
+        return loaded
+    if "mcp" in sys.modules:
+        return importlib.import_module(_NAME)
+    package = importlib.util.find_spec("mcp")  # locates the package without running its __init__
+    locations = list(package.submodule_search_locations or ()) if package is not None else []
+    search = [os.path.join(location, "shared") for location in locations]
+    spec = None
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = find_spec(_NAME, search) if find_spec is not None and search else None
+        if spec is not None:
+            break
+    if spec is None or spec.loader is None:
+        return importlib.import_module(_NAME)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_NAME] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(_NAME, None)
+        raise
+    return module
+
+
+if TYPE_CHECKING:
+    import mcp.shared.inbound as inbound
+else:
+    inbound = _load_inbound()

@@ -316,7 +316,9 @@ class Service:
                 try:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
-                    log.info("upstream %s: %s; %s", self.upstream.description, self.capabilities, self.served_eras())
+                    served = ", ".join(f"{era} {how}" for era, how in self.served_eras().items())
+                    upstream = self.upstream.description
+                    log.info("upstream %s: %s; clients served: %s", upstream, self.capabilities, served)
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):

@@ -9,7 +9,8 @@ Contract of `ModernRelays`:
   One relay at a time, however many first requests race for it.
 - When the upstream gains or loses the 2026 revision (a redeploy learnt by a re-probe), the next
   request gets a relay of the fitting kind; the replaced relay's requests finish on it, and a
-  replaced bridge's session is closed with the proxy (`aclose`).
+  replaced bridge's session is closed with the proxy (`aclose`), or sooner when more than
+  `MAX_RETIRED` were replaced (eras that flap): the oldest is closed, its requests ended.
 - `for_request(request)`: a `tools/call` that the shared relay cannot take yet (the upstream not
   reached: not started, crash-looping, refusing) goes to the engine all the same, over a relay
   whose link reaches the upstream on each attempt (proxy/core/reaching.py), so its failure is an
@@ -27,6 +28,9 @@ from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 from proxy.upstream.bridge import ModernOverLegacy
+
+# Relays replaced after the upstream's eras changed, kept while their requests finish.
+MAX_RETIRED = 2
 
 
 class ModernRelays:
@@ -53,6 +57,7 @@ class ModernRelays:
         self.shared: Relay | None = None
         self.reaching: Relay | None = None
         self.retired: list[Relay] = []
+        self.closing: set[asyncio.Task[None]] = set()  # retired relays being closed
         self._lock = asyncio.Lock()
 
     def live(self) -> list[Relay]:
@@ -65,7 +70,7 @@ class ModernRelays:
             return None
         relay = self.shared
         if relay is not None and isinstance(relay.link, ModernOverLegacy) is caps.modern:
-            self.retired.append(relay)  # the upstream gained or lost the 2026 revision
+            self._retire(relay)  # the upstream gained or lost the 2026 revision
             self.shared = relay = None
         if relay is not None:
             return relay
@@ -73,6 +78,16 @@ class ModernRelays:
             if self.shared is None:
                 self.shared = self._build(await self._link(caps), False)
             return self.shared
+
+    def _retire(self, relay: Relay) -> None:
+        """Keep `relay` for its requests to finish; past `MAX_RETIRED` (an upstream whose eras
+        flap, as during a rolling deploy behind a load balancer), the oldest is closed now: its
+        requests end, and a bridge's 2025 session with them."""
+        self.retired.append(relay)
+        while len(self.retired) > MAX_RETIRED:
+            task = asyncio.ensure_future(_close_bridge(self.retired.pop(0)))
+            self.closing.add(task)
+            task.add_done_callback(self.closing.discard)
 
     async def _link(self, caps: Capabilities) -> UpstreamLink:
         if caps.modern:
@@ -100,6 +115,7 @@ class ModernRelays:
         await asyncio.gather(
             *((self.reaching.aclose(),) if self.reaching is not None else ()),
             *(_close_bridge(relay) for relay in closing),
+            *self.closing,
             return_exceptions=True,
         )
 

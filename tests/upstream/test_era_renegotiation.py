@@ -40,6 +40,8 @@ class SwitchableUpstream:
 
     def app(self) -> Starlette:
         async def endpoint(request: Request) -> Response:
+            if request.method == "DELETE":
+                return Response(status_code=200)  # a session ended
             body = orjson.loads(await request.body())
             method, id_ = body.get("method"), body.get("id")
             if id_ is None:
@@ -161,3 +163,37 @@ async def test_an_upstream_that_gained_the_2026_revision_is_learnt_by_the_readin
             assert answers.messages[0]["result"]["content"][0]["text"] == "ok"
         finally:
             await service.aclose()
+
+
+async def test_an_upstream_whose_eras_flap_leaves_at_most_two_relays_retired_and_closes_the_older_bridges() -> None:
+    """A rolling deploy behind a load balancer: the eras change on every re-probe. Each change
+    gives the next request a relay of the fitting kind; the replaced ones are not kept for ever
+    (a retired bridge holds a 2025 session)."""
+    upstream = SwitchableUpstream(modern=False)
+    async with serve(upstream.app()) as port:
+        settings = Settings(
+            listen="http://127.0.0.1:1/mcp", upstream=f"http://127.0.0.1:{port}/mcp", ready_check_interval_s=0.01
+        )
+        service = Service(settings, HttpUpstream(settings.upstream))  # type: ignore[arg-type]
+        await service.start()
+        bridges: list[ModernOverLegacy] = []
+        try:
+            for flip in range(8):
+                modern = flip % 2 == 1
+                upstream.modern = modern
+                async with asyncio.timeout(10):
+                    while service.capabilities is None or service.capabilities.modern is not modern:
+                        await asyncio.sleep(0.02)  # the next re-probe is due
+                        await service.readiness()
+                relay = await service.modern_relay()
+                assert relay is not None and isinstance(relay.link, ModernOverLegacy) is not modern
+                if not modern:
+                    bridges.append(relay.link)  # type: ignore[arg-type]
+                answers = Answers()
+                await relay.handle_request(modern_call(), answers, by_id=False)
+                assert answers.messages[0]["result"]["content"][0]["text"] == "ok"
+                assert len(service.eras.retired) <= 2
+            await wait_until(lambda: not service.eras.closing)  # the closes under way
+        finally:
+            await service.aclose()
+    assert len(bridges) == 4

@@ -135,9 +135,11 @@ def test_suggest_on_the_chaos_demo_classifies_its_unlabelled_failure_and_raises_
 
         # After the reload: a call between the old timer and the new one succeeds, and a fresh
         # lookup's unlabelled failures are retried until it answers (the demo fails 2 of 3).
-        between = math.floor((TIMER_S + timer["suggested_s"]) / 2 / STAGE_S)
-        if between == too_slow:  # an identical call would be refused by the ledger: its budget was spent
-            between += 1
+        # One stage past the old timer: the suggestion is a step of its ladder above it (2.5 s at
+        # the least, on a quiet machine), so the call has 0.4 s or more to spare under the new
+        # timer. Not the slower call cut before: an identical call would be refused by the ledger.
+        between = math.floor(TIMER_S / STAGE_S) + 1
+        assert between != too_slow
         assert TIMER_S < between * STAGE_S < timer["suggested_s"] - 0.3, (between, timer)
         after = anyio.run(
             _calls,

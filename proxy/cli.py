@@ -132,6 +132,18 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="2026-07-28 clients in front of a 2025-only upstream: served over a 2025 session (on, default) or refused",
     )
     p.add_argument(
+        "--era-bridge-sessions",
+        type=int,
+        default=s,
+        help="2025 sessions the bridge holds for requests whose server may ask the 2026 caller (16; 0: none)",
+    )
+    p.add_argument(
+        "--era-bridge-input-wait-s",
+        type=float,
+        default=s,
+        help="a bridged request waiting on its 2026 caller's answers is held this long (300)",
+    )
+    p.add_argument(
         "--resend-window-s",
         type=float,
         default=s,

@@ -110,6 +110,20 @@ class Settings(BaseSettings):
         description="serve 2026-07-28 clients in front of a 2025-only upstream over a 2025 session of the proxy's "
         "(off: they are refused as that server would refuse them)",
     )
+    era_bridge_sessions: int = Field(
+        16,
+        ge=0,
+        le=4096,
+        description="2025 sessions the era bridge may hold for 2026 requests that declare client capabilities, "
+        "each serving one request at a time so that the server can ask its caller (0: the server cannot ask)",
+    )
+    era_bridge_input_wait_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="how long a bridged request the server asked its 2026 caller about is held for the caller's "
+        "answers before it is cancelled upstream",
+    )
     resend_window_s: float = Field(
         300.0,
         ge=0,

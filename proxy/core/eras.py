@@ -28,6 +28,7 @@ from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 from proxy.upstream.bridge import ModernOverLegacy
+from proxy.upstream.bridge_interactive import InteractiveCalls
 
 # Relays replaced after the upstream's eras changed, kept while their requests finish.
 MAX_RETIRED = 2
@@ -43,17 +44,23 @@ class ModernRelays:
         bridge: bool,
         bridge_timeout_s: float,
         engine_takes_calls: bool,
+        bridge_sessions: int = 0,
+        bridge_input_wait_s: float = 300.0,
     ) -> None:
         """`probe`: the upstream's eras (raises UpstreamFailure while it is not reached);
         `build(link, reaching)`: the service's relay over `link` (`reaching`: the relay of calls
         before the upstream is reached); `bridge`: serve a 2025-only upstream's 2026 callers over
-        a 2025 session, whose handshake is bounded by `bridge_timeout_s`."""
+        a 2025 session, whose handshake is bounded by `bridge_timeout_s`, and with up to
+        `bridge_sessions` more on which the server may ask its caller (bridge_interactive.py),
+        holding such a request `bridge_input_wait_s` for the caller's answers."""
         self._upstream = upstream
         self._probe = probe
         self._build = build
         self._bridge = bridge
         self._bridge_timeout_s = bridge_timeout_s
         self._engine_takes_calls = engine_takes_calls
+        self._bridge_sessions = bridge_sessions
+        self._bridge_input_wait_s = bridge_input_wait_s
         self.shared: Relay | None = None
         self.reaching: Relay | None = None
         self.retired: list[Relay] = []
@@ -92,7 +99,15 @@ class ModernRelays:
     async def _link(self, caps: Capabilities) -> UpstreamLink:
         if caps.modern:
             return await self._upstream.open(Era.MODERN)
-        return await ModernOverLegacy.open(await self._upstream.open(Era.LEGACY), self._bridge_timeout_s)
+        interactive = None
+        if self._bridge_sessions > 0:
+            interactive = InteractiveCalls(
+                lambda: self._upstream.open(Era.LEGACY),
+                timeout_s=self._bridge_timeout_s,
+                max_sessions=self._bridge_sessions,
+                input_wait_s=self._bridge_input_wait_s,
+            )
+        return await ModernOverLegacy.open(await self._upstream.open(Era.LEGACY), self._bridge_timeout_s, interactive)
 
     async def for_request(self, request: Message) -> Relay | None:
         try:

@@ -40,7 +40,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import (
@@ -59,6 +59,9 @@ from proxy.jsonrpc import (
 )
 from proxy.upstream.base import CLIENT_INFO, SUBSCRIPTION_ID, Era, Exchange, OnMessage, UpstreamLink
 
+if TYPE_CHECKING:
+    from proxy.upstream.bridge_interactive import InteractiveCalls
+
 log = logging.getLogger("proxy.upstream.bridge")
 
 # The per-request `_meta` keys of 2026 that a 2025 session carries once, in `initialize`.
@@ -71,6 +74,8 @@ REMOVED_IN_2026: Final = frozenset(
     {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list"}
 )
 RESOURCE_NOT_FOUND_2025: Final = -32002
+# The 2026 requests a server may answer with an input-required result.
+INTERACTIVE: Final = frozenset({"tools/call", "prompts/get", "resources/read"})
 # RFC 5424 severities as MCP names them, least severe first.
 LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 # The listen filter's keys and the 2025 notifications each one asks for.
@@ -81,11 +86,41 @@ LIST_CHANGED: Final = {
 }
 
 
-def legacy_initialize(request_id: RequestId) -> Message:
-    """The bridge's `initialize`: no client capability, since a 2026 caller cannot be asked
-    anything mid-request through a 2025 session (see the module's contract)."""
-    params = {"protocolVersion": LATEST_LEGACY, "capabilities": {}, "clientInfo": CLIENT_INFO}
+def legacy_initialize(request_id: RequestId, capabilities: Mapping[str, Any] | None = None) -> Message:
+    """The bridge's `initialize`: the shared session declares no client capability (what the
+    server asks on it could reach no one caller); an interactive session declares its caller's."""
+    params = {"protocolVersion": LATEST_LEGACY, "capabilities": dict(capabilities or {}), "clientInfo": CLIENT_INFO}
     return {"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": params}
+
+
+async def handshake(
+    inner: UpstreamLink, timeout_s: float, capabilities: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Open a 2025 session on `inner` (its `initialize` and `notifications/initialized`, which the
+    legacy link keeps and replays when it re-establishes the session), bounded by `timeout_s`;
+    the server's `initialize` result. Raises `UpstreamFailure`; `inner` is closed then."""
+    try:
+        ex = await asyncio.wait_for(inner.send_request(legacy_initialize(inner.new_id(), capabilities)), timeout_s)
+        response = await asyncio.wait_for(ex.response, timeout_s)
+        result = response.get("result")
+        if not isinstance(result, dict):
+            error = response.get("error")
+            detail = error.get("message") if isinstance(error, dict) else None
+            raise UpstreamFailure(
+                FailureKind.PROTOCOL,
+                Dispatch.NO,
+                f"the upstream refused the proxy's 2025 initialize: {bounded(str(detail), 200)}",
+            )
+        await inner.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    except TimeoutError:
+        await inner.aclose()
+        raise UpstreamFailure(
+            FailureKind.TIMEOUT, Dispatch.NO, f"the upstream did not answer initialize within {timeout_s:g} s"
+        ) from None
+    except BaseException:
+        await inner.aclose()
+        raise
+    return result
 
 
 def without_modern_meta(message: Message) -> Message:
@@ -100,6 +135,25 @@ def without_modern_meta(message: Message) -> Message:
     if kept:
         new_params["_meta"] = kept
     return {**message, "params": new_params}
+
+
+def asked_capabilities(message: Message) -> dict[str, Any] | None:
+    """The client capabilities of a 2026 request that a 2025 server can ask for, as a 2025
+    `initialize` declares them; None when the request is not interactive or declares none.
+    `roots.listChanged` is dropped: a 2026 client sends no roots notification."""
+    if message.get("method") not in INTERACTIVE:
+        return None
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    declared = meta.get(META_CLIENT_CAPABILITIES) if isinstance(meta, dict) else None
+    if not isinstance(declared, dict):
+        return None
+    caps: dict[str, Any] = {}
+    for name in ("sampling", "elicitation", "roots"):
+        value = declared.get(name)
+        if isinstance(value, dict):
+            caps[name] = {k: v for k, v in value.items() if k != "listChanged"} if name == "roots" else value
+    return caps or None
 
 
 def level_of(message: Message) -> int | None:
@@ -125,9 +179,12 @@ class ModernOverLegacy:
 
     era = Era.MODERN
 
-    def __init__(self, inner: UpstreamLink, init_result: dict[str, Any]) -> None:
+    def __init__(
+        self, inner: UpstreamLink, init_result: dict[str, Any], interactive: InteractiveCalls | None = None
+    ) -> None:
         self._inner = inner
         self._init = init_result
+        self.interactive = interactive
         self._unsolicited: OnMessage = lambda message: None
         self._listens: dict[RequestId, _Listen] = {}
         self._subscribed: dict[str, int] = {}  # resource URI -> listen streams naming it
@@ -135,36 +192,18 @@ class ModernOverLegacy:
         inner.set_unsolicited_handler(self._on_unsolicited)
 
     @classmethod
-    async def open(cls, inner: UpstreamLink, timeout_s: float) -> ModernOverLegacy:
-        """Open the 2025 session on `inner` (its own `initialize` and `notifications/initialized`,
-        which the legacy link keeps and replays when it re-establishes the session), bounded by
-        `timeout_s`. Raises `UpstreamFailure`; `inner` is closed then."""
-        try:
-            ex = await asyncio.wait_for(inner.send_request(legacy_initialize(inner.new_id())), timeout_s)
-            response = await asyncio.wait_for(ex.response, timeout_s)
-            result = response.get("result")
-            if not isinstance(result, dict):
-                error = response.get("error")
-                detail = error.get("message") if isinstance(error, dict) else None
-                raise UpstreamFailure(
-                    FailureKind.PROTOCOL,
-                    Dispatch.NO,
-                    f"the upstream refused the proxy's 2025 initialize: {bounded(str(detail), 200)}",
-                )
-            await inner.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        except TimeoutError:
-            await inner.aclose()
-            raise UpstreamFailure(
-                FailureKind.TIMEOUT, Dispatch.NO, f"the upstream did not answer initialize within {timeout_s:g} s"
-            ) from None
-        except BaseException:
-            await inner.aclose()
-            raise
+    async def open(
+        cls, inner: UpstreamLink, timeout_s: float, interactive: InteractiveCalls | None = None
+    ) -> ModernOverLegacy:
+        """Open the shared 2025 session on `inner` (`handshake`); `interactive`: the sessions on
+        which a server may ask the caller (bridge_interactive.py), None: it may not. Raises
+        `UpstreamFailure`; `inner` is closed then."""
+        result = await handshake(inner, timeout_s)
         log.info(
             "2026-07-28 requests are bridged onto a 2025 session (the upstream answered initialize with %s)",
             bounded(str(result.get("protocolVersion")), 40),
         )
-        return cls(inner, result)
+        return cls(inner, result, interactive)
 
     # -- UpstreamLink ------------------------------------------------------------------------
 
@@ -190,9 +229,20 @@ class ModernOverLegacy:
         if method in REMOVED_IN_2026:
             return self._answered(message, error={"code": METHOD_NOT_FOUND, "message": "Method not found"})
         params = message.get("params")
+        interactive = self.interactive
+        if interactive is not None:
+            if isinstance(params, dict) and "requestState" in params:
+                return interactive.resume(message, on_message)
+            capabilities = asked_capabilities(message)
+            if capabilities is not None:
+                outer = await interactive.start(
+                    message, capabilities, on_message, self.translated, headers=headers, on_write=on_write
+                )
+                if outer is not None:
+                    return outer
         if isinstance(params, dict) and CONTINUATION.intersection(params):
-            # The bridge never answers input_required, so these are no answers to it: ignored, as
-            # a server ignores what it does not recognise.
+            # Answers to no question of this bridge's: ignored, as a server ignores what it does not
+            # recognise.
             message = {**message, "params": {k: v for k, v in params.items() if k not in CONTINUATION}}
         level = level_of(message)
         relayed = self._related(on_message, level)
@@ -213,6 +263,9 @@ class ModernOverLegacy:
 
     async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
         exchange.cancelled = True
+        if self.interactive is not None and self.interactive.owns(exchange):
+            await self.interactive.cancel(exchange, reason)
+            return
         listen = self._listens.pop(exchange.upstream_id, None)
         if listen is not None:
             self._unsubscribe(listen.resources)
@@ -231,6 +284,8 @@ class ModernOverLegacy:
         self._listens.clear()
         for task in self._background:
             task.cancel()
+        if self.interactive is not None:
+            await self.interactive.aclose()
         await self._inner.aclose()
 
     # -- answers -------------------------------------------------------------------------------

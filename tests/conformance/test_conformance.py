@@ -25,31 +25,38 @@ LEGS = tuple(LEG_OPTIONS)
 # everything-server scores 33/33, 40/40, 31/31 here); the proxy's goal is the direct score,
 # so add an entry only with a reason someone has agreed to. A listed scenario that passes
 # fails the test, so the table cannot go stale.
-_NOT_BRIDGED = (
-    "the era bridge does not yet turn a 2025 server's requests to its client (sampling, elicitation, "
-    "roots) into input-required results: its session declares no client capability, so the server "
-    "refuses or completes the call instead (docs/conformance.md, docs/deploy.md 'Eras')"
+_SERVER_2026_ONLY = (
+    "the everything-server's input-required-result tools return the 2026 InputRequiredResult from their "
+    "handler, which its SDK cannot send on a 2025 session (it answers -32603 'Handler returned an invalid "
+    "result' there): a feature of the 2026 revision only, with no 2025 request for the bridge to translate "
+    "(docs/conformance.md)"
 )
 KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
-        "server-stateless": "one check calls test_streaming_elicitation, refused with -32021: " + _NOT_BRIDGED,
-        **{
-            f"input-required-result-{name}": _NOT_BRIDGED
-            for name in (
-                "basic-elicitation",
-                "basic-sampling",
-                "basic-list-roots",
-                "request-state",
-                "multiple-input-requests",
-                "multi-round",
-                "missing-input-response",
-                "non-tool-request",
-                "result-type",
-                "tampered-state",
-                "capability-check",
-                "validate-input",
-            )
-        },
+        f"input-required-result-{name}": _SERVER_2026_ONLY
+        for name in (
+            "basic-elicitation",
+            "basic-sampling",
+            "basic-list-roots",
+            "request-state",
+            "multiple-input-requests",
+            "multi-round",
+            "missing-input-response",
+            "non-tool-request",
+            "result-type",
+            "tampered-state",
+            "capability-check",
+            "validate-input",
+        )
+    },
+}
+# Scenarios whose outcome depends on how fast this machine starts a process, with the reason:
+# neither their pass nor their failure fails the test (the summary says which it was).
+TIMING_DEPENDENT: dict[tuple[str, str], dict[str, str]] = {
+    ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
+        "server-stateless": "one check reads the stream of the first call declaring elicitation for 600 ms; through "
+        "the bridge that call runs on a 2025 session of its own, opened on first use, which in front of a stdio "
+        "server is a process start unless a warm one is ready (docs/deploy.md, 'Eras')",
     },
 }
 
@@ -75,12 +82,16 @@ def test_conformance(
         pytest.skip("a 2025 client in front of a 2025-only server is the proxy-stdio-upstream target's 2025 legs")
     run = run_suite(conformance_tools, url, leg, tmp_path)
     known = KNOWN_FAILURES.get((target, leg), {})
+    timing = TIMING_DEPENDENT.get((target, leg), {})
 
     summary = f"conformance {target} {leg}: {len(run.passed)}/{run.total} scenarios"
     if len(run.suite_passed) != len(run.passed):
         summary += f" (suite's own count, warnings allowed: {len(run.suite_passed)}/{run.total})"
     if known:
         summary += f" ({len(known)} known failures listed)"
+    for name in timing:
+        outcome = next((("passed" if r.passed else "failed") for r in run.results if r.scenario == name), "not run")
+        summary += f" ({name}, timing-dependent: {outcome})"
     summary += f" [{run.elapsed:.1f}s]"
     record_score(summary)
     record_property("conformance_score", f"{len(run.passed)}/{run.total}")
@@ -98,7 +109,7 @@ def test_conformance(
     if run.skipped:
         problems.append(f"scenarios skipped by the suite: {', '.join(run.skipped)}")
 
-    unexpected = [r for r in run.failed if r.scenario not in known]
+    unexpected = [r for r in run.failed if r.scenario not in known and r.scenario not in timing]
     if unexpected:
         lines = [f"{len(unexpected)} scenario(s) failed:"]
         for r in unexpected:

@@ -11,6 +11,7 @@ refused as the server itself would refuse it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,16 @@ import anyio
 import httpx
 import pytest
 from mcp import Client, MCPError
-from mcp.types import CreateMessageResult, TextContent
+from mcp.types import (
+    CallToolResult,
+    CreateMessageResult,
+    ElicitResult,
+    InputRequiredResult,
+    ListRootsResult,
+    Root,
+    TextContent,
+)
+from pydantic import FileUrl
 
 from tests.fixtures.helpers import ScriptedHTTP
 from tests.fixtures.journal import Journal
@@ -44,6 +54,13 @@ def bridged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridged]:
     with ScriptedHTTP(journal, state, transport="sse") as server:
         with ProxyProcess(upstream_url="sse+" + server.url, log_path=tmp / "proxy.log") as proxy:
             yield Bridged(proxy, Journal(journal), tmp / "proxy.log")
+
+
+def wait_for_line(path: Path, text: str, timeout_s: float = BOUND_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f"{text!r} not in {path}"
+        time.sleep(0.05)
 
 
 def text_of(result: Any) -> str:
@@ -98,24 +115,130 @@ def test_readiness_and_the_start_up_log_say_2026_clients_are_bridged(bridged: Br
     assert "clients served: 2025 native, 2026-07-28 bridged" in bridged.log.read_text()
 
 
-async def test_what_a_2025_server_asks_mid_call_is_refused_upstream_and_never_reaches_a_2026_client(
+async def test_what_a_2025_server_asks_mid_call_reaches_the_2026_client_as_input_required_rounds(
     bridged: Bridged,
 ) -> None:
-    """The bridge's session declares no client capability, so a server that honours capabilities
-    (this SDK server does) refuses the call with -32021 naming what it needed, which reaches the
-    caller as it came; the 2026 client is never sent a server-to-client request."""
-    asked: list[Any] = []
+    """A 2026 client that declares sampling, elicitation and roots is asked what the 2025 server
+    asks of its client mid-call (over legacy SSE: requests that name no call), through
+    input-required results its SDK answers by retrying; each tool runs once, whatever the rounds."""
+    asked: list[str] = []
 
     async def sampling(context: Any, params: Any) -> CreateMessageResult:
-        asked.append(params)
-        raise AssertionError("a 2026 client is never sent a server request")
+        asked.append("sampling")
+        prompt = params.messages[0].content.text
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text=f"model: {prompt}"), model="m"
+        )
+
+    async def elicitation(context: Any, params: Any) -> ElicitResult:
+        asked.append("elicitation")
+        return ElicitResult(action="accept", content={"answer": f"user: {params.message}"})
+
+    async def roots(context: Any) -> ListRootsResult:
+        asked.append("roots")
+        return ListRootsResult(roots=[Root(uri=FileUrl("file:///srv/a")), Root(uri=FileUrl("file:///srv/b"))])
+
+    callbacks = {"sampling_callback": sampling, "elicitation_callback": elicitation, "list_roots_callback": roots}
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=MODERN, **callbacks) as client:
+            sampled = await client.call_tool("ask_sampling", {"prompt": "q1", "call_id": "ir-sampling"})
+            assert text_of(sampled) == "model: q1"
+            answered = await client.call_tool("ask_elicitation", {"question": "name?", "call_id": "ir-elicit"})
+            assert text_of(answered) == "user: name?"
+            listed = await client.call_tool("ask_roots", {"call_id": "ir-roots"})
+            assert text_of(listed).splitlines() == ["file:///srv/a", "file:///srv/b"]
+            both = await client.call_tool("ask_then_sample", {"question": "who?", "call_id": "ir-two"})
+            assert text_of(both) == "model: user: who?"
+            assert text_of(await client.call_tool("echo", {"text": "plain"})) == "plain"
+    assert asked == ["sampling", "elicitation", "roots", "elicitation", "sampling"]
+    for call_id in ("ir-sampling", "ir-elicit", "ir-roots", "ir-two"):
+        assert len(bridged.journal.events(event="started", call=call_id)) == 1, call_id
+
+
+async def test_an_input_required_round_is_answered_by_key_and_a_wrong_request_state_starts_nothing(
+    bridged: Bridged,
+) -> None:
+    async def never(context: Any, params: Any) -> ElicitResult:
+        raise AssertionError("driven by hand here")
 
     with anyio.fail_after(BOUND_S):
-        async with Client(bridged.proxy.url, mode=MODERN, sampling_callback=sampling) as client:
+        async with Client(bridged.proxy.url, mode=MODERN, elicitation_callback=never) as client:
+            session = client.session
+            args = {"question": "colour?", "call_id": "ir-by-hand"}
+            first = await session.call_tool("ask_elicitation", args, allow_input_required=True)
+            assert isinstance(first, InputRequiredResult) and first.request_state
+            ((key, request),) = first.input_requests.items()
+            assert request.method == "elicitation/create" and request.params.message == "colour?"
+            # a state this proxy never issued, or one used for another tool: refused, nothing runs
+            for name, state in (("ask_elicitation", "forged"), ("ask_sampling", first.request_state)):
+                with pytest.raises(MCPError) as refused:
+                    await session.call_tool(
+                        name, args, request_state=state, input_responses={}, allow_input_required=True
+                    )
+                assert refused.value.error.code == -32602
+            # the retry that leaves the question unanswered is asked it again
+            again = await session.call_tool(
+                "ask_elicitation",
+                args,
+                request_state=first.request_state,
+                input_responses={},
+                allow_input_required=True,
+            )
+            assert isinstance(again, InputRequiredResult) and list(again.input_requests) == [key]
+            reply = {key: ElicitResult(action="accept", content={"answer": "blue"})}
+            done = await session.call_tool(
+                "ask_elicitation",
+                args,
+                request_state=again.request_state,
+                input_responses=reply,
+                allow_input_required=True,
+            )
+            assert isinstance(done, CallToolResult) and text_of(done) == "blue"
+            # its state is spent
+            with pytest.raises(MCPError) as spent:
+                await session.call_tool(
+                    "ask_elicitation", args, request_state=again.request_state, input_responses=reply
+                )
+            assert spent.value.error.code == -32602
+    assert len(bridged.journal.events(event="started", call="ir-by-hand")) == 1
+
+
+async def test_a_2026_client_that_declares_no_capability_is_refused_by_the_server_as_it_came(
+    bridged: Bridged,
+) -> None:
+    """Without the client's capability the bridge's shared session carries the call, and a server
+    that honours capabilities (this SDK server does) refuses it with -32021 naming what it needed."""
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=MODERN) as client:
             with pytest.raises(MCPError) as refused:
                 await client.call_tool("ask_sampling", {"prompt": "q"})
     assert refused.value.error.code == -32021 and "sampling" in refused.value.error.message
-    assert asked == []
+
+
+async def test_a_parked_request_whose_client_never_answers_is_cancelled_upstream(tmp_path: Path) -> None:
+    journal, state = tmp_path / "journal.jsonl", tmp_path / "state.json"
+    with ScriptedHTTP(journal, state, transport="sse") as server:
+        wait = ["--era-bridge-input-wait-s", "0.5"]
+        with ProxyProcess(upstream_url="sse+" + server.url, extra=wait, log_path=tmp_path / "p.log") as proxy:
+
+            async def never(context: Any, params: Any) -> ElicitResult:
+                raise AssertionError("never answered")
+
+            with anyio.fail_after(BOUND_S):
+                async with Client(proxy.url, mode=MODERN, elicitation_callback=never) as client:
+                    args = {"question": "still there?", "call_id": "ir-expired"}
+                    first = await client.session.call_tool("ask_elicitation", args, allow_input_required=True)
+                    assert isinstance(first, InputRequiredResult)
+                    log = tmp_path / "p.log"
+                    await anyio.to_thread.run_sync(wait_for_line, log, "was cancelled upstream: the client did not")
+                    with pytest.raises(MCPError) as expired:
+                        reply = {
+                            k: ElicitResult(action="accept", content={"answer": "late"}) for k in first.input_requests
+                        }
+                        await client.session.call_tool(
+                            "ask_elicitation", args, request_state=first.request_state, input_responses=reply
+                        )
+                    assert expired.value.error.code == -32602 and "expired" in expired.value.error.message
 
 
 async def test_with_the_bridge_off_a_2026_client_is_refused_as_the_server_would_refuse_it(tmp_path: Path) -> None:

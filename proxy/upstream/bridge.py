@@ -139,10 +139,8 @@ def without_modern_meta(message: Message) -> Message:
 
 def asked_capabilities(message: Message) -> dict[str, Any] | None:
     """The client capabilities of a 2026 request that a 2025 server can ask for, as a 2025
-    `initialize` declares them; None when the request is not interactive or declares none.
-    `roots.listChanged` is dropped: a 2026 client sends no roots notification."""
-    if message.get("method") not in INTERACTIVE:
-        return None
+    `initialize` declares them; None when it declares none. `roots.listChanged` is dropped: a 2026
+    client sends no roots notification."""
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     declared = meta.get(META_CLIENT_CAPABILITIES) if isinstance(meta, dict) else None

@@ -6,13 +6,18 @@ with a request of its own on the session, which over stdio and legacy SSE names 
 client's. A 2026 client has no session: it is asked with an input-required result and answers by
 retrying its request with the answers. Contract of `InteractiveCalls`:
 
-- A 2026 `tools/call`, `prompts/get` or `resources/read` whose `_meta` declares client
-  capabilities a 2025 server can ask for (sampling, elicitation, roots) runs on a 2025 session of
-  its own for its whole duration: one leased from a pool of sessions initialized with exactly those
-  capabilities, opened on demand, at most `max_sessions` in all, each closed after `IDLE_S` unused.
-  One request per session, so whatever the server sends on it belongs to that request, whatever
-  the transport.
-- A server request during it ends the caller's request with an input-required result: the server's
+- A 2026 request whose `_meta` declares client capabilities a 2025 server can ask for (sampling,
+  elicitation, roots) runs on a 2025 session of its own for its whole duration: one leased from a
+  pool of sessions initialized with exactly those capabilities, opened on demand, at most
+  `max_sessions` in all, each closed after `IDLE_S` unused, and closed after a request during
+  which the server asked its client anything (the server may keep the answers per session, as
+  the roots it was told: they are not handed to the next caller). So the server sees the client as a
+  2025 client declaring them would be seen (a server may list some tools only to a client that can
+  sample), and, one request per session, whatever the server sends on it belongs to that request,
+  whatever the transport.
+- A server request during a `tools/call`, `prompts/get` or `resources/read` (the requests 2026
+  lets a server answer with input-required) ends the caller's request with an input-required
+  result: the server's
   requests under keys of the bridge's (`elicitation-1`, ...), all that arrived together in one
   result, and a `requestState` naming the parked request (128 random bits). `ping` is answered
   here; any other server request is refused with an error that names the bridge.
@@ -25,8 +30,9 @@ retrying its request with the answers. Contract of `InteractiveCalls`:
   closes, the server's open requests are answered with an error, the upstream request is cancelled
   and the session closed rather than reused (a late message of the abandoned request could
   otherwise reach the next one).
-- With `max_sessions` busy, `start` returns None: the request goes over the bridge's shared
-  session (the server sees a client without those capabilities), logged at most once a minute.
+- With `max_sessions` busy, or when no session could be opened (no room for another stdio child),
+  `start` returns None: the request goes over the bridge's shared session (the server sees a
+  client without those capabilities), logged at most once a minute.
 
 The round trip spends no retry budget: each retry is a request of its own to the engine, whose
 first attempt resumes the parked one; a retry of that attempt finds the state spent (-32602).
@@ -47,7 +53,7 @@ from typing import Any, Final
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Message, RequestId, bounded
 from proxy.upstream.base import Exchange, OnMessage, UpstreamLink
-from proxy.upstream.bridge import CONTINUATION, LOG_LEVELS, handshake, level_of, without_modern_meta
+from proxy.upstream.bridge import CONTINUATION, INTERACTIVE, LOG_LEVELS, handshake, level_of, without_modern_meta
 
 log = logging.getLogger("proxy.upstream.bridge")
 
@@ -158,17 +164,21 @@ class InteractiveCalls:
         on_write: Callable[[], None] | None = None,
     ) -> Exchange | None:
         """Send `message` on an interactive session declaring `capabilities`; None when every
-        session allowed is busy. Raises `UpstreamFailure` (the session could not be opened, the
-        request not sent)."""
-        session = await self._lease(capabilities)
+        session allowed is busy or none could be opened (the caller uses the shared session).
+        Raises `UpstreamFailure` when the request could not be sent."""
+        try:
+            session = await self._lease(capabilities)
+            why = f"all {self.max_sessions} interactive sessions are busy"
+        except UpstreamFailure as exc:  # e.g. no room for another stdio child: the shared session serves
+            session, why = None, f"no interactive session could be opened ({bounded(str(exc), 200)})"
         if session is None:
             now = time.monotonic()
             if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
                 self._refusal_logged = now
                 log.warning(
-                    "era bridge: all %d interactive sessions are busy; a request declaring client capabilities "
-                    "goes over the shared session, where the server cannot ask its client anything",
-                    self.max_sessions,
+                    "era bridge: %s; a request declaring client capabilities goes over the shared session, where "
+                    "the server cannot ask its client anything",
+                    why,
                 )
             return None
         call = _Call(session, subject_of(message), translate)
@@ -282,7 +292,9 @@ class InteractiveCalls:
         for asked in call.asked.values():  # asked, then not waited for: the server has moved on
             self._spawn(call.session.link.send_response(_error(asked["id"], -32603, "the request ended")))
         call.asked.clear()
-        self._finish(call, reuse=True)
+        # A session on which the server asked the client holds that client's answers (a server
+        # may keep the roots it was told per session): it is not handed to another caller.
+        self._finish(call, reuse=call.asks == 0)
 
     def _park_soon(self, call: _Call) -> None:
         """Requests the server sends together go out in one input-required result."""
@@ -347,7 +359,7 @@ class InteractiveCalls:
         if "id" in message and isinstance(method, str):
             if method == "ping":
                 self._spawn(session.link.send_response({"jsonrpc": "2.0", "id": message["id"], "result": {}}))
-            elif call is not None and method in ASKABLE:
+            elif call is not None and method in ASKABLE and call.subject[0] in INTERACTIVE:
                 call.asks += 1
                 call.asked[f"{method.split('/')[0]}-{call.asks}"] = message
                 if call.outer is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.upstream.bridge import ModernOverLegacy, level_of, without_modern_meta
+from proxy.upstream.bridge import ModernOverLegacy, asked_capabilities, level_of, without_modern_meta
 
 MODERN_META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -75,3 +75,27 @@ def test_discover_is_answered_from_initialize_without_2025_tasks() -> None:
     assert found["supportedVersions"] == ["2026-07-28"] and found["capabilities"] == {"tools": {"listChanged": True}}
     assert found["instructions"] == "use it well" and found["resultType"] == "complete"
     assert found["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "s"
+
+
+def test_a_request_runs_on_a_session_declaring_what_a_2025_server_can_ask_its_client() -> None:
+    def request(method: str, caps: Any) -> dict[str, Any]:
+        meta = {**MODERN_META, "io.modelcontextprotocol/clientCapabilities": caps}
+        return {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"name": "t", "_meta": meta}}
+
+    declared = {"sampling": {"tools": {}}, "elicitation": {"form": {}}, "roots": {"listChanged": True}, "x": {}}
+    # what the session's initialize declares: the askable three, roots without listChanged (a 2026
+    # client sends no roots notification)
+    assert asked_capabilities(request("tools/call", declared)) == {
+        "sampling": {"tools": {}},
+        "elicitation": {"form": {}},
+        "roots": {},
+    }
+    assert asked_capabilities(request("prompts/get", {"elicitation": {}})) == {"elicitation": {}}
+    assert asked_capabilities(request("resources/read", {"roots": {}})) == {"roots": {}}
+    # nothing to ask: the shared session serves it
+    assert asked_capabilities(request("tools/call", {})) is None
+    assert asked_capabilities(request("tools/call", {"experimental": {}})) is None
+    # any request: the server sees the client as a 2025 client declaring them (a server may list
+    # some tools only to a client that can sample)
+    assert asked_capabilities(request("tools/list", {"sampling": {}})) == {"sampling": {}}
+    assert asked_capabilities({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}) is None

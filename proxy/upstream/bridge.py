@@ -10,12 +10,15 @@ into a request of that session and each answer back:
 - `server/discover` is answered from what `initialize` returned (capabilities, instructions,
   server info), never sent upstream;
 - a request loses the 2026 per-request `_meta` keys (protocol version, client info, client
-  capabilities, log level), which a 2025 server does not know, and the input-required answers
-  (`inputResponses`, `requestState`: the bridge never asks for input, so they answer nothing of
-  its and are ignored, as a server ignores what it does not recognise); everything else goes as
-  it came;
-- a method 2026 removed (`ping`, `logging/setLevel`, `resources/subscribe`, ...) is answered
-  "Method not found", as a 2026 server answers it;
+  capabilities, log level), which a 2025 server does not know, and the `task` of a task-augmented
+  call (no tasks are bridged: the call runs in place); everything else goes as it came;
+- a request that declares client capabilities a 2025 server can ask for (sampling, elicitation,
+  roots) goes to the bridge's interactive sessions (bridge_interactive.py), which turn the
+  server's questions into input-required rounds; a retry carrying a `requestState` goes there too;
+  `inputResponses` without one answer no question of the bridge's and are ignored, as a server
+  ignores what it does not recognise;
+- a method 2026 removed (`ping`, `logging/setLevel`, `resources/subscribe`, ...) and the 2025-11-25
+  task methods are answered "Method not found", as a 2026 server without tasks answers them;
 - a result gets `resultType: "complete"` and the server's info in `_meta`; a list result and a
   `resources/read` result get the 2026 caching fields (`ttlMs: 0`, `cacheScope: "private"`: the
   session's answers are not known to be the same for every caller); the 2025-11-25 task field
@@ -26,9 +29,9 @@ into a request of that session and each answer back:
 - `subscriptions/listen` is served here: the session's `list_changed` notifications go to every
   listen stream that asked for them, and `resources/updated` to those that named the resource
   (subscribed upstream once per resource while any stream names it);
-- what a 2025 server asks of its client (`ping` aside, answered here) has no 2026 form yet: the
-  proxy's `initialize` declares no client capability, so a server that honours capabilities does
-  not ask, and one that asks anyway gets a JSON-RPC error that says why.
+- on the shared session, which declares no client capability (what the server asks there could
+  reach no one caller), a server that honours capabilities does not ask, and one that asks anyway
+  gets a JSON-RPC error that says why (`ping` is answered).
 
 Cancellation is the legacy link's (`notifications/cancelled`), and so are timeouts and retries:
 the bridge adds none (the engine owns both).
@@ -73,6 +76,9 @@ CACHEABLE: Final = LIST_METHODS | {"resources/read"}  # the 2026 results that ca
 REMOVED_IN_2026: Final = frozenset(
     {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list"}
 )
+# The 2025-11-25 task methods: not bridged (2026-07-28 has no core tasks and the bridge offers no
+# tasks extension), answered "Method not found" as a 2026 server without tasks answers them.
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
 RESOURCE_NOT_FOUND_2025: Final = -32002
 # The 2026 requests a server may answer with an input-required result.
 INTERACTIVE: Final = frozenset({"tools/call", "prompts/get", "resources/read"})
@@ -154,6 +160,17 @@ def asked_capabilities(message: Message) -> dict[str, Any] | None:
     return caps or None
 
 
+def legacy_form(message: Message) -> Message:
+    """A 2026 request as the 2025 session gets it: without the 2026 `_meta` keys, and without the
+    `task` of a task-augmented request (the bridge offers no tasks, so it is ignored, as a 2026
+    server without the tasks extension ignores it: the call runs and answers in place)."""
+    message = without_modern_meta(message)
+    params = message.get("params")
+    if isinstance(params, dict) and "task" in params:
+        message = {**message, "params": {k: v for k, v in params.items() if k != "task"}}
+    return message
+
+
 def level_of(message: Message) -> int | None:
     """The index in LOG_LEVELS of the level a 2026 request asked for; None: no log messages."""
     params = message.get("params")
@@ -224,7 +241,7 @@ class ModernOverLegacy:
             return self._answered(message, self.discover())
         if method == "subscriptions/listen":
             return self._listen(message, on_message)
-        if method in REMOVED_IN_2026:
+        if method in REMOVED_IN_2026 or method in TASK_METHODS:
             return self._answered(message, error={"code": METHOD_NOT_FOUND, "message": "Method not found"})
         params = message.get("params")
         interactive = self.interactive
@@ -245,7 +262,7 @@ class ModernOverLegacy:
         level = level_of(message)
         relayed = self._related(on_message, level)
         inner_ex = await self._inner.send_request(
-            without_modern_meta(message), on_message=relayed, headers=headers, on_write=on_write
+            legacy_form(message), on_message=relayed, headers=headers, on_write=on_write
         )
         loop = asyncio.get_running_loop()
         outer = Exchange(message["id"], str(method), on_message, loop.create_future(), written=True)

@@ -53,7 +53,7 @@ from typing import Any, Final
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Message, RequestId, bounded
 from proxy.upstream.base import Exchange, OnMessage, UpstreamLink
-from proxy.upstream.bridge import CONTINUATION, INTERACTIVE, LOG_LEVELS, handshake, level_of, without_modern_meta
+from proxy.upstream.bridge import CONTINUATION, INTERACTIVE, LOG_LEVELS, handshake, legacy_form, level_of
 
 log = logging.getLogger("proxy.upstream.bridge")
 
@@ -187,7 +187,7 @@ class InteractiveCalls:
         call.inner_token = call.outer_token
         try:
             call.inner = await session.link.send_request(
-                without_modern_meta(message),
+                legacy_form(message),
                 on_message=lambda m: self._from_session(session, m),
                 headers=headers,
                 on_write=on_write,

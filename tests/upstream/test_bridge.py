@@ -5,9 +5,16 @@ tests/interop/test_era_bridge.py."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from proxy.upstream.bridge import ModernOverLegacy, asked_capabilities, level_of, without_modern_meta
+from proxy.upstream.bridge import (
+    ModernOverLegacy,
+    asked_capabilities,
+    legacy_form,
+    level_of,
+    without_modern_meta,
+)
 
 MODERN_META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -99,3 +106,25 @@ def test_a_request_runs_on_a_session_declaring_what_a_2025_server_can_ask_its_cl
     # some tools only to a client that can sample)
     assert asked_capabilities(request("tools/list", {"sampling": {}})) == {"sampling": {}}
     assert asked_capabilities({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}) is None
+
+
+def test_a_task_augmented_call_runs_in_place_and_task_methods_are_not_found() -> None:
+    """No tasks are bridged (2026-07-28 has no core tasks, and discover offers none): the `task` of
+    a call is dropped, as a 2026 server without the tasks extension ignores it."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "tools/call",
+        "params": {"name": "t", "arguments": {}, "task": {"ttl": 60000}, "_meta": MODERN_META},
+    }
+    assert legacy_form(call)["params"] == {"name": "t", "arguments": {}}
+
+    async def answers() -> list[Any]:
+        link = bridge()  # its session is never touched: the bridge answers these itself
+        out = []
+        for method in ("tasks/get", "tasks/result", "tasks/cancel", "tasks/list"):
+            request = {"jsonrpc": "2.0", "id": 9, "method": method, "params": {"taskId": "x", "_meta": MODERN_META}}
+            out.append((await (await link.send_request(request)).response)["error"]["code"])
+        return out
+
+    assert asyncio.run(answers()) == [-32601] * 4

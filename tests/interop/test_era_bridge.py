@@ -151,4 +151,6 @@ async def test_server_everything_asks_a_2026_client_for_sampling_elicitation_and
             async with Client(proxy.url, mode=MODERN) as plain:  # declares nothing: not listed to it
                 names = {t.name for t in (await plain.list_tools()).tools}
                 assert "trigger-sampling-request" not in names
-    assert asked == ["sampling", "elicitation", "roots"]
+    # server-everything also asks for roots when a session that declared them opens (the bridge
+    # opens one per question asked), which reaches the caller whose request holds the session then
+    assert [a for a in asked if a != "roots"] == ["sampling", "elicitation"] and "roots" in asked

@@ -378,6 +378,10 @@ class LinkBase:
 
     _pending: PendingTable
     _unsolicited: OnMessage
+    # Called once a legacy link re-established its upstream session (a respawned child, an expired
+    # HTTP session, a reopened SSE stream) and replayed the handshake: whatever else the session
+    # held (resource subscriptions) is its owner's to make again.
+    on_reestablished: Callable[[], None] | None = None
 
     def new_id(self) -> RequestId:
         return self._pending.new_id()

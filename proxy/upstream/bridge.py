@@ -28,7 +28,8 @@ into a request of that session and each answer back:
   for (`io.modelcontextprotocol/logLevel`), none without one, as a 2026 server behaves;
 - `subscriptions/listen` is served here: the session's `list_changed` notifications go to every
   listen stream that asked for them, and `resources/updated` to those that named the resource
-  (subscribed upstream once per resource while any stream names it);
+  (subscribed upstream once per resource while any stream names it, and again when the session is
+  re-established);
 - on the shared session, which declares no client capability (what the server asks there could
   reach no one caller), a server that honours capabilities does not ask, and one that asks anyway
   gets a JSON-RPC error that says why (`ping` is answered).
@@ -60,7 +61,7 @@ from proxy.jsonrpc import (
     RequestId,
     bounded,
 )
-from proxy.upstream.base import CLIENT_INFO, SUBSCRIPTION_ID, Era, Exchange, OnMessage, UpstreamLink
+from proxy.upstream.base import CLIENT_INFO, SUBSCRIPTION_ID, Era, Exchange, LinkBase, OnMessage, UpstreamLink
 
 if TYPE_CHECKING:
     from proxy.upstream.bridge_interactive import InteractiveCalls
@@ -205,6 +206,8 @@ class ModernOverLegacy:
         self._subscribed: dict[str, int] = {}  # resource URI -> listen streams naming it
         self._background: set[asyncio.Task[Any]] = set()
         inner.set_unsolicited_handler(self._on_unsolicited)
+        if isinstance(inner, LinkBase):
+            inner.on_reestablished = self._resubscribe
 
     @classmethod
     async def open(
@@ -511,6 +514,12 @@ class ModernOverLegacy:
                 continue
             self._subscribed.pop(uri, None)
             self._spawn(self._session_request("resources/unsubscribe", {"uri": uri}))
+
+    def _resubscribe(self) -> None:
+        """The session was re-established (a respawned child, an expired HTTP session): the
+        resources the listen streams name are subscribed on it again."""
+        for uri in self._subscribed:
+            self._spawn(self._session_request("resources/subscribe", {"uri": uri}))
 
     async def _session_request(self, method: str, params: dict[str, Any]) -> None:
         """A request of the bridge's own on the session (subscribe, unsubscribe): its failure is

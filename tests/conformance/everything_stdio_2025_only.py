@@ -2,7 +2,8 @@
 that refuses the 2026-07-28 revision exactly as a server of the 2025 era does (the TypeScript SDK
 1.x servers answer `server/discover`, which they do not know, with -32601 "Method not found").
 
-It starts everything_stdio.py, relays every line both ways unchanged, and answers itself the one
+It starts everything_stdio.py (or the Python script and arguments given), relays every line both
+ways unchanged, and answers itself the one
 2026 request a 2025 server could be sent first: `server/discover`; any other request carrying the
 2026 `_meta` protocol version gets the -32022 refusal naming the versions it supports. Used to run
 the conformance suite's 2026-07-28 leg through the proxy's era bridge (test_conformance.py).
@@ -37,9 +38,8 @@ def refusal(message: dict) -> dict | None:
 
 
 def main() -> int:
-    child = subprocess.Popen(
-        [sys.executable, str(HERE / "everything_stdio.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+    server = sys.argv[1:] or [str(HERE / "everything_stdio.py")]
+    child = subprocess.Popen([sys.executable, *server], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdin is not None and child.stdout is not None
     out_lock = threading.Lock()
 

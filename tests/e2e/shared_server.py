@@ -6,9 +6,10 @@ that keeps no state per session, with per-session features for the proxy to keep
 Tools: `progress(who, steps)` reports `steps` progress notifications naming `who`; `ask(prompt)`
 asks the client for sampling (over stdio a server request names no request of the client);
 `say(text)` logs one debug and one error line; `touch(uri)` notifies that `uri` was updated;
-`pid()` answers the process id; `hang(seconds)` reports progress once, then sleeps (a call to kill
-the child under). It also serves `logging/setLevel` and `resources/subscribe`/`unsubscribe`,
-answering them and nothing more, so that its capabilities offer both: the MCPServer API has no
+`pid()` answers the process id (`ppid()` its parent's); `hang(seconds)` reports progress once,
+then sleeps (a call to kill the child under). It also serves `logging/setLevel` (answered, nothing
+more) and `resources/subscribe`/`unsubscribe` (kept per process, for `touch` with
+SHARED_SERVER_SUBSCRIBED_ONLY=1), so that its capabilities offer both: the MCPServer API has no
 parameter for them, hence the low-level server's public `add_request_handler`.
 """
 
@@ -47,14 +48,25 @@ def build() -> MCPServer:
         await ctx.log("error", f"error: {text}")
         return "said"
 
+    subscribed: set[str] = set()
+    # With SHARED_SERVER_SUBSCRIBED_ONLY=1 `touch` notifies only a subscribed uri, as a server that
+    # keeps its session's subscriptions does (a subscription lost upstream is then seen).
+    subscribed_only = os.environ.get("SHARED_SERVER_SUBSCRIBED_ONLY") == "1"
+
     @server.tool()
     async def touch(uri: str, ctx: Context) -> str:
+        if subscribed_only and uri not in subscribed:
+            return "not subscribed"
         await ctx.request_context.session.send_resource_updated(uri)
         return "touched"
 
     @server.tool()
     async def pid() -> str:
         return str(os.getpid())
+
+    @server.tool()
+    async def ppid() -> str:
+        return str(os.getppid())
 
     @server.tool()
     async def hang(seconds: float, ctx: Context) -> str:
@@ -71,8 +83,17 @@ def build() -> MCPServer:
 
     low = server._lowlevel_server  # (the MCPServer API has no setting for these)
     low.add_request_handler("logging/setLevel", types.SetLevelRequestParams, answer)
-    low.add_request_handler("resources/subscribe", types.SubscribeRequestParams, answer)
-    low.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, answer)
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        subscribed.add(str(params.uri))
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        subscribed.discard(str(params.uri))
+        return types.EmptyResult()
+
+    low.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    low.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
     return server
 
 

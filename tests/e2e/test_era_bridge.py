@@ -11,6 +11,8 @@ refused as the server itself would refuse it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,7 @@ from mcp.types import (
 )
 from pydantic import FileUrl
 
-from tests.fixtures.helpers import ScriptedHTTP
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
@@ -253,3 +255,37 @@ async def test_with_the_bridge_off_a_2026_client_is_refused_as_the_server_would_
                         await client.list_tools()
                 async with Client(proxy.url, mode="auto") as client:  # falls back to the handshake
                     assert text_of(await client.call_tool("echo", {"text": "handshake"})) == "handshake"
+
+
+async def test_a_listen_streams_resource_is_subscribed_again_when_the_bridged_child_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """In front of a 2025-only stdio server that notifies only the resources its session subscribed
+    to: after the bridged session's child is killed and respawned (the handshake replayed), the
+    resource a listen stream names is subscribed on the new child, and its updates arrive again."""
+    server = [PYTHON, str(REPO_ROOT / "tests/conformance/everything_stdio_2025_only.py")]
+    server.append(str(REPO_ROOT / "tests/e2e/shared_server.py"))
+    uri = "file:///shared/watched"
+    proxy = ProxyProcess(upstream=server, env={"SHARED_SERVER_SUBSCRIBED_ONLY": "1"}, log_path=tmp_path / "p.log")
+    with proxy, anyio.fail_after(BOUND_S):
+        async with Client(proxy.url, mode=MODERN) as client:
+            async with client.listen(resource_subscriptions=[uri]) as stream:
+                assert stream.honored.resource_subscriptions == [uri]
+                updates = aiter(stream)
+
+                async def touched_until_updated() -> None:
+                    # the subscription is made on the session as the stream opens, and again after a
+                    # respawn: touch until the server sees it (each touch is answered either way)
+                    with anyio.fail_after(BOUND_S):
+                        while True:
+                            if text_of(await client.call_tool("touch", {"uri": uri})) == "touched":
+                                break
+                            await anyio.sleep(0.05)
+                    event = await anext(updates)
+                    assert getattr(event, "uri", None) == uri, event
+
+                await touched_until_updated()
+                wrapper = int(text_of(await client.call_tool("ppid", {})))
+                os.kill(wrapper, signal.SIGKILL)  # the bridged session's child (the 2025-only wrapper)
+                await touched_until_updated()
+                assert int(text_of(await client.call_tool("ppid", {}))) != wrapper

@@ -401,6 +401,8 @@ class SseLegacyLink(LinkBase):
                 Dispatch.NO,
                 bounded_detail(f"re-establishing the SSE session failed: {detail}"),
             ) from None
+        if self.on_reestablished is not None:
+            self.on_reestablished()
 
     async def _read(self, conn: _Connection) -> None:
         up = self._upstream

@@ -275,6 +275,8 @@ class StdioLink(LinkBase):
         extra = self.replay_after_handshake() if self.replay_after_handshake is not None else ()
         for message in extra:  # their answers do not matter: the state is the proxy's to keep
             await self._exchange_internally(child, {**message, "id": self._pending.new_id()}, "restoring its state")
+        if self.on_reestablished is not None:
+            self.on_reestablished()
 
     def on_line(self, child: Child, line: bytes) -> None:
         try:

@@ -216,6 +216,8 @@ class HttpLegacyLink(HttpLink):
                         http_status=refused.http_status,
                     )
                 self._start_get_stream()
+            if self.on_reestablished is not None:
+                self.on_reestablished()
 
     # -- notifications, responses, cancel, close --------------------------------------------
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:

@@ -289,3 +289,31 @@ async def test_a_listen_streams_resource_is_subscribed_again_when_the_bridged_ch
                 os.kill(wrapper, signal.SIGKILL)  # the bridged session's child (the 2025-only wrapper)
                 await touched_until_updated()
                 assert int(text_of(await client.call_tool("ppid", {}))) != wrapper
+
+
+async def test_over_streamable_http_a_log_message_of_the_call_reaches_it_at_the_level_it_asked(
+    tmp_path: Path,
+) -> None:
+    """Over streamable HTTP a 2025 server's log message during a call comes on the call's own
+    response stream, so the bridge knows whose it is: it reaches that call at or above the level
+    the request asked for, and none without one (the server logs at info)."""
+    journal, state = tmp_path / "journal.jsonl", tmp_path / "state.json"
+    with ScriptedHTTP(journal, state, transport="http", extra=["--legacy-only"]) as server:
+        with ProxyProcess(upstream_url=server.url, log_path=tmp_path / "p.log") as proxy:
+            async with httpx.AsyncClient(timeout=10) as admin:
+                ready = (await admin.get(proxy.admin + "/readyz")).json()
+            assert ready["served"] == {"2025": "native", "2026-07-28": "bridged"}, ready
+            heard: dict[str | None, list[Any]] = {}
+            with anyio.fail_after(BOUND_S):
+                for level in (None, "warning", "info", "debug"):
+                    got = heard.setdefault(level, [])
+
+                    async def on_log(params: Any, got: list[Any] = got) -> None:
+                        got.append(params)
+
+                    async with Client(proxy.url, mode=MODERN, logging_callback=on_log, log_level=level) as client:
+                        answer = await client.call_tool("log_then_answer", {"message": f"at {level}"})
+                        assert text_of(answer) == f"answered: at {level}"
+    assert heard[None] == [] and heard["warning"] == []
+    for level in ("info", "debug"):
+        assert [(p.level, p.data) for p in heard[level]] == [("info", f"at {level}")], heard[level]

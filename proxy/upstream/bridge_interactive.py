@@ -103,6 +103,7 @@ class _Call:
     state: str | None = None  # requestState while parked
     timer: asyncio.TimerHandle | None = None
     final: Message | None = None  # the upstream's answer that came while parked
+    failure: BaseException | None = None  # or how the upstream request failed meanwhile
     asks: int = 0
 
 
@@ -217,6 +218,10 @@ class InteractiveCalls:
             call.timer.cancel()
             call.timer = None
         outer = self._waiting(call, message, on_message)
+        if call.failure is not None:  # the execution failed while it waited for these answers
+            self._fail(call, call.failure)
+            self._finish(call, reuse=False)
+            return outer
         for key in [k for k in call.asked if isinstance(responses.get(k), dict)]:
             asked = call.asked.pop(key)
             answer = {k: v for k, v in responses[key].items() if k != "resultType"}
@@ -267,14 +272,15 @@ class InteractiveCalls:
     def _answered(self, call: _Call, done: asyncio.Future[Message]) -> None:
         """The upstream request ended: answer the waiting request, or keep it for the retry."""
         if done.cancelled() or done.exception() is not None:
-            outer = call.outer
-            if outer is not None and not outer.response.done():
-                if done.cancelled():
-                    outer.response.cancel()
-                else:
-                    outer.response.set_exception(done.exception())  # type: ignore[arg-type]
-                    outer.response.exception()
-            self._unpark(call)
+            failure = done.exception() if not done.cancelled() else None
+            if failure is None:
+                failure = UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream request ended unanswered")
+            if call.outer is None and call.state is not None:
+                # parked: the retry learns how the execution ended (the session cannot be reused)
+                call.failure = failure
+                self._close(call.session)
+                return
+            self._fail(call, failure)
             self._finish(call, reuse=False)
             return
         response = done.result()
@@ -282,6 +288,13 @@ class InteractiveCalls:
             call.final = response  # parked: the retry gets it
             return
         self._complete(call, response)
+
+    def _fail(self, call: _Call, failure: BaseException) -> None:
+        outer = call.outer
+        call.outer = None
+        if outer is not None and not outer.response.done():
+            outer.response.set_exception(failure)
+            outer.response.exception()
 
     def _complete(self, call: _Call, response: Message) -> None:
         outer = call.outer
@@ -443,7 +456,7 @@ class InteractiveCalls:
         return Exchange(message["id"], str(message.get("method")), None, future, written=False)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
+        task = asyncio.ensure_future(_quietly(coro))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -451,3 +464,12 @@ class InteractiveCalls:
 def is_continuation(message: Message) -> bool:
     params = message.get("params")
     return isinstance(params, dict) and bool(CONTINUATION.intersection(params))
+
+
+async def _quietly(coro: Awaitable[Any]) -> None:
+    """A message of the bridge's own to a session that may have ended meanwhile: its failure is
+    the session's, already seen by the request that used it."""
+    try:
+        await coro
+    except (UpstreamFailure, OSError) as exc:
+        log.debug("era bridge: a message to an interactive session failed: %s", bounded(str(exc), 200))

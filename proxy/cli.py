@@ -135,7 +135,8 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--era-bridge-sessions",
         type=int,
         default=s,
-        help="2025 sessions the bridge holds for requests whose server may ask the 2026 caller (16; 0: none)",
+        help="2025 sessions the bridge holds for requests whose server may ask the 2026 caller "
+        "(an eighth of --max-sessions, 1 to 16; 0: none)",
     )
     p.add_argument(
         "--era-bridge-input-wait-s",

@@ -110,12 +110,13 @@ class Settings(BaseSettings):
         description="serve 2026-07-28 clients in front of a 2025-only upstream over a 2025 session of the proxy's "
         "(off: they are refused as that server would refuse them)",
     )
-    era_bridge_sessions: int = Field(
-        16,
+    era_bridge_sessions: int | None = Field(
+        None,
         ge=0,
         le=4096,
         description="2025 sessions the era bridge may hold for 2026 requests that declare client capabilities, "
-        "each serving one request at a time so that the server can ask its caller (0: the server cannot ask)",
+        "each serving one request at a time so that the server can ask its caller (0: the server cannot ask; "
+        "default: an eighth of max_sessions, 1 to 16)",
     )
     era_bridge_input_wait_s: float = Field(
         300.0,
@@ -321,6 +322,10 @@ class Settings(BaseSettings):
 
             per_child = bool(self.upstream_command) and self.stdio_sessions == "per-session"
             self.max_sessions = default_max_sessions(child_per_session=per_child)
+        if self.era_bridge_sessions is None:
+            # They count against the upstream's sessions (a stdio child each with a child per
+            # session): an eighth of them, so that the bridge never holds what 2025 clients need.
+            self.era_bridge_sessions = max(1, min(16, self.max_sessions // 8))
         if self.upstream_max_connections is None:
             from proxy.core.capacity import default_upstream_connections
 

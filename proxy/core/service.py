@@ -100,7 +100,7 @@ class Service:
             bridge=settings.era_bridge,
             bridge_timeout_s=settings.request_timeout_s,
             engine_takes_calls=tool_calls is not None,
-            bridge_sessions=settings.era_bridge_sessions,
+            bridge_sessions=settings.era_bridge_sessions or 0,
             bridge_input_wait_s=settings.era_bridge_input_wait_s,
         )
         # passthrough: the upstream refused the proxy's own probe (see `_probed_behind_auth`)

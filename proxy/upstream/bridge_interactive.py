@@ -200,7 +200,8 @@ class InteractiveCalls:
         return outer
 
     def resume(self, message: Message, on_message: OnMessage | None) -> Exchange:
-        """The client's retry carrying a `requestState` of this bridge's (`owns_state`)."""
+        """The client's retry, carrying a `requestState`: answered -32602 unless it names a request
+        parked here for the same tool, prompt or resource."""
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         state = params.get("requestState")

@@ -14,18 +14,26 @@ for the direct and the proxied leg. Legs:
                 "direct over HTTP" for a stdio server, so its baseline is that server served by the
                 SDK over HTTP, i.e. the `direct` row: what you would run instead of the proxy.
 - `http→http`   wrk → proxy → the very SDK HTTP server of the `direct` row.
+- `nginx`       wrk → nginx (Debian's, one foreground process on a generated loopback config,
+                keep-alive upstream) → that server: what a bare HTTP hop costs.
+- `mcp-proxy`, `supergateway`   wrk → the peer bridge → the same server over stdio (installed by
+                scripts/setup-peers.sh; 2025 sessions only, `--era legacy`).
+`--rows` picks among them (default all).
 
 Each leg runs after a short warm-up, bounded by `--duration` and by `--max-requests`. CPU comes
 from /proc/PID/stat (utime+stime, all threads) before and after the leg, divided by the completed
-requests: the proxy process alone (its stdio children — the guard and the upstream — are counted
-apart, since the upstream's CPU is not the proxy's), and for the direct leg the SDK server's CPU,
-so the reader sees what the yardstick itself costs. `busy%` is the whole machine's CPU use during
+requests, per process: the upstream server alone (the SDK HTTP server, or the stdio server found
+in the hop's process tree by its command line), and the middle hop's other processes (the proxy
+and its stdio guard, nginx, mcp-proxy, supergateway's Node); the direct leg's upstream CPU is
+what the yardstick itself costs. `busy%` is the whole machine's CPU use during
 the leg (from /proc/stat, 100% = every core): with other work on the machine it tells how noisy a
 row is.
 
 Targets: proxy CPU at most 1.0 ms per relayed call on HTTP→stdio and 1.5 ms on
-HTTP→HTTP; and with an upstream that waits (`--wait-ms 5`, asyncio.sleep, not CPU) throughput
-within 10% of direct. Every process started here is stopped by its pid, also on Ctrl-C.
+HTTP→HTTP, and at most twice nginx's hop in the same run; the upstream's CPU per call within 5%
+of direct's (of the cheapest peer bridge's, over stdio); and with an upstream that waits
+(`--wait-ms 5`, asyncio.sleep, not CPU) throughput within 10% of direct. Every process started
+here is stopped by its pid, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -56,6 +65,8 @@ RELAY = "engine"  # engine: the proxy as shipped; plain / engine-quiet: bench/_p
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
+ROWS = ("direct", "nginx", "mcp-proxy", "supergateway", "stdio", "http")
+PEER_LEGS = ("mcp-proxy", "supergateway")  # the HTTP→stdio bridges the proxy's stdio row is held against
 THROUGHPUT_TARGET = 0.10  # proxied calls/s at most 10% below direct, with a waiting upstream
 
 PROTOCOL = "2026-07-28"
@@ -389,21 +400,22 @@ def measure(
     url: str,
     concurrency: int,
     args: argparse.Namespace,
-    proxy_pid: int | None,
+    hop_pids: Sequence[int],
     upstream_pids: Sequence[int],
 ) -> tuple[WrkResult, float | None, float, float]:
-    """One leg: warm up, then wrk with CPU read before and after. CPU figures in seconds."""
+    """One leg: warm up, then wrk with CPU read before and after. CPU figures in seconds: the
+    middle hop's processes (None without a hop) and the upstream server's."""
     if args.warmup > 0:
         run_wrk(wrk, lua, url, concurrency, args.warmup, 0)
-    p0 = cpu_s(proxy_pid) if proxy_pid else 0.0
+    p0 = sum(cpu_s(p) for p in hop_pids)
     u0 = sum(cpu_s(p) for p in upstream_pids)
     m0 = machine_cpu()
     res = run_wrk(wrk, lua, url, concurrency, args.duration, args.max_requests)
     m1 = machine_cpu()
-    p1 = cpu_s(proxy_pid) if proxy_pid else 0.0
+    p1 = sum(cpu_s(p) for p in hop_pids)
     u1 = sum(cpu_s(p) for p in upstream_pids)
     busy = 100.0 * (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
-    return res, (p1 - p0) if proxy_pid else None, u1 - u0, busy
+    return res, (p1 - p0) if hop_pids else None, u1 - u0, busy
 
 
 def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -413,6 +425,103 @@ def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tupl
         [PYTHON, str(UPSTREAM), "--transport", "http", "--port", str(port), "--wait-ms", str(wait_ms)], log
     )
     wait_until(lambda: port_open(port), "SDK HTTP upstream", proc, log)
+    return proc, port
+
+
+NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid %(dir)s/nginx.pid;
+error_log %(dir)s/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %(dir)s/body;
+    proxy_temp_path %(dir)s/proxy;
+    fastcgi_temp_path %(dir)s/fastcgi;
+    uwsgi_temp_path %(dir)s/uwsgi;
+    scgi_temp_path %(dir)s/scgi;
+    upstream mcp { server 127.0.0.1:%(up_port)d; keepalive 64; }
+    server {
+        listen 127.0.0.1:%(port)d;
+        location / {
+            proxy_pass http://mcp;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_buffering off;
+            proxy_read_timeout 60s;
+        }
+    }
+}
+"""
+
+
+def ensure_nginx() -> str:
+    """Debian's `nginx`, installed with apt-get when missing (its service is not what we run: the
+    benchmark starts its own, in the foreground, on a generated config)."""
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if found:
+        return found
+    print("bench: `nginx` is missing; installing the Debian package `nginx` with apt-get ...", file=sys.stderr)
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    cmd = [*sudo, "apt-get", "install", "-y", "nginx"]
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run([*sudo, "apt-get", "update"], stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if not found:
+        sys.exit("bench: could not install `nginx`; install it (apt-get install nginx) or leave out --rows nginx")
+    return found
+
+
+def start_nginx(procs: Processes, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """nginx in the foreground, one process (no master), on loopback in front of the upstream:
+    HTTP/1.1 keep-alive to it, unbuffered (event streams pass as they come)."""
+    port = free_port()
+    home = workdir / f"nginx-{port}"
+    home.mkdir()
+    conf = home / "nginx.conf"
+    conf.write_text(NGINX_CONF % {"dir": home, "up_port": up_port, "port": port})
+    log = workdir / f"nginx-{port}.log"
+    proc = procs.start([ensure_nginx(), "-p", str(home), "-e", str(home / "error.log"), "-c", str(conf)], log)
+    wait_until(lambda: port_open(port), "nginx", proc, log)
+    return proc, port
+
+
+PEERS = REPO / ".cache" / "peers" / "manifest.json"
+
+
+def peer(name: str) -> dict[str, str]:
+    """The peer bridges' entry points, as scripts/setup-peers.sh installed them."""
+    if not PEERS.exists():
+        sys.exit(f"bench: the {name} row needs scripts/setup-peers.sh (it installs mcp-proxy and supergateway)")
+    return dict(json.loads(PEERS.read_text()))
+
+
+def start_mcp_proxy(procs: Processes, stdio_cmd: Sequence[str], workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """mcp-proxy (PyPI) serving the stdio server over Streamable HTTP at /mcp (stateful)."""
+    port = free_port()
+    log = workdir / f"mcp-proxy-{port}.log"
+    argv = [peer("mcp-proxy")["mcp_proxy"], "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+    proc = procs.start([*argv, "--", *stdio_cmd], log)
+    wait_until(lambda: port_open(port), "mcp-proxy", proc, log)
+    return proc, port
+
+
+def start_supergateway(
+    procs: Processes, stdio_cmd: Sequence[str], workdir: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """supergateway (npm) serving the stdio server over Streamable HTTP at /mcp, `--stateful` (a
+    child per session, as the proxy's 2025 sessions have)."""
+    port = free_port()
+    log = workdir / f"supergateway-{port}.log"
+    m = peer("supergateway")
+    argv = [m["node"], m["supergateway"], "--stdio", shlex.join(stdio_cmd), "--outputTransport", "streamableHttp"]
+    argv += ["--stateful", "--port", str(port), "--logLevel", "none"]
+    proc = procs.start(argv, log)
+    wait_until(lambda: port_open(port), "supergateway", proc, log)
     return proc, port
 
 
@@ -439,43 +548,81 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+@dataclass
+class Hop:
+    """One row's path: the URL wrk posts to, the middle hop's process (its tree, less the upstream
+    server, is the hop's CPU; None for the direct row) and the upstream server's pid (None: a
+    stdio server, found in the hop's tree when the leg starts, since a 2025 session may start it)."""
+
+    leg: str
+    url: str
+    hop: subprocess.Popen[bytes] | None
+    server_pid: int | None
+
+
 def run_once(
     run: int, wait_ms: float, args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, workdir: Path
 ) -> list[Leg]:
     legs: list[Leg] = []
+    started: list[subprocess.Popen[bytes]] = []
     up, up_port = start_upstream_http(procs, wait_ms, workdir)
+    started.append(up)
+    up_url = f"http://127.0.0.1:{up_port}/mcp"
     stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(wait_ms)]
-    px_stdio, stdio_port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg)
-    px_http, http_port = start_proxy(procs, f"http://127.0.0.1:{up_port}/mcp", workdir, args.proxy_arg)
-    topologies: list[tuple[str, str, int | None, list[int] | None, subprocess.Popen[bytes] | None]] = [
-        ("direct", f"http://127.0.0.1:{up_port}/mcp", None, [up.pid], None),
-        ("http→stdio", f"http://127.0.0.1:{stdio_port}/mcp", px_stdio.pid, None, px_stdio),
-        ("http→http", f"http://127.0.0.1:{http_port}/mcp", px_http.pid, [up.pid], None),
-    ]
-    if args.baseline_tree is not None:  # the same legs through the baseline checkout's proxy, interleaved
-        base = args.baseline_tree
-        bx_stdio, bstdio_port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg, tree=base)
-        bx_http, bhttp_port = start_proxy(procs, f"http://127.0.0.1:{up_port}/mcp", workdir, args.proxy_arg, tree=base)
-        topologies[2:2] = [("http→stdio base", f"http://127.0.0.1:{bstdio_port}/mcp", bx_stdio.pid, None, bx_stdio)]
-        topologies.append(("http→http base", f"http://127.0.0.1:{bhttp_port}/mcp", bx_http.pid, [up.pid], None))
+    hops: list[Hop] = []
     try:
+        for row in args.rows:
+            if row == "direct":
+                hops.append(Hop("direct", up_url, None, up.pid))
+            elif row == "nginx":
+                nx, nx_port = start_nginx(procs, up_port, workdir)
+                started.append(nx)
+                hops.append(Hop("nginx", f"http://127.0.0.1:{nx_port}/mcp", nx, up.pid))
+            elif row in PEER_LEGS and args.era == "modern":
+                # Neither peer serves a request without a session (2026-07-28): 2025 rows only.
+                print(f"  {row}: left out of the modern era (it needs a 2025 session); --era legacy measures it")
+            elif row == "mcp-proxy":
+                mp, mp_port = start_mcp_proxy(procs, stdio_cmd, workdir)
+                started.append(mp)
+                hops.append(Hop("mcp-proxy", f"http://127.0.0.1:{mp_port}/mcp", mp, None))
+            elif row == "supergateway":
+                sg, sg_port = start_supergateway(procs, stdio_cmd, workdir)
+                started.append(sg)
+                hops.append(Hop("supergateway", f"http://127.0.0.1:{sg_port}/mcp", sg, None))
+            elif row == "stdio":
+                px, port = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg)
+                started.append(px)
+                hops.append(Hop("http→stdio", f"http://127.0.0.1:{port}/mcp", px, None))
+                if args.baseline_tree is not None:  # the same leg through the baseline checkout's proxy
+                    bx, bport = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg, tree=args.baseline_tree)
+                    started.append(bx)
+                    hops.append(Hop("http→stdio base", f"http://127.0.0.1:{bport}/mcp", bx, None))
+            elif row == "http":
+                px, port = start_proxy(procs, up_url, workdir, args.proxy_arg)
+                started.append(px)
+                hops.append(Hop("http→http", f"http://127.0.0.1:{port}/mcp", px, up.pid))
+                if args.baseline_tree is not None:
+                    bx, bport = start_proxy(procs, up_url, workdir, args.proxy_arg, tree=args.baseline_tree)
+                    started.append(bx)
+                    hops.append(Hop("http→http base", f"http://127.0.0.1:{bport}/mcp", bx, up.pid))
         for conc in args.concurrency:
-            for name, url, proxy_pid, up_pids, stdio_proxy in topologies:
+            for h in hops:
                 leg_lua = lua
-                if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind the proxy)
-                    leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(url))
-                if up_pids is None:  # the stdio upstream: the proxy's guard and its children
-                    assert stdio_proxy is not None
-                    up_pids = descendants(stdio_proxy.pid)
-                    procs.watch(up_pids)
+                if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind a bridge)
+                    leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(h.url))
+                tree = descendants(h.hop.pid) if h.hop is not None else []
+                if h.hop is not None:
+                    procs.watch(tree)
+                servers = [h.server_pid] if h.server_pid is not None else stdio_servers(tree)
+                hop_pids = [] if h.hop is None else [h.hop.pid, *(p for p in tree if p not in servers)]
                 res, p_cpu, u_cpu, busy = measure(
-                    wrk, leg_lua, url=url, concurrency=conc, args=args, proxy_pid=proxy_pid, upstream_pids=up_pids
+                    wrk, leg_lua, url=h.url, concurrency=conc, args=args, hop_pids=hop_pids, upstream_pids=servers
                 )
                 calls = res.ok
                 leg = Leg(
                     run=run,
                     wait_ms=wait_ms,
-                    leg=name,
+                    leg=h.leg,
                     concurrency=conc,
                     calls=calls,
                     bad=res.bad + res.errors,
@@ -488,39 +635,76 @@ def run_once(
                 )
                 if leg.bad:
                     leg.notes.append(f"{leg.bad} failed requests")
+                if not calls:
+                    leg.notes.append("no call answered")
+                if not servers:
+                    leg.notes.append("no upstream server process found")
                 legs.append(leg)
                 print(
-                    f"  run {run} wait {wait_ms:g} ms  {name:<10} c={conc:<3} {leg.calls_per_s:8.0f} calls/s "
+                    f"  run {run} wait {wait_ms:g} ms  {h.leg:<15} c={conc:<3} {leg.calls_per_s:8.0f} calls/s "
                     f"p50 {leg.p50_ms:6.2f} ms  p99 {leg.p99_ms:6.2f} ms  "
-                    f"proxy CPU {fmt(leg.proxy_cpu_ms, '.3f')} ms/call  "
-                    f"upstream CPU {leg.upstream_cpu_ms:.3f} ms/call  busy {busy:3.0f}%",
+                    f"hop CPU {fmt(leg.proxy_cpu_ms, '.3f')} ms/call  "
+                    f"upstream CPU {leg.upstream_cpu_ms:.3f} ms/call  busy {busy:3.0f}%"
+                    + (f"  ({'; '.join(leg.notes)})" if leg.notes else ""),
                     flush=True,
                 )
     finally:
-        for p in (px_http, px_stdio, up):
+        for p in reversed(started):
             procs.stop(p)
     return legs
 
 
+def stdio_servers(tree: Sequence[int]) -> list[int]:
+    """The stdio upstream servers among `tree`: the processes running the upstream script itself
+    (`python UPSTREAM ...`), not the guard, shell or bridge whose command line merely names it."""
+    found = []
+    for pid in tree:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and Path(argv[0].decode()).name.startswith("python") and argv[1] == str(UPSTREAM).encode():
+            found.append(pid)
+    return found
+
+
 def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
-    """Each proxied leg with its comparison to direct and its verdicts against the targets."""
-    direct = {(x.run, x.wait_ms, x.concurrency): x for x in legs if x.leg == "direct"}
+    """Each leg with its comparison to direct and, for the proxy's, its verdicts against the
+    targets: its own CPU per call (`CPU_TARGET_MS`), at most twice nginx's hop CPU in the same run
+    (`hop≤2x nginx`), the upstream's CPU per call within 5% of what it spends without the proxy
+    (`up≤+5%`: direct for http→http, the cheapest peer bridge for http→stdio), and with a waiting
+    upstream throughput within 10% of direct."""
+    key = lambda x: (x.run, x.wait_ms, x.concurrency)  # noqa: E731
+    direct = {key(x): x for x in legs if x.leg == "direct"}
+    nginx = {key(x): x for x in legs if x.leg == "nginx"}
+    peers: dict[tuple[int, float, int], float] = {}
+    for x in legs:
+        if x.leg in PEER_LEGS and x.calls:
+            k = key(x)
+            peers[k] = min(peers.get(k, x.upstream_cpu_ms), x.upstream_cpu_ms)
     out = []
     for x in legs:
         if x.leg == "direct":
             out.append((x, "baseline", ""))
             continue
-        d = direct.get((x.run, x.wait_ms, x.concurrency))
+        d = direct.get(key(x))
         ratio = x.calls_per_s / d.calls_per_s if d and d.calls_per_s else 0.0
         cmp_ = f"{100 * (ratio - 1):+.1f}% calls/s"
         if d:
             cmp_ += f", p50 {x.p50_ms - d.p50_ms:+.2f} ms"
         checks = []
-        target = CPU_TARGET_MS[x.leg.removesuffix(" base")]
-        checks.append(f"CPU≤{target:g}: {'PASS' if (x.proxy_cpu_ms or 0) <= target else 'FAIL'}")
-        if x.wait_ms > 0:
-            checks.append(f"thr≥-10%: {'PASS' if ratio >= 1 - THROUGHPUT_TARGET else 'FAIL'}")
-        if x.bad:
+        target = CPU_TARGET_MS.get(x.leg.removesuffix(" base"))
+        if target is not None:
+            checks.append(f"CPU≤{target:g}: {'PASS' if (x.proxy_cpu_ms or 0) <= target else 'FAIL'}")
+            n = nginx.get(key(x))
+            if n is not None and n.proxy_cpu_ms:
+                checks.append(f"hop≤2x nginx: {'PASS' if (x.proxy_cpu_ms or 0) <= 2 * n.proxy_cpu_ms else 'FAIL'}")
+            base = peers.get(key(x)) if x.leg.startswith("http→stdio") else (d.upstream_cpu_ms if d else None)
+            if base:
+                checks.append(f"up≤+5%: {'PASS' if x.upstream_cpu_ms <= 1.05 * base else 'FAIL'}")
+            if x.wait_ms > 0:
+                checks.append(f"thr≥-10%: {'PASS' if ratio >= 1 - THROUGHPUT_TARGET else 'FAIL'}")
+        if x.bad or not x.calls:
             checks.append("ERRORS")
         out.append((x, cmp_, "  ".join(checks)))
     return out
@@ -529,7 +713,7 @@ def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
 def print_table(legs: list[Leg]) -> None:
     head = (
         f"{'run':>3} {'wait':>5} {'leg':<15} {'c':>3} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'proxy ms/call':>13} {'upstr ms/call':>13} {'busy':>5}  {'vs direct':<30} targets"
+        f"{'hop ms/call':>13} {'upstr ms/call':>13} {'busy':>5}  {'vs direct':<30} targets"
     )
     print(head)
     print("-" * len(head))
@@ -760,6 +944,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=["modern", "legacy"],
         default="modern",
         help="modern: stateless 2026-07-28 POSTs (default); legacy: 2025-11-25 calls inside one session per leg",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=list(ROWS),
+        default=list(ROWS),
+        help="which paths to measure (default all): direct, an nginx hop, mcp-proxy and supergateway "
+        "(HTTP→stdio peers, scripts/setup-peers.sh), and the proxy's http→stdio (stdio) and http→http (http)",
     )
     parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
     parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")

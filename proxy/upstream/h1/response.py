@@ -98,6 +98,7 @@ class Response:
         "_conn",
         "_decoder",
         "_error",
+        "_linger",
         "_read_all",
         "_received",
         "_waiter",
@@ -122,6 +123,7 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._want = 0
         self._read_all = False
+        self._linger: asyncio.TimerHandle | None = None  # set by `release_at_end`
         self._decoder: _Decoder | None = None
         encoding = headers.first.get("content-encoding")
         if encoding is not None and encoding.strip().lower() in _DECODED_ENCODINGS:
@@ -228,21 +230,51 @@ class Response:
 
     def release(self) -> None:
         """Done with the response: its connection goes back to the pool if the body was read to
-        the end and both sides allow keep-alive; otherwise it is closed. Idempotent."""
+        the end and both sides allow keep-alive; otherwise it is closed. Idempotent; after
+        `release_at_end`, the body's end (or its bound) decides instead."""
         conn = self._conn
-        if conn is None:
+        if conn is None or self._linger is not None:
             return
         self._conn = None
         conn.response_done(self.complete)
+
+    def release_at_end(self, max_bytes: int, within_s: float) -> None:
+        """Done with the response before its body ended (an event stream that gave what its reader
+        wanted, and whose server closes it right after, as a Streamable HTTP server does after a
+        POST's response): the connection goes back to the pool when the body ends, if what is left
+        of it is at most `max_bytes` and ends within `within_s`; otherwise it is closed then, as
+        `release` would have closed it at once. Whatever arrives meanwhile is dropped unread.
+        Opening a new connection per answer costs the server a TCP accept and a new HTTP
+        connection state every call; a client that reads to the end (wrk, nginx) keeps one."""
+        conn = self._conn
+        if conn is None or self._linger is not None:
+            return
+        if self.complete or self._error is not None:
+            self.release()
+            return
+        self._chunks.clear()
+        self._buffered = 0
+        self.max_body = self._received + max_bytes
+        self._read_all = True
+        self._linger = conn.loop.call_later(within_s, self._close)
+        if conn.paused:
+            conn.resume()
 
     async def aclose(self) -> None:
         self.release()
 
     def _close(self) -> None:
+        self._unlinger()
         conn = self._conn
         if conn is not None:
             self._conn = None
             conn.response_done(False)
+
+    def _unlinger(self) -> None:
+        linger = self._linger
+        if linger is not None:
+            self._linger = None
+            linger.cancel()
 
     # -- for the connection --------------------------------------------------------------------
 
@@ -268,6 +300,8 @@ class Response:
         if limit is not None and received > limit:
             self._too_large(limit)
             return
+        if self._linger is not None:
+            return  # released at its end: nobody reads it
         self._chunks.append(data)
         buffered = self._buffered = self._buffered + len(data)
         if self._waiter is not None and buffered >= self._want:
@@ -290,6 +324,12 @@ class Response:
                 self._chunks.append(tail)
                 self._buffered += len(tail)
         self.complete = True
+        if self._linger is not None:
+            self._chunks.clear()
+            self._buffered = 0
+            self._unlinger()
+            self.release()
+            return
         self._wake()
         sink = self.sink
         if sink is not None:
@@ -299,6 +339,9 @@ class Response:
     def fail(self, error: ClientError) -> None:
         """The body cannot complete: readers get `error` raised, the sink `failed`."""
         self._error = error
+        if self._linger is not None:
+            self._close()
+            return
         self._wake()
         sink = self.sink
         if sink is not None:

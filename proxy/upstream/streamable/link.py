@@ -15,7 +15,9 @@ the JSON-RPC message level.
   * Otherwise an exchange task (`_run_exchange`) POSTs, reads the answer (JSON or an event
     stream, `messages.py`), and delivers what it carries: the response resolves the exchange,
     the server's requests and notifications on the request's stream go to its `on_message`, and
-    what belongs to no request to the unsolicited handler.
+    what belongs to no request to the unsolicited handler. Once the response came, the rest of
+    an event stream is read to its end (bounded, `STREAM_TAIL_*`, unread), so that the
+    connection goes back to the pool instead of being closed.
 - `cancel` marks the exchange cancelled, tells the upstream if the era does that, and ends the
   POST (its stream closed, its task cancelled); `aclose` fails every pending exchange.
 
@@ -53,6 +55,12 @@ from proxy.upstream.streamable.owner import HttpClientOwner
 from proxy.upstream.streamable.posts import SmallAnswer, post_small
 
 log = logging.getLogger(__name__)
+
+# What is left of a POST's event stream once its response came, read so that its connection is
+# reused: its end comes at once from a server that closes the stream after the response; a
+# server that keeps it open loses the connection after this long, as if it were closed at once.
+STREAM_TAIL_BYTES = 16 * 1024
+STREAM_TAIL_S = 1.0
 
 
 class Expired(Exception):
@@ -358,6 +366,9 @@ class HttpLink(LinkBase):
                     )
                 async for msg in answer_messages(response, state, self._upstream.max_event_bytes):
                     if self._route_stream_message(ex, response, msg):
+                        # The server ends a POST's stream after its response: read that end
+                        # (bounded), so that the connection carries the next request.
+                        response.release_at_end(STREAM_TAIL_BYTES, STREAM_TAIL_S)
                         return
         except (Expired, UpstreamFailure):
             raise

@@ -1283,3 +1283,47 @@ async def test_a_dedicated_request_takes_no_place_in_the_pool_and_its_connection
             streamed.release()
             assert await (await client.request("GET")).read() == b"ok"
             assert len(raw.ports) == 2, "the dedicated connection was not reused"
+
+
+def _stream_head_and_event() -> bytes:
+    event = b"event: message\ndata: 1\n\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head + f"{len(event):x}\r\n".encode() + event + b"\r\n"
+
+
+async def test_a_stream_released_before_its_end_is_closed_when_its_end_does_not_come_in_time() -> None:
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.next_request(reader)
+        writer.write(_stream_head_and_event())
+        await writer.drain()
+        await raw.wait_eof(reader)  # never ends the stream
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        async with await client.request("POST", body=b"{}") as resp:
+            assert await resp.next_chunk() == b"event: message\ndata: 1\n\n"
+            resp.release_at_end(1024, 0.05)
+        assert not client.idle
+        await raw.eof_event.wait()  # closed by the client once the 50 ms passed
+        assert not client.idle
+
+
+async def test_a_stream_released_before_its_end_is_closed_when_its_tail_is_too_long() -> None:
+    go_on = asyncio.Event()
+
+    async def handler(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.next_request(reader)
+        writer.write(_stream_head_and_event())
+        await writer.drain()
+        await go_on.wait()
+        tail = b"data: " + b"x" * 100 + b"\n\n"
+        writer.write(f"{len(tail):x}\r\n".encode() + tail + b"\r\n0\r\n\r\n")
+        await writer.drain()
+        await raw.wait_eof(reader)
+
+    async with raw_server(handler) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        async with await client.request("POST", body=b"{}") as resp:
+            assert await resp.next_chunk() == b"event: message\ndata: 1\n\n"
+            resp.release_at_end(16, WAIT)
+        go_on.set()
+        await raw.eof_event.wait()  # more than 16 bytes came: closed, not pooled
+        assert not client.idle

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
@@ -920,3 +920,43 @@ async def test_an_attempt_timer_firing_as_its_request_is_written_records_dispatc
         await up.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_call_answered_on_an_event_stream_leaves_its_connection_to_the_next_call() -> None:
+    """A server that ends a POST's event stream after the response (the SDK's does, the end often
+    coming apart from the last event): the link reads that end after delivering the answer, so
+    the next call goes out on the same connection instead of a new one, a TCP accept and HTTP
+    connection state the server would pay per call. Here the end comes only once the test saw
+    the answer, and the pool has one connection: the next call waits for it, and gets it back
+    once the end was read (had it been closed, the call would open a new one)."""
+    ends: list[asyncio.Event] = []
+    ports: list[int] = []
+
+    async def post(request: Request) -> Response:
+        message = orjson.loads(await request.body())
+        assert request.client is not None
+        ports.append(request.client.port)
+        end = asyncio.Event()
+        ends.append(end)
+        result = {"content": [{"type": "text", "text": message["params"]["arguments"]["text"]}]}
+
+        async def events() -> AsyncIterator[bytes]:
+            yield b"event: message\ndata: " + orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+            yield b"\n\n"
+            await end.wait()  # the stream's end, apart from its last event
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async with serve(Starlette(routes=[Route("/mcp", post, methods=["POST"])])) as port:
+        up = HttpUpstream(f"http://127.0.0.1:{port}/mcp", max_connections=1)
+        try:
+            link = await up.open(Era.MODERN)
+            for i in range(3):
+                assert (
+                    text_of(await answer(await link.send_request(call(link, "echo", {"text": f"c{i}"}, MODERN_META))))
+                    == f"c{i}"
+                )
+                ends[-1].set()
+            assert len(ports) == 3 and len(set(ports)) == 1, ports
+        finally:
+            await up.aclose()

@@ -16,6 +16,9 @@ for the direct and the proxied leg. Legs:
 - `http→http`   wrk → proxy → the very SDK HTTP server of the `direct` row.
 - `nginx`       wrk → nginx (Debian's, one foreground process on a generated loopback config,
                 keep-alive upstream) → that server: what a bare HTTP hop costs.
+- `http→stdio bridged`  (`--rows bridge`, `--era modern`) wrk → proxy → the same stdio server made
+                2025-only by a wrapper (tests/conformance/everything_stdio_2025_only.py, counted as
+                the server): each 2026 call goes through the proxy's era bridge onto a 2025 session.
 - `mcp-proxy`, `supergateway`   wrk → the peer bridge → the same server over stdio (installed by
                 scripts/setup-peers.sh; 2025 sessions only, `--era legacy`).
 `--rows` picks among them (default all).
@@ -65,7 +68,10 @@ RELAY = "engine"  # engine: the proxy as shipped; plain / engine-quiet: bench/_p
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
-ROWS = ("direct", "nginx", "mcp-proxy", "supergateway", "stdio", "http")
+ROWS = ("direct", "nginx", "mcp-proxy", "supergateway", "stdio", "bridge", "http")
+# The same stdio server made 2025-only (a wrapper that refuses 2026-07-28 as such a server does), so
+# that 2026 calls go through the proxy's era bridge: the `bridge` row, beside the native `stdio` one.
+LEGACY_ONLY = REPO / "tests" / "conformance" / "everything_stdio_2025_only.py"
 PEER_LEGS = ("mcp-proxy", "supergateway")  # the HTTP→stdio bridges the proxy's stdio row is held against
 THROUGHPUT_TARGET = 0.10  # proxied calls/s at most 10% below direct, with a waiting upstream
 
@@ -597,6 +603,12 @@ def run_once(
                     bx, bport = start_proxy(procs, stdio_cmd, workdir, args.proxy_arg, tree=args.baseline_tree)
                     started.append(bx)
                     hops.append(Hop("http→stdio base", f"http://127.0.0.1:{bport}/mcp", bx, None))
+            elif row == "bridge" and args.era == "legacy":
+                print("  bridge: left out of the legacy era (2025 calls need no bridge); --era modern measures it")
+            elif row == "bridge":
+                px, port = start_proxy(procs, [PYTHON, str(LEGACY_ONLY), *stdio_cmd[1:]], workdir, args.proxy_arg)
+                started.append(px)
+                hops.append(Hop("http→stdio bridged", f"http://127.0.0.1:{port}/mcp", px, None))
             elif row == "http":
                 px, port = start_proxy(procs, up_url, workdir, args.proxy_arg)
                 started.append(px)
@@ -656,14 +668,16 @@ def run_once(
 
 def stdio_servers(tree: Sequence[int]) -> list[int]:
     """The stdio upstream servers among `tree`: the processes running the upstream script itself
-    (`python UPSTREAM ...`), not the guard, shell or bridge whose command line merely names it."""
+    (`python UPSTREAM ...`), not the guard, shell or bridge whose command line merely names it; the
+    2025-only wrapper of the `bridge` row counts as the server it stands for."""
     found = []
+    ours = (str(UPSTREAM).encode(), str(LEGACY_ONLY).encode())
     for pid in tree:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 1 and Path(argv[0].decode()).name.startswith("python") and argv[1] == str(UPSTREAM).encode():
+        if len(argv) > 1 and Path(argv[0].decode()).name.startswith("python") and argv[1] in ours:
             found.append(pid)
     return found
 

@@ -137,6 +137,8 @@ class StartQueue:
             slots = self._slots = asyncio.Semaphore(self.size)
         arrived = time.monotonic()
         self.waiting += 1
+        # One acquire, kept across the checks below: it keeps this waiter's place in the line.
+        acquiring = asyncio.ensure_future(slots.acquire())
         try:
             while True:
                 now = time.monotonic()
@@ -151,12 +153,16 @@ class StartQueue:
                         flag="--stdio-start-timeout-s",
                         http_status=503,
                     )
-                try:
-                    async with asyncio.timeout(left_s):
-                        await slots.acquire()
+                # a start ahead may complete meanwhile: the bound then starts over from it
+                done, _ = await asyncio.wait([acquiring], timeout=left_s)
+                if done:
                     break
-                except TimeoutError:
-                    continue  # a start ahead may have completed meanwhile: the bound starts over from it
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled():
+                slots.release()  # granted as this waiter gave up: the next one's
+            else:
+                acquiring.cancel()
+            raise
         finally:
             self.waiting -= 1
         given_back = False

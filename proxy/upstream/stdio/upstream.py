@@ -27,7 +27,8 @@
   not a broken server); one that does not is stopped and the failure says which it was, naming the
   setting. So is a 2025 session's own `initialize` to its new child (link.py: that answer is the
   child's start; a child that does not start in time refuses the session with a `Refusal`, 503,
-  naming the setting), and none of this counts against the request timeout. The start-up
+  naming the setting), and none of this counts against the request timeout (`single_session`: the
+  request timeout bounds that answer, as it bounds the client's). The start-up
   probe is two such starts at most (`discover`, then `initialize` on a fresh child for a server
   silent to it): the service bounds it by their sum (`probe_bound_s`), and its failure names each
   step.
@@ -284,7 +285,9 @@ class StdioUpstream:
                 Dispatch.NO,
                 f"the proxy runs its maximum of {self.max_children} upstream sessions",
             )
-        link = StdioLink(self, Era.LEGACY, session=True)
+        # a session among many waits for its child's start within the start wait; the one session
+        # behind --listen stdio keeps the request timeout for it (no queue; a first `npx` download)
+        link = StdioLink(self, Era.LEGACY, session=not self.single_session)
         self._links.add(link)
         return link
 

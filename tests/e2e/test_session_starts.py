@@ -48,6 +48,17 @@ os.execv(argv[0], argv)
 """
 
 
+# A server that answers every request with an error, `initialize` included.
+REFUSES_EVERYTHING = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        error = {"code": -32602, "message": "unsupported protocol version"}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}), flush=True)
+"""
+
+
 def refused(admin: str, reason: str | None = None) -> float:
     label = "mcp_recovery_http_refused_total{" + (f'reason="{reason}"' if reason else "")
     lines = httpx.get(admin + "/metrics", timeout=10).text.splitlines()
@@ -131,6 +142,20 @@ async def test_sessions_whose_children_do_not_start_are_refused_with_503_the_fla
     lines = [line for line in log.read_text(errors="replace").splitlines() if "new session refused" in line]
     assert len(lines) == 1, lines
     assert "--stdio-start-timeout-s" in lines[0]
+
+
+async def test_an_initialize_the_server_answers_with_an_error_gives_the_client_no_session_id(tmp_path: Path) -> None:
+    # The session is closed as its initialize fails: a session id in that answer would be one the
+    # client then uses or DELETEs, getting 404 ("Session termination failed: 404" in the SDK).
+    command = [sys.executable, "-c", REFUSES_EVERYTHING]
+    proxy = ProxyProcess(upstream=command, log_path=tmp_path / "proxy.log").start(timeout_s=120)
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.post(proxy.url, json=INITIALIZE, headers=HEADERS)
+        assert r.json()["error"]["message"] == "unsupported protocol version", r.text
+        assert "mcp-session-id" not in r.headers
+    finally:
+        proxy.stop()
 
 
 async def _gather(requests: list[Awaitable[httpx.Response]]) -> list[httpx.Response]:

@@ -73,6 +73,28 @@ class UpstreamFailure(ProxyError):
         self.challenge = SECRETS.scrub(challenge) if challenge is not None else None
 
 
+REFUSAL_RETRY_AFTER_S = 5  # what a refused new session is told to wait before it tries again
+
+
+class Refusal(UpstreamFailure):
+    """A new 2025 session refused at one of the proxy's limits: `limit` (the reason label of
+    `mcp_recovery_http_refused_total`) and `flag` (what raises it). The HTTP frontend answers it
+    with `http_status` and `Retry-After`; `data()` is the JSON-RPC error's `data`. Raised where the
+    limit is (proxy/core/capacity.py: the session caps; the stdio upstream: a child's start), and
+    counted and logged once, by `proxy.core.capacity.refused`."""
+
+    def __init__(self, detail: str, *, limit: str, flag: str, http_status: int) -> None:
+        super().__init__(
+            FailureKind.OVERLOADED, Dispatch.NO, detail, http_status=http_status, retry_after_s=REFUSAL_RETRY_AFTER_S
+        )
+        self.limit = limit
+        self.flag = flag
+
+    def data(self) -> dict[str, Any]:
+        """The JSON-RPC error's `data`: what a program can act on without parsing the message."""
+        return {"limit": self.limit, "flag": self.flag, "retryAfterS": REFUSAL_RETRY_AFTER_S}
+
+
 def refuses_the_caller(kind: FailureKind, http_status: int | None) -> bool:
     """The upstream refused the caller's own credential: a 401 or 403, or the session it named
     (`SESSION_REFUSED`). With `--auth passthrough` that is the caller's to answer (its OAuth flow,

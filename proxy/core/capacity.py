@@ -24,10 +24,12 @@ Contract:
   with nothing in flight (no request running, no response stream open; a listen stream alone is
   not in flight), the one whose last request came longest ago. None when every one is busy: a
   session with a call or request in flight is never closed to make room.
-- `Refusal` is the `UpstreamFailure` a new session is refused with: an HTTP status (503 at the
-  proxy's cap, 429 at a client's share), `Retry-After`, and a message naming the limit and the
-  flag that raises it. `refusal(...)` counts it (`mcp_recovery_http_refused_total{reason}`) and
-  logs it, one line per limit per `LOG_EVERY_S` with how many were refused since.
+- `Refusal` (proxy/errors.py) is the `UpstreamFailure` a new session is refused with: an HTTP
+  status (503 at the proxy's cap, 429 at a client's share), `Retry-After`, and a message naming the
+  limit and the flag that raises it. `refusal(...)` builds one for the caps here; `refused(...)`
+  counts any (`mcp_recovery_http_refused_total{reason}`: also the stdio upstream's refused child
+  starts, `session_starts`) and logs it, one line per limit per `LOG_EVERY_S` with how many were
+  refused since.
 - `open_files_for(...)` raises the process's soft limit of open files (never past the hard one)
   to what the caps can hold at once: both ports' connections, and per session a stdio child's
   three pipes or an upstream listen stream, plus the upstream's request pool. A shell's usual 1024 would
@@ -43,9 +45,9 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import REFUSAL_RETRY_AFTER_S, Refusal
 from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.capacity")
@@ -55,7 +57,7 @@ MIN_CHILD_SESSIONS = 16
 MAX_CHILD_SESSIONS = 256
 CHEAP_SESSIONS = 1024
 MIN_UPSTREAM_CONNECTIONS = 100
-RETRY_AFTER_S = 5
+RETRY_AFTER_S = REFUSAL_RETRY_AFTER_S
 LOG_EVERY_S = 10.0
 
 
@@ -109,36 +111,28 @@ def least_recently_used(sessions: Mapping[str, _Session], among: Iterable[str] |
     return best
 
 
-class Refusal(UpstreamFailure):
-    """A new session refused at a limit: `limit` (the refused-counter's reason) and `flag`."""
-
-    def __init__(self, detail: str, *, limit: str, flag: str, http_status: int) -> None:
-        super().__init__(
-            FailureKind.OVERLOADED, Dispatch.NO, detail, http_status=http_status, retry_after_s=RETRY_AFTER_S
-        )
-        self.limit = limit
-        self.flag = flag
-
-    def data(self) -> dict[str, Any]:
-        """The JSON-RPC error's `data`: what a program can act on without parsing the message."""
-        return {"limit": self.limit, "flag": self.flag, "retryAfterS": RETRY_AFTER_S}
-
-
 _logged: dict[str, tuple[float, int]] = {}  # limit -> (when last logged, refused since)
 
 
 def refusal(limit: str, flag: str, detail: str, *, http_status: int) -> Refusal:
     """A counted, logged (rate-limited) refusal at `limit` (see the module contract)."""
+    return refused(Refusal(f"{detail}; {flag} raises this limit", limit=limit, flag=flag, http_status=http_status))
+
+
+def refused(refusal: Refusal) -> Refusal:
+    """Count `refusal` (`mcp_recovery_http_refused_total{reason=limit}`) and log it: one line per
+    limit per `LOG_EVERY_S`, saying how many more were refused since the last one."""
+    limit = refusal.limit
     SHED.count("http_refused", limit)
     now = time.monotonic()
     at, since = _logged.get(limit, (float("-inf"), 0))
     if now - at >= LOG_EVERY_S:
         more = f" ({since} more refused since the last such line)" if since else ""
-        log.warning("new session refused: %s; %s raises this limit%s", detail, flag, more)
+        log.warning("new session refused: %s%s", refusal.detail, more)
         _logged[limit] = (now, 0)
     else:
         _logged[limit] = (at, since + 1)
-    return Refusal(f"{detail}; {flag} raises this limit", limit=limit, flag=flag, http_status=http_status)
+    return refusal
 
 
 def open_files_for(*, connections: int, sessions: int, upstream: int = 0) -> None:

@@ -19,7 +19,11 @@ It never blocks: downstream delivery goes through `Outbox.send`, which only enqu
 Bounds: every relayed request other than `tools/call` (whose budget the engine owns) has a timeout
 (`request_timeout_s`); one that runs out is cancelled upstream the way its transport and revision
 require (`_cancel_upstream`), answered with a JSON-RPC error (`REQUEST_TIMEOUT`, -32001) that says
-so, and counted (`mcp_recovery_relayed_timeouts_total`). Requests long-lived by design
+so, and counted (`mcp_recovery_relayed_timeouts_total`). A link that must first start its upstream
+and bounds that start itself (`starting`: a stdio child) takes the request without a send deadline:
+the timeout then runs from the hand-over, so a queue of child starts is not cut by it. A 2025
+`initialize` refused at such a link's limit (a `Refusal`) is counted and logged as the session caps'
+refusals are and raised to the frontend, which answers it as one (HTTP 503). Requests long-lived by design
 (`LONG_LIVED`: a 2026 subscription stream, a task's result) have none; the in-flight limits bound
 them (`max_in_flight` per session or caller, and each client's share across its sessions:
 proxy/core/admission.py).
@@ -38,6 +42,7 @@ from typing import Any
 from proxy.auth.base import Principal
 from proxy.auth.challenge import upstream_refusal
 from proxy.auth.vouch import VouchGate
+from proxy.core import capacity
 from proxy.core.admission import Admission, ClientShares
 from proxy.core.catalog import Catalogs, ToolCatalog, tool_lister
 from proxy.core.deadlines import AttemptTimedOut, AttemptTimer, Deadlines
@@ -56,7 +61,7 @@ from proxy.core.routing import Delivery, ServerRequests
 from proxy.core.server_messages import ServerMessages
 from proxy.core.task_owners import TaskOwners
 from proxy.core.vouching import vouch
-from proxy.errors import FailureKind, UpstreamFailure, refuses_the_caller
+from proxy.errors import FailureKind, Refusal, UpstreamFailure, refuses_the_caller
 from proxy.jsonrpc import (
     HEADER_MISMATCH,
     SHUTTING_DOWN,
@@ -245,6 +250,11 @@ class Relay:
         except UpstreamFailure as failure:
             if self.pass_auth_refusals and refuses_the_caller(failure.kind, failure.http_status):
                 raise upstream_refusal(failure) from None
+            if isinstance(failure, Refusal) and method == "initialize":
+                # a new session refused at a limit of its upstream (a stdio child that did not
+                # start): counted and logged as the session caps' refusals, answered by the
+                # frontend the same way (HTTP 503, Retry-After)
+                raise capacity.refused(failure) from None
             if failure.body is not None:  # a JSON-RPC error that came with an HTTP error status
                 self.protocol_mismatch(failure.body.get("error"))
             outbox.send(failure_response(down_id, failure))
@@ -305,7 +315,12 @@ class Relay:
         `AttemptTimedOut` when `timeout_s` (covering the hand-over and the answer) ran out."""
         token = progress_token_of(request)
         progress = ProgressRelay(token) if token is not None else None
-        response = await self.attempt(request, outbox, headers, timeout_s, timeout_s, progress)
+        # A link that must start its upstream first and bounds that start itself (a stdio child:
+        # the start queue's progress and the busy-aware start wait) hands the request over without
+        # a send deadline: a queue of legitimate starts is not cut by the request timer, which
+        # runs from the hand-over (`starting`, proxy/upstream/stdio/link.py).
+        send_deadline_s = None if getattr(self.link, "starting", False) else timeout_s
+        response = await self.attempt(request, outbox, headers, timeout_s, send_deadline_s, progress)
         method = request.get("method")
         if method == "initialize" and isinstance(response.get("result"), dict):
             version = response["result"].get("protocolVersion")

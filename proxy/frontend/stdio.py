@@ -32,7 +32,7 @@ from proxy import jsonrpc
 from proxy.core.relay import Relay
 from proxy.core.resend import Flight
 from proxy.core.service import Service
-from proxy.errors import UpstreamFailure
+from proxy.errors import Refusal, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.telemetry.shed import SHED
 
@@ -217,6 +217,9 @@ class StdioFrontend:
         try:
             call = message.get("method") == "tools/call"
             await relay.handle_request(message, _CallOutbox(out, message["id"]) if call else out)
+        except Refusal as refused:  # the session's child did not start: the limit and its flag, as data
+            text = jsonrpc.bounded(refused.detail)
+            out.send(jsonrpc.error(message["id"], jsonrpc.SHUTTING_DOWN, text, refused.data()))
         except Exception:
             log.exception("relaying %s failed", message.get("method"))
             out.send(jsonrpc.error(message["id"], jsonrpc.INTERNAL_ERROR, "internal proxy error"))

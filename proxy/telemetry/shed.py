@@ -23,7 +23,9 @@ Contract:
     port's cap per client address), `head_pending` (a connection without a complete request head,
     or idle between requests, closed to make room for a new one at a connection cap),
     `sessions` (503: `initialize` refused, the proxy holds its maximum of sessions and every one
-    is busy), `sessions_per_client` (429: the client holds its share and every one is busy), `upstream_share` (a
+    is busy), `sessions_per_client` (429: the client holds its share and every one is busy),
+    `session_starts` (503: `initialize` refused, its own stdio child did not start within the start
+    wait, or the queue of child starts made no progress for as long), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
     many requests waiting), `shutdown` (503: a new session, request or listen stream while the
     proxy shuts down), `vouch_rate` (429: passthrough, a session's budget of pings asking the
@@ -80,6 +82,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "head_pending",
             "sessions",
             "sessions_per_client",
+            "session_starts",
             "upstream_share",
             "shutdown",
             "vouch_rate",

@@ -10,7 +10,10 @@ Contract (`Answers.answer`, once per POSTed request):
   session's stream is resumable (`Replays`, proxy/frontend/http/resume.py).
 - A cancelled request gets an empty event stream; a relay that failed, a 500; an upstream refusal
   of the caller's credentials (`--auth passthrough`) the refusal's HTTP status, or a JSON-RPC
-  error once the answer already streams.
+  error once the answer already streams; a new session refused at its upstream's limit (a
+  `Refusal`: a stdio child that did not start) the answer of a refused session (503, Retry-After,
+  `respond_session_refused`). An `initialize` answered with an error carries no session id: no
+  session came of it.
 - Returns whether a successful result was written (a new 2025 session is kept only then).
 - A client that went away is watched (`LateWatches`): its 2026 request, or a 2025 request other
   than `tools/call`, is cancelled (see `answer`), unless its answer is held for a re-send.
@@ -28,9 +31,19 @@ from typing import Any
 from proxy import jsonrpc
 from proxy.auth.base import AuthRefused, Principal
 from proxy.core.relay import Relay
+from proxy.errors import Refusal
 from proxy.frontend.http.identity import Identity
 from proxy.frontend.http.outbox import LateWatches, Receive, Send, Stream, next_message, sse
-from proxy.frontend.http.respond import JSON, SSE_HEADERS, refusal_error, respond, respond_error, status_for
+from proxy.frontend.http.respond import (
+    JSON,
+    SSE_HEADERS,
+    refusal_body,
+    refusal_error,
+    respond,
+    respond_error,
+    respond_session_refused,
+    status_for,
+)
 from proxy.frontend.http.resume import Replays
 from proxy.jsonrpc import Message
 
@@ -96,6 +109,7 @@ class Answers:
         watches.add(stream, receive, task if modern or request.get("method") != "tools/call" else None)
         failed = False
         refused: AuthRefused | None = None
+        session_refused: Refusal | None = None
         try:
             try:
                 await relay.handle_request(
@@ -108,6 +122,10 @@ class Answers:
                 refused = refusal
                 if writer is not None:  # the answer is an event stream already: no status to set
                     stream.send(refusal_error(down_id, refusal))
+            except Refusal as refusal:  # a new session refused at its upstream's limit (a stdio child's start)
+                session_refused = refusal
+                if writer is not None:
+                    stream.send(refusal_body(down_id, refusal))
             except Exception:
                 log.exception("relaying %s failed", request.get("method"))
                 failed = True
@@ -120,6 +138,9 @@ class Answers:
             if refused is not None:
                 await self.identity.refuse(send, refused, "POST", down_id)
                 return False
+            if session_refused is not None:
+                await respond_session_refused(send, down_id, session_refused)
+                return False
             item = stream.pop()
             if item is None:
                 if failed:
@@ -131,6 +152,8 @@ class Answers:
                 return False
             first, data = item
             ok = "result" in first
+            if not ok and request.get("method") == "initialize":
+                extra = []  # no session came of it (the caller closes it): a client must not use its id
             await respond(send, status_for(first, modern), data, [JSON, *extra])
             stream.wrote_answer()
             return ok

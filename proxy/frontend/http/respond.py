@@ -4,8 +4,8 @@ Contract:
 - `respond*` write a whole response (head and body) at once; `respond_error` is a JSON-RPC error
   with the HTTP status the caller chose.
 - `respond_session_refused` words a refused 2025 session: at a limit, 429/503 with `Retry-After`
-  and the limit's flag in the message and `data`; shutting down, 503; an upstream that could not
-  open one, 502 with the failure's text (bounded).
+  and the limit's flag in the message and `data` (`refusal_body`); shutting down, 503; an upstream
+  that could not open one, 502 with the failure's text (bounded).
 - `status_for` is the 2026 table mapping a JSON-RPC error code to its HTTP status.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from proxy import jsonrpc
 from proxy.auth.base import AuthRefused
 from proxy.core import capacity
-from proxy.errors import FailureKind, UpstreamFailure
+from proxy.errors import FailureKind, Refusal, UpstreamFailure
 from proxy.frontend.http.outbox import Send
 from proxy.jsonrpc import Message
 from proxy.sdk import inbound
@@ -55,10 +55,16 @@ async def respond_session_refused(send: Send, id_: Any, failure: UpstreamFailure
     if failure.kind is not FailureKind.OVERLOADED:
         await respond_error(send, 502, id_, jsonrpc.INTERNAL_ERROR, jsonrpc.bounded(failure.detail))
         return
-    data = failure.data() if isinstance(failure, capacity.Refusal) else None
-    body = jsonrpc.error(id_, jsonrpc.SHUTTING_DOWN, jsonrpc.bounded(failure.detail), data)
+    body = refusal_body(id_, failure)
     retry = b"%d" % math.ceil(failure.retry_after_s or capacity.RETRY_AFTER_S)
     await respond_json(send, failure.http_status or 503, body, [(b"retry-after", retry)])
+
+
+def refusal_body(id_: Any, failure: UpstreamFailure) -> Message:
+    """The JSON-RPC error of a refused session: -32000, the message naming the limit and its flag,
+    and for a `Refusal` its `data` (the limit, the flag, the seconds to wait)."""
+    data = failure.data() if isinstance(failure, Refusal) else None
+    return jsonrpc.error(id_, jsonrpc.SHUTTING_DOWN, jsonrpc.bounded(failure.detail), data)
 
 
 def status_for(message: Message, modern: bool) -> int:

@@ -10,6 +10,11 @@
   `server/discover` before real work; a legacy link's new child gets the client's `initialize` and
   `notifications/initialized` replayed first, then `replay_after_handshake`'s messages. Replaying
   is not an attempt.
+- A client session's link (`session`): its `initialize` to a child that has not answered yet
+  returns only once answered, within the busy-aware start wait (startwait.py); a child that does
+  not start in time is stopped and the session refused (`Refusal`, 503). `starting` tells a relay
+  that the next request waits for a start the link bounds itself (the start queue's progress and
+  the start wait), not for the upstream's answer.
 - Quick successive deaths back off (a crash loop): while the backoff lasts, a request fails at
   once with `NOT_RUNNING` (dispatch no) and the remaining wait as `retry_after_s`
   (`next_spawn_at`).
@@ -29,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from proxy.errors import Dispatch, FailureKind, UpstreamFailure
+from proxy.errors import Dispatch, FailureKind, Refusal, UpstreamFailure
 from proxy.jsonrpc import Message, dumps, loads
 from proxy.upstream.base import (
     Era,
@@ -84,8 +89,11 @@ class LinkOwner(Protocol):
 class StdioLink(LinkBase):
     """A message-level link to one upstream child (respawned as needed)."""
 
-    def __init__(self, upstream: LinkOwner, era: Era, *, takes_spare: bool = True) -> None:
+    def __init__(self, upstream: LinkOwner, era: Era, *, takes_spare: bool = True, session: bool = False) -> None:
         self.era = era
+        # A client's 2025 session (`StdioUpstream.open`): its `initialize` is its new child's first
+        # request, and the answer is the child's start (`_await_start`).
+        self._session = session
         self._upstream = upstream
         self._health = upstream.health
         # A warm spare has been asked nothing, so it can become any link's child: a 2025 session's,
@@ -108,6 +116,15 @@ class StdioLink(LinkBase):
     def child(self) -> Child | None:
         """The child serving this link now (None: none yet, or it exited)."""
         return self._child
+
+    @property
+    def starting(self) -> bool:
+        """Whether the next request starts this link's child first (none yet, it exited, or it has
+        not answered yet). The link bounds that start itself (the start queue's progress, the
+        busy-aware start wait: startwait.py), so a relay does not count it against its request
+        timer (proxy/core/relay.py `Relay.forward`)."""
+        child = self._child
+        return child is None or not child.alive or not child.answered
 
     @property
     def next_spawn_at(self) -> float:
@@ -137,6 +154,8 @@ class StdioLink(LinkBase):
             on_write()
         try:
             await child.drain()
+            if self._session and not child.answered and message.get("method") == "initialize":
+                await self._await_start(child, ex)
         except (BrokenPipeError, ConnectionResetError) as exc:
             self._pending.fail(ex, UpstreamFailure(FailureKind.CLOSED, Dispatch.UNKNOWN, f"write failed: {exc}"))
         except asyncio.CancelledError:
@@ -147,6 +166,26 @@ class StdioLink(LinkBase):
             self._cancel_written(child, ex, "request cancelled by the proxy")
             raise
         return ex
+
+    async def _await_start(self, child: Child, ex: Exchange) -> None:
+        """A session's `initialize`, written to its child that has not answered yet: its answer is
+        the child's start, so it is awaited here, within the start wait (busy-aware: startwait.py),
+        and the exchange returned answered. A child that does not start in time is stopped and
+        the session refused (`Refusal`, 503, naming `--stdio-start-timeout-s`); one that exits
+        fails the exchange as it goes."""
+        try:
+            await self._upstream.first_answer(child, ex.response)
+        except StartTimedOut as exc:
+            self._pending.discard(ex)
+            await child.terminate()
+            raise Refusal(
+                f"this session's stdio child did not start: {exc}; --stdio-start-timeout-s raises this limit",
+                limit="session_starts",
+                flag="--stdio-start-timeout-s",
+                http_status=503,
+            ) from None
+        except UpstreamFailure:
+            pass  # the exchange holds it: its caller gets it from `ex.response`
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
         self._handshake.observe(message)
@@ -227,7 +266,8 @@ class StdioLink(LinkBase):
                 else:
                     child = await self._upstream.spawn(self.on_line, self.on_exit)
             except UpstreamFailure as failure:
-                self._upstream.lost(None, failure.detail)
+                if not isinstance(failure, Refusal):  # a queue of starts refused: load, not a broken command
+                    self._upstream.lost(None, failure.detail)
                 raise
             if self._closed:  # closed (the proxy is stopping) while the child started
                 await child.terminate()

@@ -14,6 +14,13 @@ package): raise the flag for those.
 
 `StartTimedOut` says which it was, with the time waited, and names the flag. Without procfs (not
 Linux) nothing is ever busy: the timeout alone rules.
+
+The queue of starts (`StartQueue`): at most a few children start at once (`--stdio-max-starting`),
+the others wait their turn, in the order they came. A wait is bounded by the queue's progress,
+never by its length: a waiter is refused (`Refusal`, `session_starts`) only when no start ahead
+of it completed for `stall_s`, which the service sets to the longest a start may take (every start
+is bounded as above, and a start given up on ends with its child's exit). So a burst of sessions
+each starting its own child is served in order however long the queue, while starts keep completing.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import TypeVar
+
+from proxy.errors import Refusal
 
 T = TypeVar("T")
 
@@ -106,3 +116,62 @@ async def _first_answer(answer: asyncio.Future[T], pid: int, timeout_s: float) -
             )
         sample, sampled_at = later, now
         window_s = max(0.0, min(BUSY_WINDOW_S, cap_at - now))
+
+
+class StartQueue:
+    """At most `size` children starting at once; the others wait for a slot in the order they
+    came, each refused only when the queue made no progress (no slot given back) for `stall_s`
+    (module docstring). `take` returns the slot's `give_back`, to call once the child started (its
+    first output), exited, or was given up on; calling it again does nothing."""
+
+    def __init__(self, size: int, stall_s: float) -> None:
+        self.size = size
+        self.stall_s = stall_s
+        self.waiting = 0
+        self.progress_at = time.monotonic()  # the last slot given back
+        self._slots: asyncio.Semaphore | None = None  # created in the loop, on the first start
+
+    async def take(self) -> Callable[..., None]:
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = asyncio.Semaphore(self.size)
+        arrived = time.monotonic()
+        self.waiting += 1
+        # One acquire, kept across the checks below: it keeps this waiter's place in the line.
+        acquiring = asyncio.ensure_future(slots.acquire())
+        try:
+            while True:
+                now = time.monotonic()
+                left_s = self.stall_s - (now - max(arrived, self.progress_at))
+                if left_s <= 0:
+                    raise Refusal(
+                        f"this session's stdio child waited {now - arrived:.0f} s to start, and no start ahead of it"
+                        f" completed for {self.stall_s:g} s ({self.waiting} waiting, {self.size} starting at once);"
+                        " --stdio-start-timeout-s raises this limit (--stdio-sessions shared starts no child per"
+                        " session, --max-sessions bounds how many sessions hold one)",
+                        limit="session_starts",
+                        flag="--stdio-start-timeout-s",
+                        http_status=503,
+                    )
+                # a start ahead may complete meanwhile: the bound then starts over from it
+                done, _ = await asyncio.wait([acquiring], timeout=left_s)
+                if done:
+                    break
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled():
+                slots.release()  # granted as this waiter gave up: the next one's
+            else:
+                acquiring.cancel()
+            raise
+        finally:
+            self.waiting -= 1
+        given_back = False
+
+        def give_back(*_: object) -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                self.progress_at = time.monotonic()
+                slots.release()
+
+        return give_back

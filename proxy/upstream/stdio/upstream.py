@@ -16,14 +16,19 @@
   when unused for `spare_idle_s`. A spare counts against neither `max_children` nor the proxy's
   `--max-sessions`.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
-  the proxy, even a killed one. At most `max_starting` children start at once (`spawn`); once a
-  child has started, `nice` lowers its group's priority (`--stdio-nice`).
+  the proxy, even a killed one. At most `max_starting` children start at once (`spawn`), the
+  others wait their turn in order, refused only when no start completed for as long as one may
+  take (`StartQueue`, startwait.py); once a child has started, `nice` lowers its group's priority
+  (`--stdio-nice`).
 - A child must answer the proxy's own first request (the probe's `server/discover`, a health
   check's `initialize`, the readiness check of a new 2026 child, a replayed handshake) within
   `handshake_timeout_s` of its start (`--stdio-start-timeout-s`, default 10 s), stretched up to six
   times that while the child is still busy starting (startwait.py: a slow start on a busy host is
   not a broken server); one that does not is stopped and the failure says which it was, naming the
-  setting. (A 2025 client's own `initialize` is bounded by the request timeout.) The start-up
+  setting. So is a 2025 session's own `initialize` to its new child (link.py: that answer is the
+  child's start; a child that does not start in time refuses the session with a `Refusal`, 503,
+  naming the setting), and none of this counts against the request timeout (`single_session`: the
+  request timeout bounds that answer, as it bounds the client's). The start-up
   probe is two such starts at most (`discover`, then `initialize` on a fresh child for a server
   silent to it): the service bounds it by their sum (`probe_bound_s`), and its failure names each
   step.
@@ -86,7 +91,7 @@ from proxy.upstream.stdio.process import (
 from proxy.upstream.stdio.shared import SharedSessions
 from proxy.upstream.stdio.shared_link import SessionLink
 from proxy.upstream.stdio.spares import SparePool
-from proxy.upstream.stdio.startwait import STRETCH, StartTimedOut, first_answer
+from proxy.upstream.stdio.startwait import BUSY_WINDOW_S, STRETCH, StartQueue, StartTimedOut, first_answer
 
 log = logging.getLogger("proxy.upstream.stdio")
 
@@ -160,9 +165,12 @@ class StdioUpstream:
         # the tasks alive, since the event loop keeps only weak references to them.
         self._spawning: set[asyncio.Future[None]] = set()
         self._background: set[asyncio.Task[object]] = set()
-        # Children starting at once (see `spawn`); 0: the CPU count, at least 2.
+        # Children starting at once (see `spawn`); 0: the CPU count, at least 2. A start waiting its
+        # turn is refused only when none completed for as long as one may take (a busy start's
+        # stretched wait, then its child's stop), so the queue keeps progressing whatever its length.
         self.max_starting = max_starting if max_starting > 0 else max(2, os.cpu_count() or 2)
-        self._start_slots: asyncio.Semaphore | None = None
+        stall_s = STRETCH * handshake_timeout_s + BUSY_WINDOW_S + 2 * TERMINATE_GRACE_S
+        self.start_queue = StartQueue(self.max_starting, stall_s)
         self.nice = nice  # `--stdio-nice`: applied once a child has started (`_started`)
         self.start_s: float | None = None  # how long the first child took from spawn to its first answer
         self.probe_step: str | None = None  # the step of `probe` under way
@@ -277,7 +285,9 @@ class StdioUpstream:
                 Dispatch.NO,
                 f"the proxy runs its maximum of {self.max_children} upstream sessions",
             )
-        link = StdioLink(self, Era.LEGACY)
+        # a session among many waits for its child's start within the start wait; the one session
+        # behind --listen stdio keeps the request timeout for it (no queue; a first `npx` download)
+        link = StdioLink(self, Era.LEGACY, session=not self.single_session)
         self._links.add(link)
         return link
 
@@ -412,21 +422,10 @@ class StdioUpstream:
         # child's first output (it has started and answers), at its exit, or, for a child nobody
         # has asked anything yet (a warm spare), after about as long as this command's first child
         # took to answer.
-        slots = self._start_slots
-        if slots is None:
-            slots = self._start_slots = asyncio.Semaphore(self.max_starting)
-        await slots.acquire()
+        give_back = await self.start_queue.take()  # bounded by the queue's progress (startwait.py)
         if self._closed:  # the proxy began stopping while this start waited its turn
-            slots.release()
+            give_back()
             raise UpstreamFailure(FailureKind.NOT_RUNNING, Dispatch.NO, "the proxy is stopping its upstream")
-        given_back = False
-
-        def give_back(*_: object) -> None:
-            nonlocal given_back
-            if not given_back:
-                given_back = True
-                slots.release()
-
         try:
             with self._start_under_way():
                 _, protocol = await loop.subprocess_exec(

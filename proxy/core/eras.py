@@ -1,5 +1,6 @@
 """The relays of 2026-07-28 requests: the shared one, the one of tool calls before the upstream is
-reached, and those replaced when the upstream's eras changed.
+reached, and those replaced when the upstream's eras changed; and the link of a new 2025 session
+(`open_legacy`: the upstream's own, or bridged onto its 2026 link where it speaks only that).
 
 Contract of `ModernRelays`:
 - `current()` is the relay every 2026 request takes: over the upstream's own 2026 link where the
@@ -26,8 +27,20 @@ from proxy.core.reaching import ReachingLink
 from proxy.core.relay import Relay
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
+from proxy.settings import Settings
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 from proxy.upstream.bridge import ModernOverLegacy
+from proxy.upstream.bridge_legacy import LegacyOverModern
+
+
+async def open_legacy(upstream: Upstream, caps: Capabilities | None, settings: Settings) -> UpstreamLink:
+    """The upstream link of a new 2025 session: the upstream's own, unless it is known to speak
+    only 2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy
+    over the upstream's shared 2026 link (proxy/upstream/bridge_legacy.py)."""
+    if caps is not None and not caps.legacy and caps.modern and settings.era_bridge:
+        return LegacyOverModern(await upstream.open(Era.MODERN), settings.request_timeout_s)
+    return await upstream.open(Era.LEGACY)
+
 
 # Relays replaced after the upstream's eras changed, kept while their requests finish.
 MAX_RETIRED = 2

@@ -44,7 +44,7 @@ from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
 from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
-from proxy.core.eras import ModernRelays
+from proxy.core.eras import ModernRelays, open_legacy
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import ToolCallHandler
 from proxy.core.relay import Relay
@@ -55,7 +55,7 @@ from proxy.settings import Settings
 from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
+from proxy.upstream.base import Capabilities, Upstream, UpstreamLink
 
 log = logging.getLogger("proxy.service")
 
@@ -414,16 +414,20 @@ class Service:
 
     def served_eras(self) -> dict[str, str]:
         """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
-        clients over a 2025 session of the proxy's), `refused` (as the upstream would refuse it)."""
+        clients over a 2025 session of the proxy's, or 2025 sessions over the upstream's 2026
+        link), `refused` (as the upstream would refuse it)."""
         caps = self.capabilities
         if caps is None:
             return {}
-        bridged = caps.legacy and self.settings.era_bridge
-        modern = "native" if caps.modern else "bridged" if bridged else "refused"
-        return {"2025": "native" if caps.legacy else "refused", "2026-07-28": modern}
+        bridge = self.settings.era_bridge
+        modern = "native" if caps.modern else "bridged" if caps.legacy and bridge else "refused"
+        legacy = "native" if caps.legacy else "bridged" if caps.modern and bridge else "refused"
+        return {"2025": legacy, "2026-07-28": modern}
 
     def legacy_supported(self) -> bool:
-        return self.capabilities is None or self.capabilities.legacy
+        """Whether 2025 clients are served (natively or bridged; yes while not yet probed)."""
+        caps = self.capabilities
+        return caps is None or caps.legacy or (caps.modern and self.settings.era_bridge)
 
     def _relay_options(self) -> dict[str, Any]:
         """What every relay of this service is built with: every relayed request's timeout; the
@@ -448,7 +452,7 @@ class Service:
         await self._make_room(client)
         self._opening += 1  # holds its slot while its link opens (concurrent initializes at the cap)
         try:
-            link = await self.upstream.open(Era.LEGACY)
+            link = await open_legacy(self.upstream, self.capabilities, self.settings)
         finally:
             self._opening -= 1
         session_id = secrets.token_hex(16)

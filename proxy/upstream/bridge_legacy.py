@@ -152,10 +152,10 @@ class LegacyOverModern:
 
     async def cancel(self, exchange: Exchange, reason: str | None = None) -> None:
         exchange.cancelled = True
+        inner_ex = exchange.transport_state
         driver = self._drivers.pop(id(exchange), None)
         if driver is not None:
-            driver.cancel()
-        inner_ex = exchange.transport_state
+            driver.cancel()  # (it awaits the 2026 answer shielded: the link's own future stays the link's)
         if isinstance(inner_ex, Exchange) and not inner_ex.response.done():
             await self._inner.cancel(inner_ex, reason)
 
@@ -238,7 +238,7 @@ class LegacyOverModern:
         """The final answer to `up`: each input-required result is answered by the client and the
         request sent again, at most `MAX_ROUNDS` times."""
         for _ in range(MAX_ROUNDS):
-            response = await inner_ex.response
+            response = await asyncio.shield(inner_ex.response)
             if not is_input_required(response):
                 return response
             result = response["result"]

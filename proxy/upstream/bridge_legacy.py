@@ -23,7 +23,9 @@ with its own requests), translated by proxy/upstream/bridge_shapes.py:
   it serves a request) becomes 2025 server-to-client requests on that request's stream, and the
   request is sent again with the client's answers and the server's `requestState` under a new id,
   round after round (at most `MAX_ROUNDS`), all inside the one exchange the caller awaits: the
-  round trip is part of one attempt, bounded by that attempt's timer, never an attempt of its own.
+  round trip is part of one attempt, never an attempt of its own; while the client is being asked,
+  the exchange's `on_input` (the relay's attempt timer) lets only the call's deadline run, and the
+  attempt's response timeout starts again when the request is re-sent.
   Where the client did not declare the capability asked for, or answered with an error, the
   request is answered with an error that says so.
 
@@ -130,7 +132,7 @@ class LegacyOverModern:
         relayed = _progress_under(token, on_message)
         inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers, on_write=on_write)
         loop = asyncio.get_running_loop()
-        outer = Exchange(message["id"], method, on_message, loop.create_future(), written=True)
+        outer = Exchange(message["id"], method, on_message, loop.create_future(), written=True, asks_input=True)
         outer.transport_state = inner_ex
         driver = loop.create_task(self._drive(outer, up, inner_ex, relayed, headers))
         self._drivers[id(outer)] = driver
@@ -246,7 +248,13 @@ class LegacyOverModern:
             if isinstance(asked, str):
                 return {"jsonrpc": "2.0", "id": up["id"], "error": _error(asked)}
             answers: dict[str, Any] = {}
-            replies = await asyncio.gather(*(self._ask(outer, method, params) for _, method, params in asked))
+            if outer.on_input is not None:
+                outer.on_input(True)  # a person may be answering: only the call's deadline runs
+            try:
+                replies = await asyncio.gather(*(self._ask(outer, method, params) for _, method, params in asked))
+            finally:
+                if outer.on_input is not None:
+                    outer.on_input(False)
             for (key, method, _), reply in zip(asked, replies, strict=True):
                 if not isinstance(reply.get("result"), dict):
                     error = reply.get("error")

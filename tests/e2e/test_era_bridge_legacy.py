@@ -36,6 +36,17 @@ LEGACY = "legacy"  # the SDK client's handshake mode: it negotiates 2025-11-25
 MODERN = "2026-07-28"
 
 
+# ask_elicitation's attempts time out long before a person answers; its deadline does not.
+SLOW_PERSON_POLICY = """
+tools: [ask_elicitation]
+attempts: 2
+deadline: 15s
+attempt_timeout: 500ms
+min_attempt_time: 100ms
+"""
+PERSON_S = 1.5  # how long the person takes to answer: three attempt timeouts
+
+
 class Bridged:
     def __init__(self, proxy: ProxyProcess, journal: Journal, log: Path) -> None:
         self.proxy = proxy
@@ -47,8 +58,12 @@ class Bridged:
 def bridged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridged]:
     tmp = tmp_path_factory.mktemp("era-bridge-legacy")
     journal, state = tmp / "journal.jsonl", tmp / "state.json"
+    policies = tmp / "policies"
+    policies.mkdir()
+    (policies / "ask.yaml").write_text(SLOW_PERSON_POLICY)
     with ScriptedHTTP(journal, state, extra=["--only-2026"]) as server:
-        with ProxyProcess(upstream_url=server.url, log_path=tmp / "proxy.log") as proxy:
+        extra = ["--policies", str(policies)]
+        with ProxyProcess(upstream_url=server.url, extra=extra, log_path=tmp / "proxy.log") as proxy:
             yield Bridged(proxy, Journal(journal), tmp / "proxy.log")
 
 
@@ -121,6 +136,27 @@ async def test_an_input_required_result_becomes_requests_to_the_2025_client_and_
     # reports attempts on a result only when it made more than one
     for result in (sampled, elicited):
         assert "io.mcp-recovery-proxy/attempts" not in (result.meta or {})
+
+
+async def test_a_person_slower_than_the_attempt_timeout_is_waited_for_within_the_deadline_in_one_attempt(
+    bridged: Bridged,
+) -> None:
+    """While the client is asked, only the call's deadline runs: the attempt timeout (500 ms) does
+    not end the attempt, so the person is asked once and the call is answered in one attempt.
+    The callback's sleep is the person's time to answer, the behaviour under test."""
+    asked: list[str] = []
+
+    async def elicitation(context: Any, params: Any) -> ElicitResult:
+        asked.append(params.message)
+        await anyio.sleep(PERSON_S)
+        return ElicitResult(action="accept", content={"answer": "slowly"})
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=LEGACY, elicitation_callback=elicitation) as client:
+            answered = await client.call_tool("ask_elicitation", {"question": "take your time", "call_id": "l-slow"})
+    assert text_of(answered) == "slowly" and asked == ["take your time"]
+    assert "io.mcp-recovery-proxy/attempts" not in (answered.meta or {})
+    assert bridged.journal.executions("ask_elicitation", "l-slow") == 1
 
 
 async def test_a_client_without_the_capability_asked_for_gets_an_error_that_says_so(bridged: Bridged) -> None:

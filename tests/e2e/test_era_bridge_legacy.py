@@ -16,6 +16,7 @@ it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,16 @@ import anyio
 import httpx
 import pytest
 from mcp import Client, MCPError
-from mcp.types import CreateMessageResult, ElicitResult, TextContent
+from mcp.types import (
+    CreateMessageResult,
+    ElicitResult,
+    ListRootsResult,
+    PromptReference,
+    Root,
+    TextContent,
+)
 
-from tests.fixtures.helpers import ScriptedHTTP
+from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
@@ -215,3 +223,58 @@ async def test_with_the_bridge_off_a_2025_client_is_refused_as_the_server_would_
                         await client.list_tools()
                 async with Client(proxy.url, mode=MODERN) as client:
                     assert text_of(await client.call_tool("echo", {"text": "modern"})) == "modern"
+
+
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """The proxy in front of the SDK's everything-server over stdio restricted to 2026-07-28
+    (the conformance suite's wrapper)."""
+    pytest.importorskip("mcp_everything_server", reason="scripts/setup-conformance.sh installs it")
+    tmp = tmp_path_factory.mktemp("era-bridge-legacy-everything")
+    command = [sys.executable, str(REPO_ROOT / "tests/conformance/everything_stdio_2026_only.py")]
+    with ProxyProcess(upstream=command, log_path=tmp / "proxy.log") as proxy:
+        yield proxy
+
+
+async def test_over_stdio_multi_round_roots_prompts_completion_and_subscriptions_cross_the_bridge(
+    everything: ProxyProcess,
+) -> None:
+    asked: list[str] = []
+
+    async def elicitation(context: Any, params: Any) -> ElicitResult:
+        asked.append(params.message)
+        if "color" in params.message:
+            return ElicitResult(action="accept", content={"color": "green"})
+        if "context" in params.message:
+            return ElicitResult(action="accept", content={"context": "bridged"})
+        return ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def roots(context: Any) -> ListRootsResult:
+        asked.append("roots")
+        return ListRootsResult(roots=[Root(uri="file:///srv/a"), Root(uri="file:///srv/b")])
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(
+            everything.url, mode=LEGACY, elicitation_callback=elicitation, list_roots_callback=roots
+        ) as client:
+            assert client.session.protocol_version == "2025-11-25"
+            rounds = await client.call_tool("test_input_required_result_multi_round", {})
+            assert text_of(rounds) == "Ada likes green."
+            counted = await client.call_tool("test_input_required_result_list_roots", {})
+            assert text_of(counted) == "Client exposed 2 root(s)."
+            prompt = await client.get_prompt("test_input_required_result_prompt")
+            assert "Use the following context: bridged" in str(prompt.messages[0].content)
+            # The client declared no sampling: the server asks only what it may (its capability
+            # gate), and asks for ever (its conformance fixture never completes): the bridge stops
+            # after 16 rounds with an error that says so, the client asked 16 times.
+            before = len(asked)
+            gated = await client.call_tool("test_input_required_result_capabilities", {})
+            assert gated.is_error and "more than 16 times" in str(gated.meta)
+            assert asked[before:] == ["What is your name?"] * 16
+            ref = PromptReference(type="ref/prompt", name="test_prompt_with_arguments")
+            completed = await client.complete(ref, {"name": "arg1", "value": "x"})
+            assert completed.completion.values == []
+            await client.subscribe_resource("test://watched-resource")
+            await client.unsubscribe_resource("test://watched-resource")
+    assert asked[:3] == ["Step 1: What is your name?", "Step 2: What is your favorite color?", "roots"]
+    assert "What context should the prompt use?" in asked

@@ -31,15 +31,33 @@ from proxy.settings import Settings
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 from proxy.upstream.bridge import ModernOverLegacy
 from proxy.upstream.bridge_legacy import LegacyOverModern
+from proxy.upstream.bridge_proving import ProvingLink
 
 
-async def open_legacy(upstream: Upstream, caps: Capabilities | None, settings: Settings) -> UpstreamLink:
-    """The upstream link of a new 2025 session: the upstream's own, unless it is known to speak
-    only 2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy
-    over the upstream's shared 2026 link (proxy/upstream/bridge_legacy.py)."""
-    if caps is not None and not caps.legacy and caps.modern and settings.era_bridge:
+async def open_legacy(
+    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+) -> UpstreamLink:
+    """The upstream link of a new 2025 session: the upstream's own, unless it speaks only
+    2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy over the
+    upstream's shared 2026 link (proxy/upstream/bridge_legacy.py). Where 2025 is only assumed
+    (`legacy_assumed`), the session's `initialize` finds out (proxy/upstream/bridge_proving.py)
+    and `on_verdict` is told whether the upstream speaks 2025."""
+
+    async def bridge() -> UpstreamLink:
         return LegacyOverModern(await upstream.open(Era.MODERN), settings.request_timeout_s)
+
+    if caps is not None and caps.modern and settings.era_bridge:
+        if not caps.legacy:
+            return await bridge()
+        if caps.legacy_assumed:
+            return ProvingLink(await upstream.open(Era.LEGACY), bridge, on_verdict)
     return await upstream.open(Era.LEGACY)
+
+
+def settled(caps: Capabilities, speaks_legacy: bool) -> Capabilities:
+    """`caps` once a 2025 session found out whether the upstream speaks 2025 (`open_legacy`)."""
+    detail = caps.detail if speaks_legacy else f"{caps.detail}; initialize refused: 2026-07-28 only"
+    return Capabilities(legacy=speaks_legacy, modern=caps.modern, detail=detail)
 
 
 # Relays replaced after the upstream's eras changed, kept while their requests finish.

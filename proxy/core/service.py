@@ -44,7 +44,7 @@ from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
 from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
-from proxy.core.eras import ModernRelays, open_legacy
+from proxy.core.eras import ModernRelays, open_legacy, settled
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import ToolCallHandler
 from proxy.core.relay import Relay
@@ -316,9 +316,7 @@ class Service:
                 try:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
-                    served = ", ".join(f"{era} {how}" for era, how in self.served_eras().items())
-                    upstream = self.upstream.description
-                    log.info("upstream %s: %s; clients served: %s", upstream, self.capabilities, served)
+                    self._log_served()
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
@@ -334,6 +332,17 @@ class Service:
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
+
+    def _log_served(self) -> None:
+        served = ", ".join(f"{era} {how}" for era, how in self.served_eras().items())
+        log.info("upstream %s: %s; clients served: %s", self.upstream.description, self.capabilities, served)
+
+    def _legacy_settled(self, speaks_legacy: bool) -> None:
+        """A 2025 session's `initialize` found out whether the upstream speaks 2025 (eras.py)."""
+        if self.capabilities is not None and self.capabilities.legacy_assumed:
+            self.capabilities = settled(self.capabilities, speaks_legacy)
+            if not speaks_legacy:
+                self._log_served()
 
     def _probe_failed(self, why: BaseException | str) -> None:
         self.probe_error = f"upstream probe failed: {str(why) or type(why).__name__}"
@@ -452,7 +461,7 @@ class Service:
         await self._make_room(client)
         self._opening += 1  # holds its slot while its link opens (concurrent initializes at the cap)
         try:
-            link = await open_legacy(self.upstream, self.capabilities, self.settings)
+            link = await open_legacy(self.upstream, self.capabilities, self.settings, self._legacy_settled)
         finally:
             self._opening -= 1
         session_id = secrets.token_hex(16)

@@ -128,6 +128,9 @@ class Capabilities:
     legacy: bool
     modern: bool
     detail: str = ""
+    # `legacy` is an assumption, not an answer (a stdio server whose `server/discover` names only
+    # 2026-07-28, as dual-era servers do too): the first 2025 session's `initialize` settles it.
+    legacy_assumed: bool = field(default=False, repr=False)
 
 
 class UpstreamLink(Protocol):

@@ -228,7 +228,8 @@ async def test_with_the_bridge_off_a_2025_client_is_refused_as_the_server_would_
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The proxy in front of the SDK's everything-server over stdio restricted to 2026-07-28
-    (the conformance suite's wrapper)."""
+    (the conformance suite's wrapper). Its `server/discover` names only 2026-07-28, as a dual-era
+    stdio server's does: the proxy learns it speaks no 2025 from the first session's `initialize`."""
     pytest.importorskip("mcp_everything_server", reason="scripts/setup-conformance.sh installs it")
     tmp = tmp_path_factory.mktemp("era-bridge-legacy-everything")
     command = [sys.executable, str(REPO_ROOT / "tests/conformance/everything_stdio_2026_only.py")]
@@ -236,7 +237,7 @@ def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProces
         yield proxy
 
 
-async def test_over_stdio_multi_round_roots_prompts_completion_and_subscriptions_cross_the_bridge(
+async def test_over_stdio_the_first_session_finds_the_server_2026_only_and_everything_crosses_the_bridge(
     everything: ProxyProcess,
 ) -> None:
     asked: list[str] = []
@@ -276,5 +277,10 @@ async def test_over_stdio_multi_round_roots_prompts_completion_and_subscriptions
             assert completed.completion.values == []
             await client.subscribe_resource("test://watched-resource")
             await client.unsubscribe_resource("test://watched-resource")
+    # discover names only 2026-07-28, as a dual-era stdio server's does: the first session's
+    # refused initialize told the proxy, which now says so
+    async with httpx.AsyncClient(timeout=10) as http:
+        ready = (await http.get(everything.admin + "/readyz")).json()
+    assert ready["served"] == {"2025": "bridged", "2026-07-28": "native"}
     assert asked[:3] == ["Step 1: What is your name?", "Step 2: What is your favorite color?", "roots"]
     assert "What context should the prompt use?" in asked

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.core.eras import settled
+from proxy.upstream.base import Capabilities
 from proxy.upstream.bridge_shapes import (
     BRIDGE_SERVER_INFO,
     continued,
@@ -144,3 +146,13 @@ def test_the_re_sent_request_has_a_new_id_the_answers_and_the_state_echoed() -> 
     }
     stateless = continued(first, 12, {}, None)
     assert "requestState" not in stateless["params"] and "inputResponses" not in stateless["params"]
+
+
+def test_a_first_session_settles_an_assumed_2025_either_way() -> None:
+    assumed = Capabilities(legacy=True, modern=True, detail="supportedVersions=['2026-07-28']", legacy_assumed=True)
+    assert "legacy_assumed" not in repr(assumed), "the probe's log line reads as before"
+    refused = settled(assumed, False)
+    assert (refused.legacy, refused.modern, refused.legacy_assumed) == (False, True, False)
+    assert refused.detail.endswith("initialize refused: 2026-07-28 only")
+    answered = settled(assumed, True)
+    assert (answered.legacy, answered.legacy_assumed, answered.detail) == (True, False, assumed.detail)

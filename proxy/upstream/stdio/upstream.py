@@ -241,14 +241,12 @@ class StdioUpstream:
             modern = LATEST_MODERN in versions
             if not modern:
                 await self._drop_modern()
-                return Capabilities(legacy=True, modern=False, detail=f"supportedVersions={versions}")
-            if any(v in LEGACY_VERSIONS for v in versions):
-                return Capabilities(legacy=True, modern=True, detail=f"supportedVersions={versions}")
-            # A dual-era server lists only 2026-07-28 too: whether it speaks 2025 is asked.
-            self.probe_step = "initialize on a new process, after server/discover named no 2025 revision"
-            legacy = await self._answers_initialize()
-            note = "" if legacy else "; initialize refused: 2026-07-28 only"
-            return Capabilities(legacy=legacy, modern=True, detail=f"supportedVersions={versions}{note}")
+            # A dual-era stdio server names only 2026-07-28 too: 2025 is assumed until a session's
+            # `initialize` is answered or refused (proxy/upstream/bridge_proving.py).
+            assumed = modern and not any(v in LEGACY_VERSIONS for v in versions)
+            return Capabilities(
+                legacy=True, modern=modern, detail=f"supportedVersions={versions}", legacy_assumed=assumed
+            )
         await self._drop_modern()
         return Capabilities(legacy=True, modern=False, detail="server/discover refused: legacy only")
 
@@ -310,21 +308,6 @@ class StdioUpstream:
             raise
         finally:
             await link.aclose()
-
-    async def _answers_initialize(self) -> bool:
-        """Whether a throwaway child answers a 2025 `initialize` with a result; False only when it
-        answers with an error (a server of 2026-07-28 alone). A child that exits or stays silent
-        says nothing either way: True, as a server that answered `server/discover` is up."""
-        link = StdioLink(self, Era.LEGACY, takes_spare=False)
-        try:
-            ex = await link.send_request(initialize_request(link.new_id()))
-            child = link.child
-            answer = await (ex.response if child is None else self.first_answer(child, ex.response))
-        except (UpstreamFailure, StartTimedOut):
-            return True
-        finally:
-            await link.aclose()
-        return "error" not in answer
 
     async def first_answer(self, child: Child, answer: asyncio.Future[Message]) -> Message:
         """The answer to the proxy's own first request to `child`, bounded by the start timeout

@@ -254,9 +254,19 @@ async def test_over_stdio_the_first_session_finds_the_server_2026_only_and_every
         asked.append("roots")
         return ListRootsResult(roots=[Root(uri="file:///srv/a"), Root(uri="file:///srv/b")])
 
+    tools_changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            tools_changed.set()
+
     with anyio.fail_after(BOUND_S):
         async with Client(
-            everything.url, mode=LEGACY, elicitation_callback=elicitation, list_roots_callback=roots
+            everything.url,
+            mode=LEGACY,
+            elicitation_callback=elicitation,
+            list_roots_callback=roots,
+            message_handler=on_message,
         ) as client:
             assert client.session.protocol_version == "2025-11-25"
             rounds = await client.call_tool("test_input_required_result_multi_round", {})
@@ -275,7 +285,11 @@ async def test_over_stdio_the_first_session_finds_the_server_2026_only_and_every
             ref = PromptReference(type="ref/prompt", name="test_prompt_with_arguments")
             completed = await client.complete(ref, {"name": "arg1", "value": "x"})
             assert completed.completion.values == []
+            # a subscription opens the session's listen stream upstream, with the list changes
+            # the server offers: its tools list_changed reaches the 2025 client
             await client.subscribe_resource("test://watched-resource")
+            assert text_of(await client.call_tool("test_trigger_tool_change", {})) == "tool list changed"
+            await tools_changed.wait()
             await client.unsubscribe_resource("test://watched-resource")
     # discover names only 2026-07-28, as a dual-era stdio server's does: the first session's
     # refused initialize told the proxy, which now says so

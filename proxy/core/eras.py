@@ -54,6 +54,17 @@ async def open_legacy(
     return await upstream.open(Era.LEGACY)
 
 
+def served(caps: Capabilities | None, bridge: bool) -> dict[str, str]:
+    """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
+    clients over a 2025 session of the proxy's, or 2025 sessions over the upstream's 2026 link),
+    `refused` (as the upstream would refuse it); nothing before the upstream's eras are known."""
+    if caps is None:
+        return {}
+    modern = "native" if caps.modern else "bridged" if caps.legacy and bridge else "refused"
+    legacy = "native" if caps.legacy else "bridged" if caps.modern and bridge else "refused"
+    return {"2025": legacy, "2026-07-28": modern}
+
+
 def settled(caps: Capabilities, speaks_legacy: bool) -> Capabilities:
     """`caps` once a 2025 session found out whether the upstream speaks 2025 (`open_legacy`)."""
     detail = caps.detail if speaks_legacy else f"{caps.detail}; initialize refused: 2026-07-28 only"

@@ -44,7 +44,7 @@ from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
 from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
-from proxy.core.eras import ModernRelays, open_legacy, settled
+from proxy.core.eras import ModernRelays, open_legacy, served, settled
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import ToolCallHandler
 from proxy.core.relay import Relay
@@ -422,16 +422,8 @@ class Service:
         return relay
 
     def served_eras(self) -> dict[str, str]:
-        """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
-        clients over a 2025 session of the proxy's, or 2025 sessions over the upstream's 2026
-        link), `refused` (as the upstream would refuse it)."""
-        caps = self.capabilities
-        if caps is None:
-            return {}
-        bridge = self.settings.era_bridge
-        modern = "native" if caps.modern else "bridged" if caps.legacy and bridge else "refused"
-        legacy = "native" if caps.legacy else "bridged" if caps.modern and bridge else "refused"
-        return {"2025": legacy, "2026-07-28": modern}
+        """How each era's clients are served: native, bridged or refused (eras.py `served`)."""
+        return served(self.capabilities, self.settings.era_bridge)
 
     def legacy_supported(self) -> bool:
         """Whether 2025 clients are served (natively or bridged; yes while not yet probed)."""

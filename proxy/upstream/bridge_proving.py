@@ -104,6 +104,13 @@ class ProvingLink:
         if not outer.response.done():
             outer.response.set_result(response)
 
+    def pause_reading(self, paused: bool) -> None:
+        """Backpressure from the session's client, passed to the link it is on where that link
+        takes it (a stdio child's; the bridge's shared 2026 link never pauses for one caller)."""
+        pause = getattr(self._link, "pause_reading", None)
+        if pause is not None:
+            pause(paused)
+
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
         await self._link.send_notification(message, headers=headers)
 

@@ -217,7 +217,7 @@ class LegacyOverModern:
     ) -> None:
         try:
             answer = await self._rounds(outer, up, inner_ex, relayed, headers)
-        except UpstreamFailure as failure:
+        except Exception as failure:  # an UpstreamFailure, as the link raised it
             if not outer.response.done():
                 outer.response.set_exception(untraced(failure))
                 outer.response.exception()

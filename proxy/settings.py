@@ -107,7 +107,8 @@ class Settings(BaseSettings):
     )
     era_bridge: bool = Field(
         True,
-        description="serve 2026-07-28 clients in front of a 2025-only upstream over a 2025 session of the proxy's "
+        description="serve 2026-07-28 clients in front of a 2025-only upstream over a 2025 session of the proxy's, "
+        "and 2025 clients in front of a 2026-07-28-only upstream over its 2026 link "
         "(off: they are refused as that server would refuse them)",
     )
     era_bridge_sessions: int | None = Field(

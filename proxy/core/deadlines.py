@@ -9,6 +9,9 @@ Contract:
 - Before the request is handed to the transport the timer stands for the send deadline; after,
   for the response timeout (never past the deadline), and with `idle_s` also for the idle timer,
   which any message related to the attempt restarts (`alive_at`).
+- `AttemptTimer.waiting` (an exchange's `on_input`): while the link waits for the client's
+  answers to a server's input requests (the era bridge's input-required round trip), only the
+  deadline runs; once they are sent on, the response timeout and the idle timer start again.
 - `AttemptTimer.wrote` (the link's `on_write`) records that the request may have reached the
   upstream even when the hand-over never returned: a timer firing then says sent (dispatch
   unknown), never "not sent".
@@ -167,6 +170,7 @@ class AttemptTimer:
         "deadline_at",
         "fired",
         "idle_s",
+        "paused",
         "response_s",
         "sent_at",
         "task",
@@ -187,6 +191,16 @@ class AttemptTimer:
         self.idle_s = idle_s
         self.alive_at: float | None = None
         self.written = False
+        self.paused = False
+
+    def waiting(self, on: bool) -> None:
+        """The link waits for the client's input (on: only the deadline runs), or sent its answers
+        on (off: the response timeout and the idle timer start again from now). The entry in the
+        heap finds itself early when it comes and is entered again (`Deadlines.fire`)."""
+        self.paused = on
+        if not on and self.sent_at is not None:
+            self.sent_at = asyncio.get_running_loop().time()
+            self.alive_at = None
 
     def wrote(self) -> None:
         """The link wrote the request (its `on_write`): it may have reached the upstream."""
@@ -199,7 +213,7 @@ class AttemptTimer:
 
     def due(self) -> float:
         sent_at = self.sent_at
-        if sent_at is None:
+        if sent_at is None or self.paused:
             return self.deadline_at
         due = sent_at + self.response_s
         if self.idle_s is not None:

@@ -1,5 +1,6 @@
 """The relays of 2026-07-28 requests: the shared one, the one of tool calls before the upstream is
-reached, and those replaced when the upstream's eras changed.
+reached, and those replaced when the upstream's eras changed; and the link of a new 2025 session
+(`open_legacy`: the upstream's own, or bridged onto its 2026 link where it speaks only that).
 
 Contract of `ModernRelays`:
 - `current()` is the relay every 2026 request takes: over the upstream's own 2026 link where the
@@ -26,9 +27,50 @@ from proxy.core.reaching import ReachingLink
 from proxy.core.relay import Relay
 from proxy.errors import UpstreamFailure
 from proxy.jsonrpc import Message
+from proxy.settings import Settings
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
 from proxy.upstream.bridge import ModernOverLegacy
 from proxy.upstream.bridge_interactive import InteractiveCalls
+from proxy.upstream.bridge_legacy import LegacyOverModern
+from proxy.upstream.bridge_proving import ProvingLink
+
+
+async def open_legacy(
+    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+) -> UpstreamLink:
+    """The upstream link of a new 2025 session: the upstream's own, unless it speaks only
+    2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy over the
+    upstream's shared 2026 link (proxy/upstream/bridge_legacy.py). Where 2025 is only assumed
+    (`legacy_assumed`), the session's `initialize` finds out (proxy/upstream/bridge_proving.py)
+    and `on_verdict` is told whether the upstream speaks 2025."""
+
+    async def bridge() -> UpstreamLink:
+        return LegacyOverModern(await upstream.open(Era.MODERN), settings.request_timeout_s)
+
+    if caps is not None and caps.modern and settings.era_bridge:
+        if not caps.legacy:
+            return await bridge()
+        if caps.legacy_assumed:
+            return ProvingLink(await upstream.open(Era.LEGACY), bridge, on_verdict)
+    return await upstream.open(Era.LEGACY)
+
+
+def served(caps: Capabilities | None, bridge: bool) -> dict[str, str]:
+    """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
+    clients over a 2025 session of the proxy's, or 2025 sessions over the upstream's 2026 link),
+    `refused` (as the upstream would refuse it); nothing before the upstream's eras are known."""
+    if caps is None:
+        return {}
+    modern = "native" if caps.modern else "bridged" if caps.legacy and bridge else "refused"
+    legacy = "native" if caps.legacy else "bridged" if caps.modern and bridge else "refused"
+    return {"2025": legacy, "2026-07-28": modern}
+
+
+def settled(caps: Capabilities, speaks_legacy: bool) -> Capabilities:
+    """`caps` once a 2025 session found out whether the upstream speaks 2025 (`open_legacy`)."""
+    detail = caps.detail if speaks_legacy else f"{caps.detail}; initialize refused: 2026-07-28 only"
+    return Capabilities(legacy=speaks_legacy, modern=caps.modern, detail=detail)
+
 
 # Relays replaced after the upstream's eras changed, kept while their requests finish.
 MAX_RETIRED = 2

@@ -412,6 +412,8 @@ class Relay:
                 # sent (a timer firing says dispatch unknown, never "not sent")
                 sent_ex = await link.send_request(up, on_message=on_message, headers=headers, on_write=timer.wrote)
                 timer.sent_at = loop.time()
+                if sent_ex.asks_input:  # the era bridge: its input-required round trip pauses the timer
+                    sent_ex.on_input = timer.waiting
                 if timer.when is None:
                     deadlines.enter(timer)
                 if sent is not None:

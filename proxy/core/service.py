@@ -44,7 +44,7 @@ from proxy.auth.vouch import VouchGate
 from proxy.core import capacity
 from proxy.core.admission import ClientShares
 from proxy.core.catalog import Catalogs
-from proxy.core.eras import ModernRelays
+from proxy.core.eras import ModernRelays, open_legacy, served, settled
 from proxy.core.lifecycle import InFlight
 from proxy.core.outbox import ToolCallHandler
 from proxy.core.relay import Relay
@@ -55,7 +55,7 @@ from proxy.settings import Settings
 from proxy.state import SharedState
 from proxy.telemetry.events import Telemetry, UpstreamStatus
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
+from proxy.upstream.base import Capabilities, Upstream, UpstreamLink
 
 log = logging.getLogger("proxy.service")
 
@@ -318,9 +318,7 @@ class Service:
                 try:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
-                    served = ", ".join(f"{era} {how}" for era, how in self.served_eras().items())
-                    upstream = self.upstream.description
-                    log.info("upstream %s: %s; clients served: %s", upstream, self.capabilities, served)
+                    self._log_served()
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
@@ -336,6 +334,17 @@ class Service:
         if self.capabilities is None and raise_on_failure:
             raise UpstreamFailure(FailureKind.CONNECT_FAILED, Dispatch.NO, self.probe_error or "upstream not ready")
         return self.capabilities
+
+    def _log_served(self) -> None:
+        served = ", ".join(f"{era} {how}" for era, how in self.served_eras().items())
+        log.info("upstream %s: %s; clients served: %s", self.upstream.description, self.capabilities, served)
+
+    def _legacy_settled(self, speaks_legacy: bool) -> None:
+        """A 2025 session's `initialize` found out whether the upstream speaks 2025 (eras.py)."""
+        if self.capabilities is not None and self.capabilities.legacy_assumed:
+            self.capabilities = settled(self.capabilities, speaks_legacy)
+            if not speaks_legacy:
+                self._log_served()
 
     def _probe_failed(self, why: BaseException | str) -> None:
         self.probe_error = f"upstream probe failed: {str(why) or type(why).__name__}"
@@ -415,17 +424,13 @@ class Service:
         return relay
 
     def served_eras(self) -> dict[str, str]:
-        """How each era's clients are served: `native` (the upstream speaks it), `bridged` (2026
-        clients over a 2025 session of the proxy's), `refused` (as the upstream would refuse it)."""
-        caps = self.capabilities
-        if caps is None:
-            return {}
-        bridged = caps.legacy and self.settings.era_bridge
-        modern = "native" if caps.modern else "bridged" if bridged else "refused"
-        return {"2025": "native" if caps.legacy else "refused", "2026-07-28": modern}
+        """How each era's clients are served: native, bridged or refused (eras.py `served`)."""
+        return served(self.capabilities, self.settings.era_bridge)
 
     def legacy_supported(self) -> bool:
-        return self.capabilities is None or self.capabilities.legacy
+        """Whether 2025 clients are served (natively or bridged; yes while not yet probed)."""
+        caps = self.capabilities
+        return caps is None or caps.legacy or (caps.modern and self.settings.era_bridge)
 
     def _relay_options(self) -> dict[str, Any]:
         """What every relay of this service is built with: every relayed request's timeout; the
@@ -450,7 +455,7 @@ class Service:
         await self._make_room(client)
         self._opening += 1  # holds its slot while its link opens (concurrent initializes at the cap)
         try:
-            link = await self.upstream.open(Era.LEGACY)
+            link = await open_legacy(self.upstream, self.capabilities, self.settings, self._legacy_settled)
         finally:
             self._opening -= 1
         session_id = secrets.token_hex(16)

@@ -88,6 +88,11 @@ class Exchange:
     transport_state: object = None  # adapter-private (e.g. the HTTP response stream task)
     heard: bool = False  # HTTP: the head of the answer came (the upstream has taken the request)
     on_heard: asyncio.Future[None] | None = None  # HTTP: a cancellation waiting for that head
+    # The era bridge asks the client for input within this exchange: it calls `on_input(True)`
+    # while it waits for the answers, `on_input(False)` once they are sent on (the relay's timer
+    # then lets only the deadline run meanwhile). Set by the caller where `asks_input`.
+    asks_input: bool = False
+    on_input: Callable[[bool], None] | None = None
 
 
 def mark_heard(ex: Exchange) -> None:
@@ -123,6 +128,9 @@ class Capabilities:
     legacy: bool
     modern: bool
     detail: str = ""
+    # `legacy` is an assumption, not an answer (a stdio server whose `server/discover` names only
+    # 2026-07-28, as dual-era servers do too): the first 2025 session's `initialize` settles it.
+    legacy_assumed: bool = field(default=False, repr=False)
 
 
 class UpstreamLink(Protocol):

@@ -212,9 +212,14 @@ def everything_server_http(tools: ConformanceTools, log_dir: Path) -> Iterator[s
         yield f"http://127.0.0.1:{port}/mcp"
 
 
-def everything_stdio_argv(tools: ConformanceTools, only_2025: bool = False) -> list[str]:
-    """`only_2025`: behind a wrapper that refuses 2026-07-28 as a 2025-only server does."""
-    script = "everything_stdio_2025_only.py" if only_2025 else "everything_stdio.py"
+def everything_stdio_argv(tools: ConformanceTools, only_2025: bool = False, only_2026: bool = False) -> list[str]:
+    """`only_2025`: behind a wrapper that refuses 2026-07-28 as a 2025-only server does;
+    `only_2026`: behind one that refuses the 2025 handshake as a 2026-only server does."""
+    script = "everything_stdio.py"
+    if only_2025:
+        script = "everything_stdio_2025_only.py"
+    elif only_2026:
+        script = "everything_stdio_2026_only.py"
     return [tools.python, str(HERE / script)]
 
 

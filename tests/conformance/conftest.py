@@ -17,7 +17,13 @@ from conformance_harness import (
     skip_or_fail,
 )
 
-TARGETS = ("direct", "proxy-stdio-upstream", "proxy-http-upstream", "proxy-bridge-2025-only-upstream")
+TARGETS = (
+    "direct",
+    "proxy-stdio-upstream",
+    "proxy-http-upstream",
+    "proxy-bridge-2025-only-upstream",
+    "proxy-bridge-2026-only-upstream",
+)
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +56,10 @@ def conformance_target(
         elif target == "proxy-bridge-2025-only-upstream":
             # the same server restricted to the 2025 revisions: 2026 goes through the era bridge
             upstream_cmd = everything_stdio_argv(conformance_tools, only_2025=True)
+            url = stack.enter_context(proxy_server(["--", *upstream_cmd], log_dir, target))
+        elif target == "proxy-bridge-2026-only-upstream":
+            # the same server restricted to 2026-07-28: 2025 sessions go through the era bridge
+            upstream_cmd = everything_stdio_argv(conformance_tools, only_2026=True)
             url = stack.enter_context(proxy_server(["--", *upstream_cmd], log_dir, target))
         else:  # pragma: no cover
             raise AssertionError(target)

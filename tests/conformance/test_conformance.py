@@ -1,8 +1,10 @@
 """The official MCP conformance suite (server mode) against the SDK everything-server, directly
 and through our proxy (stdio upstream and Streamable HTTP upstream), on three legs:
 ``--suite all --spec-version 2025-11-25``, ``--suite all --spec-version 2026-07-28`` and the
-suite's default active suite; and the 2026-07-28 leg through the proxy's era bridge, in front of
-the same server restricted to the 2025 revisions (everything_stdio_2025_only.py). Scores are
+suite's default active suite; the 2026-07-28 leg through the proxy's era bridge, in front of the
+same server restricted to the 2025 revisions (everything_stdio_2025_only.py); and the 2025-11-25
+leg through the bridge's other direction, in front of it restricted to 2026-07-28
+(everything_stdio_2026_only.py). Scores are
 scenarios, not checks. See docs/conformance.md.
 """
 
@@ -31,7 +33,24 @@ _SERVER_2026_ONLY = (
     "result' there): a feature of the 2026 revision only, with no 2025 request for the bridge to translate "
     "(docs/conformance.md)"
 )
+_NO_BACK_CHANNEL = (
+    "the server's tool asks its client mid-call with a 2025 server-to-client request, which a 2026-07-28 "
+    "connection has no channel for (the SDK raises 'no back-channel' and the tool answers without asking): "
+    "a 2026-only server asks through an input-required result, which the bridge does turn into this request "
+    "(tests/e2e/test_era_bridge_legacy.py)"
+)
 KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
+    ("proxy-bridge-2026-only-upstream", "2025-11-25"): {
+        "tools-call-with-logging": (
+            "over stdio a 2026 server's log messages are tied to no request (no per-request stream), so they "
+            "cannot be told apart from other callers' and reach no bridged session; over HTTP they come on the "
+            "request's own stream and are relayed (tests/e2e/test_era_bridge_legacy.py)"
+        ),
+        "tools-call-sampling": _NO_BACK_CHANNEL,
+        "tools-call-elicitation": _NO_BACK_CHANNEL,
+        "elicitation-sep1034-defaults": _NO_BACK_CHANNEL,
+        "elicitation-sep1330-enums": _NO_BACK_CHANNEL,
+    },
     ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
         f"input-required-result-{name}": _SERVER_2026_ONLY
         for name in (
@@ -80,6 +99,8 @@ def test_conformance(
     target, url = conformance_target
     if target == "proxy-bridge-2025-only-upstream" and leg != "2026-07-28":
         pytest.skip("a 2025 client in front of a 2025-only server is the proxy-stdio-upstream target's 2025 legs")
+    if target == "proxy-bridge-2026-only-upstream" and leg != "2025-11-25":
+        pytest.skip("a 2026 client in front of a 2026-only server is the proxy-stdio-upstream target's 2026 leg")
     run = run_suite(conformance_tools, url, leg, tmp_path)
     known = KNOWN_FAILURES.get((target, leg), {})
     timing = TIMING_DEPENDENT.get((target, leg), {})

@@ -65,7 +65,7 @@ from pathlib import Path
 
 import proxy.upstream.stdio.early as early
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import LATEST_MODERN, Message
+from proxy.jsonrpc import LATEST_MODERN, LEGACY_VERSIONS, Message
 from proxy.upstream.base import (
     Capabilities,
     Era,
@@ -249,7 +249,12 @@ class StdioUpstream:
             modern = LATEST_MODERN in versions
             if not modern:
                 await self._drop_modern()
-            return Capabilities(legacy=True, modern=modern, detail=f"supportedVersions={versions}")
+            # A dual-era stdio server names only 2026-07-28 too: 2025 is assumed until a session's
+            # `initialize` is answered or refused (proxy/upstream/bridge_proving.py).
+            assumed = modern and not any(v in LEGACY_VERSIONS for v in versions)
+            return Capabilities(
+                legacy=True, modern=modern, detail=f"supportedVersions={versions}", legacy_assumed=assumed
+            )
         await self._drop_modern()
         return Capabilities(legacy=True, modern=False, detail="server/discover refused: legacy only")
 

@@ -11,11 +11,10 @@ the conformance suite's 2026-07-28 leg through the proxy's era bridge (test_conf
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import threading
 from pathlib import Path
+
+from one_era import relay  # run as a script: this folder is on sys.path
 
 HERE = Path(__file__).resolve().parent
 MODERN_META = "io.modelcontextprotocol/protocolVersion"
@@ -38,42 +37,7 @@ def refusal(message: dict) -> dict | None:
 
 
 def main() -> int:
-    server = sys.argv[1:] or [str(HERE / "everything_stdio.py")]
-    child = subprocess.Popen([sys.executable, *server], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert child.stdin is not None and child.stdout is not None
-    out_lock = threading.Lock()
-
-    def write_out(line: bytes) -> None:
-        with out_lock:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-
-    def pump_child() -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            write_out(line)
-
-    threading.Thread(target=pump_child, daemon=True).start()
-    try:
-        for line in sys.stdin.buffer:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                message = None
-            answer = refusal(message) if isinstance(message, dict) else None
-            if answer is not None:
-                write_out(json.dumps(answer).encode() + b"\n")
-                continue
-            child.stdin.write(line)
-            child.stdin.flush()
-    except (BrokenPipeError, KeyboardInterrupt):
-        pass
-    child.stdin.close()
-    try:
-        return child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return child.wait()
+    return relay(refusal, sys.argv[1:] or [str(HERE / "everything_stdio.py")])
 
 
 if __name__ == "__main__":

@@ -13,11 +13,10 @@ Used to run the conformance suite's 2025-11-25 leg through the proxy's era bridg
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import threading
 from pathlib import Path
+
+from one_era import relay  # run as a script: this folder is on sys.path
 
 HERE = Path(__file__).resolve().parent
 MODERN_META = "io.modelcontextprotocol/protocolVersion"
@@ -46,44 +45,7 @@ def refusal(message: dict) -> dict | None:
 
 
 def main() -> int:
-    child = subprocess.Popen(
-        [sys.executable, str(HERE / "everything_stdio.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert child.stdin is not None and child.stdout is not None
-    out_lock = threading.Lock()
-
-    def write_out(line: bytes) -> None:
-        with out_lock:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-
-    def pump_child() -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            write_out(line)
-
-    threading.Thread(target=pump_child, daemon=True).start()
-    try:
-        for line in sys.stdin.buffer:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                message = None
-            answer = refusal(message) if isinstance(message, dict) else None
-            if answer is not None:
-                if answer:
-                    write_out(json.dumps(answer).encode() + b"\n")
-                continue
-            child.stdin.write(line)
-            child.stdin.flush()
-    except (BrokenPipeError, KeyboardInterrupt):
-        pass
-    child.stdin.close()
-    try:
-        return child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return child.wait()
+    return relay(refusal, [str(HERE / "everything_stdio.py")])
 
 
 if __name__ == "__main__":

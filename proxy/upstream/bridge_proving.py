@@ -104,6 +104,13 @@ class ProvingLink:
         if not outer.response.done():
             outer.response.set_result(response)
 
+    @property
+    def starting(self) -> bool:
+        """Whether the link the session is on starts its upstream first and bounds that start
+        itself (a stdio child's: proxy/upstream/stdio/link.py), so that the relay does not count
+        the start, or the queue for it, against its request timer."""
+        return bool(getattr(self._link, "starting", False))
+
     def pause_reading(self, paused: bool) -> None:
         """Backpressure from the session's client, passed to the link it is on where that link
         takes it (a stdio child's; the bridge's shared 2026 link never pauses for one caller)."""

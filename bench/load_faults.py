@@ -1271,7 +1271,10 @@ def outage_leg(args: argparse.Namespace, work: Path, rep: Report, cleanup: list[
         t0, t1, issued, results = window
         events = Journal(journal).all()
         refused = [e for e in events if e.get("event") == "http_refused" and t0 <= e["t"] <= t1]
-        executed = [e for e in events if e.get("event") == "started" and t0 <= e["t"] <= t1]
+        # calls let through while the switch was on: decided (not started: a call admitted just
+        # before the switch may start after it on a loaded machine) within the window
+        admitted = {e["call"] for e in events if e.get("event") == "http_admitted" and t0 <= e["checked_at"] <= t1}
+        executed = [e for e in events if e.get("event") == "started" and e.get("call") in admitted]
         per_s = len(refused) / (t1 - t0)
         calls_per_s = issued / (t1 - t0)
         out[variant] = {
@@ -1327,8 +1330,10 @@ async def open_loop(url: str, args: argparse.Namespace, switch: Path, tag: str) 
                     switch.touch()  # noqa: ASYNC240 - one local file, the outage switch
                     window[0] = time.time()
                 if window[0] and not window[1] and now >= 1.0 + args.outage_s:
-                    switch.unlink()  # noqa: ASYNC240
+                    # the window is what the switch certainly covered: opened after it is on,
+                    # closed before it goes off
                     window[1] = time.time()
+                    switch.unlink()  # noqa: ASYNC240
                 if window[0] and not window[1]:
                     issued_in_window += 1
                 tg.start_soon(one, i)

@@ -263,6 +263,15 @@ class ToolCall:
         finally:
             e.left(label)
 
+    async def still_running(self, began: float) -> Message:
+        """A re-send whose own deadline (its policy's, or the shorter `deadlineMs` it carries) passed
+        while the execution it repeats still runs (docs/recovery.md, "Re-sends"): an unresolved
+        `still_running` result. Nothing was sent upstream for it; that execution goes on, and its
+        answer is kept for the next re-send."""
+        self.state = CallState.start(self.policy, now_s=began, caller_deadline_ms=self.meta.get(META_DEADLINE_MS))
+        self.approved_id = None
+        return await self._give_up(GiveUp(StopReason.STILL_RUNNING))
+
     def start_after_first(self, started: float) -> None:
         """The state `run` sets up, for a call the engine's direct path admitted at `started`
         (nothing in the ledger, no approval, no caller deadline, no breaker, no limit)."""

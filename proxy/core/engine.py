@@ -369,6 +369,8 @@ class Engine:
         if the flight gets listed or a table lookup needs it."""
         resends = self.resends
         assert resends is not None
+        if began is None:
+            began = self.clock()
         who = principal.id if principal is not None else None
         meta = request["params"].get("_meta")
         key = meta.get(META_IDEMPOTENCY_KEY) if meta.__class__ is dict else None
@@ -396,17 +398,17 @@ class Engine:
             ):
                 return _answered(_key_reused(request["id"], name))
             if twin is not None:
-                return self._attach(twin, relay, request, outbox, headers, principal)
+                return self._attach(twin, relay, request, outbox, headers, policy, principal, began)
             assert remote is not None
-            return self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+            return self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal, began)
         if resends:
             op = self.operation(name, arguments, policy, who)
             twin = resends.find(op)
             if twin is not None:
-                return self._attach(twin, relay, request, outbox, headers, principal)
+                return self._attach(twin, relay, request, outbox, headers, policy, principal, began)
             remote = resends.remote(op)
             if remote is not None:
-                return self._attach_remote(op, remote, relay, request, outbox, headers, policy, principal)
+                return self._attach_remote(op, remote, relay, request, outbox, headers, policy, principal, began)
         outbox.hold(resends.flight(lambda: self.operation(name, arguments, policy, who), policy.deadline_s), True)
         return None
 
@@ -417,17 +419,24 @@ class Engine:
         request: Message,
         outbox: Outbox,
         headers: Mapping[str, str] | None,
+        policy: ToolPolicy,
         principal: Principal | None,
+        began: float,
     ) -> Message:
         """A re-send: answered by its twin's execution (running, or answered and kept), never by
         running the tool again. This request's outbox reports to the same flight, so the answer
         stays kept until some client has it. A twin that ends without an answer (its caller
-        cancelled it) leaves this call to run as a call of its own."""
+        cancelled it) leaves this call to run as a call of its own. The wait is this call's and
+        keeps to its own deadline (`_room_s`): past it, the re-send is answered `still_running`
+        and the twin runs on, its answer kept for the next re-send."""
         outbox.hold(twin, False)
         try:
-            answer = await twin.wait()
+            async with asyncio.timeout(self._room_s(request, policy, began)):
+                answer = await twin.wait()
         except Abandoned:
             return await self(relay, request, outbox, headers, principal)
+        except TimeoutError:
+            return await self._still_running(relay, request, outbox, headers, policy, principal, began)
         assert self.resends is not None
         self.resends.attached_one()
         log.info(
@@ -446,7 +455,7 @@ class Engine:
         name: str,
         policy: ToolPolicy,
         principal: Principal | None,
-        began: float | None,
+        began: float,
     ) -> Message:
         """A call with the caller's idempotency key and a shared store: its record is claimed in
         the store before it runs (one bounded round trip), so the same key sent to two replicas
@@ -461,13 +470,14 @@ class Engine:
             if remote is not None and remote.arguments_op != arguments_op:
                 return _key_reused(request["id"], name)
             if remote is not None:
-                return await self._attach_remote(keyed_op, remote, relay, request, outbox, headers, policy, principal)
+                return await self._attach_remote(
+                    keyed_op, remote, relay, request, outbox, headers, policy, principal, began
+                )
         outbox.hold(resends.keyed(keyed_op, arguments_op, policy.deadline_s, claimed=claimed is True), True)
         params = request["params"]
         arguments = params.get("arguments")
         call = ToolCall(self, relay, request, outbox, headers, params, name, arguments, principal=principal)
-        if began is not None:
-            call.began = began
+        call.began = began  # the claim's round trip is part of the call's time
         return await call.run()
 
     async def _attach_remote(
@@ -480,18 +490,24 @@ class Engine:
         headers: Mapping[str, str] | None,
         policy: ToolPolicy,
         principal: Principal | None,
+        began: float,
     ) -> Message:
         """A re-send of a call another replica listed in the shared store (proxy/state/resends.py):
         answered by that call's execution, whose answer the store keeps or will keep. The wait is
-        bounded by the call's deadline (that call cannot run longer) and ends early if the record
-        goes (its call was cancelled) or the store stops answering; without an answer this call
-        runs as a call of its own, as it would on one replica."""
+        bounded by the call's deadline (that call cannot run longer) and by this call's own
+        (`_room_s`), and ends early if the record goes (its call was cancelled) or the store stops
+        answering; without an answer this call runs as a call of its own, as it would on one
+        replica, unless its own deadline is what ended the wait while the record still stands:
+        then it is answered `still_running`, as a re-send on one replica is."""
         resends = self.resends
         assert resends is not None and resends.shared is not None
         flight = resends.attach_remote(op, record)
         outbox.hold(flight, False)
-        answer = await resends.shared.answer(op, policy.deadline_s)
+        room_s = self._room_s(request, policy, began)
+        answer = await resends.shared.answer(op, min(policy.deadline_s, room_s))
         if answer is None:
+            if room_s < policy.deadline_s and self.clock() - began >= room_s and resends.remote(op) is not None:
+                return await self._still_running(relay, request, outbox, headers, policy, principal, began)
             flight.abandoned()  # its waiters (re-sends here) run anew too
             return await self(relay, request, outbox, headers, principal)
         resends.attached_one()
@@ -500,6 +516,39 @@ class Engine:
             request["params"]["name"] if len(request["params"]["name"]) <= 80 else "(a long name)",
         )
         return as_resent(answer, request["id"])
+
+    def _room_s(self, request: Message, policy: ToolPolicy, began: float) -> float:
+        """How long a re-send that began at `began` may still wait: to its own deadline (`deadlineMs`)."""
+        meta = request["params"].get("_meta")
+        caller_ms = meta.get(META_DEADLINE_MS) if isinstance(meta, dict) else None
+        return CallState.start(policy, now_s=began, caller_deadline_ms=caller_ms).deadline_left_s(self.clock())
+
+    async def _still_running(
+        self,
+        relay: Relay,
+        request: Message,
+        outbox: Outbox,
+        headers: Mapping[str, str] | None,
+        policy: ToolPolicy,
+        principal: Principal | None,
+        began: float,
+    ) -> Message:
+        """A re-send's own deadline passed before the execution it waited for answered: its
+        outbox stops reporting to that execution's flight (this answer is not the execution's,
+        and its delivery delivers nothing of it), and it is answered `still_running`."""
+        assert self.resends is not None
+        outbox.hold(self.resends.deaf(), False)
+        params = request["params"]
+        name = params["name"]
+        log.info(
+            "tools/call %s is a re-send of a call still running upstream; its own deadline passed first",
+            name if len(name) <= 80 else "(a long name)",
+        )
+        arguments = params.get("arguments")
+        call = ToolCall(
+            self, relay, request, outbox, headers, params, name, arguments, policy=policy, principal=principal
+        )
+        return await call.still_running(began)
 
     def left(self, label: str) -> None:
         """A call of `label` is over: the in-flight counts (entered where the call starts)."""

@@ -251,6 +251,14 @@ class Resends:
     def flight(self, op_of: Callable[[], str], run_s: float = 0.0) -> Flight:
         return Flight(self, op_of, None, run_s)
 
+    def deaf(self) -> Flight:
+        """A flight that hears nothing: what a re-send's outbox reports to once the re-send is
+        answered otherwise than with the execution it waited for (its own deadline passed), so
+        that answer is neither kept for a re-send nor taken as that execution's delivery."""
+        flight = Flight(self, lambda: "")
+        flight.ended = True
+        return flight
+
     def keyed(self, op: str, arguments_op: str, run_s: float = 0.0, *, claimed: bool = False) -> Flight:
         """A flight for a call with the caller's idempotency key, listed from its start (under
         `op`, the key's digest) when the bounds allow. `claimed`: its record is in the shared

@@ -240,7 +240,7 @@ def decide_first_attempt(
 @dataclass(frozen=True, slots=True)
 class DecisionRow:
     reason: StopReason
-    stage: str  # proxy | caller | preflight | eligibility | budget | admission
+    stage: str  # proxy | caller | re-send | preflight | eligibility | budget | admission
     condition: str
     example: str
 
@@ -259,6 +259,13 @@ _TABLE: tuple[DecisionRow, ...] = (
         "the caller cancelled the request (no response is sent), or a 2025 HTTP caller of a read-only tool"
         " disconnected (no new attempt; the result waits for a resumed stream)",
         "notifications/cancelled arrives during the backoff before attempt 2",
+    ),
+    DecisionRow(
+        StopReason.STILL_RUNNING,
+        "re-send",
+        "the call repeats one whose answer was lost and which still runs, and this call's own deadline (its"
+        " deadlineMs) passed first: nothing is attempted for it, the execution runs on for the next re-send",
+        "a re-send with deadlineMs 1000 of a create_refund that has run 20 s of its 60 s",
     ),
     DecisionRow(
         StopReason.LEDGER_EXHAUSTED,

@@ -22,6 +22,8 @@ class StopReason(StrEnum):
     LEDGER_EXHAUSTED = "ledger_exhausted"  # before attempt 1: this operation's budget ran out earlier
     CANCELLED = "cancelled"  # the caller cancelled (no response is sent), or a 2025 caller disconnected
     SHUTDOWN = "shutdown"  # the proxy is stopping: the call outlived the shutdown grace period
+    # a re-send's own deadline passed while the execution it repeats still runs (it runs on)
+    STILL_RUNNING = "still_running"
 
 
 BUDGET_EXHAUSTED: Final = frozenset(

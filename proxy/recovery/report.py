@@ -25,8 +25,10 @@ Contract:
   tool's own message; never "temporary" or "try again later".
 - `outcomeUnknown` is true only for a state-changing tool with an attempt classified transient that
   may have been dispatched: no answer after it was sent (timeout, reset, crash), a transient HTTP
-  or JSON-RPC error that left the dispatch unknown, or an `isError` answer classified transient. A
-  refusal (validation, permission, business, unclassified) never sets it.
+  or JSON-RPC error that left the dispatch unknown, or an `isError` answer classified transient;
+  and for a re-send of a state-changing call whose own deadline passed while the execution it
+  repeats still runs (`still_running`: its outcome is not known yet). A refusal (validation,
+  permission, business, unclassified) never sets it.
 - Details are redacted (no credentials, no argument values) and bounded (300 characters).
   `isRetryable` is false on every result the proxy gives up on.
 - `with_attempts_meta(result, attempts)` adds `_meta["io.mcp-recovery-proxy/attempts"]` to a
@@ -69,7 +71,7 @@ from proxy.recovery.outcome import (
     TransportError,
     outcome_name,
 )
-from proxy.recovery.reasons import BUDGET_EXHAUSTED
+from proxy.recovery.reasons import BUDGET_EXHAUSTED, StopReason
 from proxy.recovery.redact import ArgumentValues, argument_values, redact, scrub_arguments
 from proxy.recovery.wording import redirected, suggested_actions, unresolved_message
 
@@ -380,7 +382,9 @@ def unresolved_result(
     }
 
     retry_after_ms = _ms(stop.retry_after_s)
-    outcome_unknown = _is_outcome_unknown(policy, attempts)
+    outcome_unknown = _is_outcome_unknown(policy, attempts) or (
+        stop.reason is StopReason.STILL_RUNNING and policy.side_effect is SideEffect.STATE_CHANGING
+    )
     partials = [{"source": bounded(p.source, 100), "attempt": p.attempt, "content": p.content} for p in partial_results]
     partials.extend(_failed_attempt_partials(attempts))
     actions = suggested_actions(

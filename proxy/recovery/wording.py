@@ -70,7 +70,9 @@ def suggested_actions(
     """Deterministic next steps for a coordinator or a model. `redirected`: the failure was an
     HTTP redirect (the operator's to fix, not the caller's input)."""
     actions: list[dict[str, Any]] = []
-    if outcome_unknown:
+    # still_running: the execution goes on and a re-send is answered by it, never run again, so
+    # neither checking nor holding back applies: the one next step is to ask again.
+    if outcome_unknown and reason is not StopReason.STILL_RUNNING:
         actions.append(
             _action(
                 "check_status",
@@ -116,6 +118,15 @@ def suggested_actions(
             )
         case StopReason.UPSTREAM_DECLINED:
             actions.append(_action("do_not_repeat", "The upstream said repeating this call will not help."))
+        case StopReason.STILL_RUNNING:
+            actions.append(
+                _action(
+                    "resend",
+                    "The call still runs upstream: send this identical call again (the same arguments, and"
+                    " the same idempotency key if it had one) to receive its answer. The proxy answers it"
+                    " with that execution and does not run the tool again while it keeps the answer.",
+                )
+            )
         case _:
             pass
     if defaulted:
@@ -201,6 +212,12 @@ def _why(reason: StopReason, policy: ToolPolicy, c: Classified | None, attempts:
             return (
                 "Stopped: the proxy is shutting down and the call outlived its grace period;"
                 " the attempt in flight was cancelled upstream."
+            )
+        case StopReason.STILL_RUNNING:
+            return (
+                "Not attempted: this call repeats one whose answer was lost and whose execution is still"
+                f" running upstream; this call's {deadline_s:g} s deadline passed first. The tool was not"
+                " run again and its execution goes on."
             )
 
 

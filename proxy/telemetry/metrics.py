@@ -71,6 +71,7 @@ STOP_REASONS = frozenset(
         "ledger_exhausted",
         "cancelled",
         "shutdown",
+        "still_running",
     }
 )
 RELOAD_RESULTS = ("ok", "unchanged", "error")

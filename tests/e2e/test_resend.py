@@ -16,6 +16,7 @@ import anyio
 import httpx
 import lxml.html
 import pytest
+from jsonschema import Draft202012Validator
 
 from tests.e2e.test_status_page import browse
 from tests.fixtures.journal import Journal
@@ -312,3 +313,49 @@ async def test_over_stdio_a_keyed_repeat_is_answered_by_the_first_execution_and_
     assert repeat.meta is not None and repeat.meta[RESEND] == {"attached": True}
     assert repeat.structured_content == first.structured_content
     assert Journal(journal).executions("charge", f"stdio-key-{mode}") == 1
+
+
+UNRESOLVED = "io.mcp-recovery-proxy/unresolved"
+DEADLINE = "io.mcp-recovery-proxy/deadlineMs"
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "proxy/schemas/unresolved-result.schema.json").read_text())
+
+
+@pytest.mark.parametrize("era", [MODERN, LEGACY])
+async def test_a_re_send_keeps_its_own_deadline_and_the_execution_goes_on_for_the_next_one(rig: Any, era: str) -> None:
+    """A re-send that carries a deadline shorter than the execution it repeats is answered
+    `still_running` at its deadline (nothing runs for it); that answer is not the execution's,
+    so the next re-send still gets the execution's own answer, and the tool ran once."""
+    proxy, journal = rig
+    call = f"d-{era}"
+    arguments = {"account": "a-6", "amount": 4, "then": "hang", "hang_s": 4, "call_id": call}
+    async with httpx.AsyncClient(timeout=BOUND_S) as http:
+        with anyio.fail_after(BOUND_S):
+            if era == MODERN:
+                headers, body = modern(1, "charge", arguments)
+                _, short = modern(2, "charge", arguments)
+                _, again = modern(3, "charge", arguments)
+            else:
+                headers = await open_session(http, proxy.url)
+                body, short, again = (legacy(n, "charge", arguments) for n in (1, 2, 3))
+            short["params"]["_meta"] = {**short["params"].get("_meta", {}), DEADLINE: 1000}
+            await drop_mid_call(proxy.url, headers, body, journal, "charge", call)
+            await until_listed(proxy, "running")
+            cut = answer_of(await http.post(proxy.url, headers=headers, json=short))
+            # answered before the execution ended: by its own deadline, not by the execution
+            assert not journal.events(tool="charge", event="completed", call=call)
+            final = answer_of(await http.post(proxy.url, headers=headers, json=again))
+    assert cut["id"] == 2
+    result = cut["result"]
+    assert result["isError"] is True
+    report = result["_meta"][UNRESOLVED]
+    Draft202012Validator(SCHEMA).validate(report)
+    assert report["stopReason"] == "still_running"
+    assert (report["attemptCount"], report["deadlineMs"], report["outcomeUnknown"]) == (0, 1000, True)
+    assert [a["action"] for a in report["suggestedActions"]] == ["resend"]
+    assert "was not run again" in result["content"][-1]["text"]
+    assert final["id"] == 3
+    assert final["result"].get("isError") is not True, final
+    assert final["result"]["structuredContent"]["charged"] is True
+    assert final["result"]["_meta"][RESEND] == {"attached": True}
+    assert journal.executions("charge", call) == 1
+    assert len(journal.effects("charge", call)) == 1

@@ -391,6 +391,21 @@ def test_outcome_unknown_for_state_changing_tools(outcome, unknown):
     assert s["outcomeUnknown"] is False
 
 
+@pytest.mark.parametrize("side_effect", list(SideEffect))
+def test_a_re_send_past_its_own_deadline_says_the_execution_runs_on_and_to_ask_again(assert_schema_valid, side_effect):
+    p = policy(side_effect=side_effect, status_check_tool="refund_status")
+    result = build(p, StopReason.STILL_RUNNING)
+    assert_schema_valid(result)
+    s = result["structuredContent"]
+    assert (s["stopReason"], s["attemptCount"], s["budgetExhausted"]) == ("still_running", 0, False)
+    # unknown only where it matters (a change that may still be applied), and never "do not repeat":
+    # repeating is how the answer is received
+    assert s["outcomeUnknown"] is (side_effect is SideEffect.STATE_CHANGING)
+    assert [a["action"] for a in s["suggestedActions"]] == ["resend"]
+    text = summary(result)
+    assert "was not run again" in text and "still running" in text
+
+
 def test_ledger_exhausted_points_at_the_earlier_budget(assert_schema_valid):
     p = policy()
     earlier_result = build(p, StopReason.ATTEMPTS_EXHAUSTED, HTTP503, HTTP503, HTTP503, budget_id="old")

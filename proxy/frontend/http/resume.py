@@ -173,7 +173,6 @@ class Replays:
         2025-11-25 priming event. Returns whether a successful result was written."""
         replay = self.new(replay_key(next(self._ids)), session_id, down_id)
         replay.target = send
-        replay.flight = stream.flight
         ok = False
         try:
             if prime:
@@ -185,6 +184,10 @@ class Replays:
             while item is not None:
                 message, data = item
                 answer = jsonrpc.is_response(message) and message.get("id") == down_id
+                if answer:
+                    # the flight the answer reports to, as it is when the answer goes (a re-send
+                    # answered `still_running` no longer reports to the execution it waited for)
+                    replay.flight = stream.flight
                 await replay.emit(data, answer=answer)
                 if answer:
                     if replay.target is send:  # written to the client's connection, not only recorded

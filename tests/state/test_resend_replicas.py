@@ -116,7 +116,7 @@ async def test_a_2026_reissue_on_the_other_replica_while_the_call_runs_is_answer
     replicas: Replicas,
 ) -> None:
     journal, call = replicas.journal, uuid.uuid4().hex[:8]
-    arguments = {"account": f"a-{call}", "amount": 5, "then": "hang", "hang_s": 2.0, "call_id": call}
+    arguments = {"account": f"a-{call}", "amount": 5, "then": "hang", "hang_s": 3.0, "call_id": call}
     headers, body = modern(1, "charge", arguments)
     with anyio.fail_after(BOUND_S):
         before = await records(replicas.b)

@@ -28,6 +28,7 @@ retries).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import threading
@@ -59,9 +60,9 @@ TS2_CLIENT = HERE / "ts2_client.mjs"
 SHAPE_SERVER = REPO_ROOT / "tests" / "fixtures" / "shape_server.py"
 SCRIPTED_SERVER = REPO_ROOT / "tests" / "fixtures" / "scripted_server.py"
 MODES = ("auto", "pin", "legacy")
-# the last: the same server speaking the 2025 handshake only (`--legacy-only`), so a 2026 client
-# is served by the proxy's era bridge, input-required rounds and all
-PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http", "http>http 2025-only")
+# the last two: the same server speaking one era only (`--legacy-only`, `--only-2026`), so a client
+# of the other era is served by the proxy's era bridge, input-required rounds and all
+PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http", "http>http 2025-only", "http>http 2026-only")
 ERA = {"auto": "modern", "pin": "modern", "legacy": "legacy"}  # against a server speaking both
 JOURNAL_BOUND_S = 30.0
 _ids = itertools.count()
@@ -122,20 +123,31 @@ def http_http_proxy(scripted_http: ScriptedHTTP, tmp_path_factory: pytest.TempPa
         yield proxy
 
 
-@pytest.fixture(scope="module")
-def bridged_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Journal]]:
-    tmp = tmp_path_factory.mktemp("ts2-bridged")
-    with ScriptedHTTP(tmp / "journal.jsonl", extra=["--legacy-only"]) as server:
+@contextlib.contextmanager
+def _one_era(tmp: Path, flag: str) -> Iterator[tuple[ProxyProcess, Journal]]:
+    with ScriptedHTTP(tmp / "journal.jsonl", extra=[flag]) as server:
         with started(ProxyProcess(upstream_url=server.url, log_path=tmp / "proxy.log")) as proxy:
             yield proxy, server.journal
+
+
+@pytest.fixture(scope="module")
+def legacy_only_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Journal]]:
+    with _one_era(tmp_path_factory.mktemp("ts2-legacy-only"), "--legacy-only") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def modern_only_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Journal]]:
+    with _one_era(tmp_path_factory.mktemp("ts2-modern-only"), "--only-2026") as served:
+        yield served
 
 
 @pytest.fixture
 def leg(request: pytest.FixtureRequest, tmp_path: Path, scripted_http: ScriptedHTTP) -> tuple[Target, Journal]:
     """The path under test: how the client reaches the proxy, and the journal of the upstream."""
     path = request.param
-    if path == "http>http 2025-only":
-        proxy, journal = request.getfixturevalue("bridged_proxy")
+    if path.endswith("-only"):
+        proxy, journal = request.getfixturevalue("legacy_only_proxy" if "2025" in path else "modern_only_proxy")
         return Target(url=proxy.url), journal
     if path == "http>stdio":
         proxy, journal = request.getfixturevalue("http_stdio_proxy")
@@ -210,6 +222,10 @@ def test_user_session(
         logged: dict[str, Any] = {"op": "callTool", "name": "log_then_answer", "arguments": {"message": tag}}
         if mode != "legacy":
             logged["logLevel"] = "info"
+        elif "2026-only" in request.node.callspec.params["leg"]:
+            # a 2026 server logs only for a request that names a level: through the bridge a 2025
+            # session's messages are asked for once it set one (the proxy keeps it for the session)
+            client.ok({"op": "setLoggingLevel", "level": "info"})
         client.ok(logged)
         logs = client.ok({"op": "notifications"})["result"]
         assert {"level": "info", "logger": "scripted", "data": tag} in logs

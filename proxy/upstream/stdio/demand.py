@@ -12,7 +12,7 @@ opening ten sessions at once makes it ten for that long; a client opening one se
 
 `MemoryGate`: spares are idle processes holding memory, so the pool grows beyond its base size
 only while what the extra spares would hold stays within a share (`share`) of the memory
-available to the proxy (the host's `MemAvailable`, or less when the proxy's cgroup has a limit),
+available to the proxy (the host's `MemAvailable`, or less when the proxy's cgroup, v1 or v2, has a limit),
 at the memory of one child as measured on a live child of the command (the resident sets of every
 process its guard leads). Both are read from procfs in a worker thread, never on the event loop,
 at most once per `REFRESH_S`; until a first reading is there, the pool does not grow. Without
@@ -66,7 +66,7 @@ def spares_memory_allows(available: int, per_child: int, share: float) -> int:
 
 def available_bytes() -> int | None:
     """The memory available to this process: the host's `MemAvailable`, or, when this process's
-    cgroup (v2) has a limit, what is left under it, whichever is less; None without procfs."""
+    cgroup has a limit, what is left under it, whichever is less; None without procfs."""
     try:
         with open("/proc/meminfo", "rb") as f:
             meminfo = f.read()
@@ -79,20 +79,40 @@ def available_bytes() -> int | None:
             break
     if available is None:
         return None
+    limit = _cgroup_room()
+    return available if limit is None else min(available, limit)
+
+
+def _cgroup_room() -> int | None:
+    """What is left under this process's cgroup memory limit (v2 `memory.max`, or v1
+    `memory.limit_in_bytes`), tried at its cgroup's path and at the mount's root (a container sees
+    its own cgroup there); None without a limit or a readable one."""
     try:
         with open("/proc/self/cgroup", "rb") as f:
-            path = next((line[3:].strip() for line in f if line.startswith(b"0::")), None)
-        if path is not None:
-            base = b"/sys/fs/cgroup" + path
-            with open(base + b"/memory.max", "rb") as f:
-                limit = f.read().strip()
-            if limit != b"max":
-                with open(base + b"/memory.current", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(b":")
+        controllers, _, path = rest.partition(b":")
+        if hierarchy == b"0" and not controllers:
+            mount, limit_file, used_file = b"/sys/fs/cgroup", b"memory.max", b"memory.current"
+        elif b"memory" in controllers.split(b","):
+            mount, limit_file, used_file = b"/sys/fs/cgroup/memory", b"memory.limit_in_bytes", b"memory.usage_in_bytes"
+        else:
+            continue
+        for base in (mount + path.rstrip(b"/"), mount):
+            try:
+                with open(base + b"/" + limit_file, "rb") as f:
+                    limit = f.read().strip()
+                with open(base + b"/" + used_file, "rb") as f:
                     used = int(f.read())
-                available = min(available, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass  # no cgroup v2, or no limit readable: the host's figure
-    return available
+            except (OSError, ValueError):
+                continue
+            if limit == b"max" or int(limit) >= 1 << 60:  # no limit (v1 says so with a huge number)
+                break
+            return max(0, int(limit) - used)
+    return None
 
 
 def session_rss_bytes(session: int) -> int:

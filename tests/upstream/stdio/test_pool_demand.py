@@ -147,8 +147,10 @@ async def test_spares_that_die_unused_stop_the_refill_until_a_child_answers_agai
         await _session(upstream)
         await _burst(upstream, 4)
         assert await _settled(upstream) == 5
-        broken.touch()  # from now on every new child exits at once
-        await _burst(upstream, 4)  # takes the four warm ones; their takes start replacements, which die unused
+        broken.touch()  # from now on every new child exits at once (a spare still booting too)
+        # Four sessions take spares (one may die under them, if it was still booting); every take
+        # starts a replacement, which dies unused.
+        await asyncio.gather(*(_session(upstream) for _ in range(4)), return_exceptions=True)
         await _settled(upstream, bound_s=30)
         async with asyncio.timeout(30):
             while upstream.spares_ready:  # each death is awaited

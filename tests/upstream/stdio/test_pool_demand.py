@@ -112,6 +112,19 @@ async def test_the_pool_grows_no_further_than_the_sessions_the_upstream_may_stil
         await upstream.aclose()
 
 
+async def test_the_pool_grows_no_further_than_the_memory_it_may_take() -> None:
+    upstream = _upstream(spares=1, spares_max=8, spare_starts=2)
+    upstream.spare_pool.memory.share = 0.0  # no memory to spare beyond what runs now
+    try:
+        await _session(upstream)
+        await _burst(upstream, 6)
+        assert await _settled(upstream) == 1, "the base size only"
+        per_child = upstream.spare_pool.memory.per_child
+        assert per_child is not None and per_child > 5 << 20, "measured on a live child: a Python process and its guard"
+    finally:
+        await upstream.aclose()
+
+
 async def test_a_pool_without_growth_keeps_its_size_whatever_the_burst() -> None:
     upstream = _upstream(spares=2, spares_max=0, spare_starts=2)
     try:

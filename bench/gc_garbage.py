@@ -4,9 +4,11 @@ checkout and a baseline checkout, measured in the same run.
 
     .venv/bin/python bench/gc_garbage.py --baseline /tmp/main-copy            # 2,000 HTTP calls each
     .venv/bin/python bench/gc_garbage.py --baseline /tmp/main-copy --census   # + garbage by type
+    .venv/bin/python bench/gc_garbage.py --upstreams stdio --census           # the stdio load leg instead
 
-Each leg is one `bench/load_faults.py` HTTP load leg (`--upstreams http --no-outage`: the scripted
-upstream with its faults: transient errors, hangs, cut answers, 503s, SIGKILLs and restarts) with a
+Each leg is one `bench/load_faults.py` load leg (`--upstreams http --no-outage`: the scripted
+upstream with its faults: transient errors, hangs, cut answers, 503s, SIGKILLs and restarts;
+`--upstreams stdio`: the same server as the proxy's stdio children) with a
 `sitecustomize` on PYTHONPATH that acts only in the proxy process (argv has `serve`): it registers a
 `gc.callbacks` hook that records, per collection after the proxy's start-up (its `gc.freeze()`;
 the start-up's own garbage, collected once before, is printed apart), its generation, the
@@ -148,7 +150,7 @@ def run_leg(repo: Path, args: argparse.Namespace, work: Path, tag: str, census: 
         sys.executable,
         str(REPO / "bench" / "load_faults.py"),
         "--upstreams",
-        "http",
+        args.upstreams,
         "--no-outage",
         "--calls",
         str(args.calls),
@@ -205,7 +207,8 @@ def summary(name: str, r: dict[str, Any], calls: int) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", type=Path, default=None, help="a checkout to compare against (e.g. main)")
-    p.add_argument("--calls", type=int, default=2000, help="calls per leg (HTTP upstream)")
+    p.add_argument("--calls", type=int, default=2000, help="calls per leg")
+    p.add_argument("--upstreams", default="http", choices=["http", "stdio"], help="the load leg's upstream")
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--census", action="store_true", help="also a DEBUG_SAVEALL leg per checkout: garbage by type")
     p.add_argument(

@@ -926,6 +926,11 @@ def judge_calls(
     probe_all = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in probed]
     probe_over = [float(p["caller_ms"]) - float(p["deadlineMs"]) for p in inside]
     probe_errors = [p for p in probe if p.get("error")]
+    # Where a probe call's overshoot went: within the proxy's own clock (its deadline timer and the
+    # engine: elapsedMs - deadlineMs), or outside it (the request's way in before the engine's clock
+    # starts, the answer's way out after it stops, and both processes' waits for a CPU).
+    probe_own = [float(p["elapsedMs"]) - float(p["deadlineMs"]) for p in inside if p.get("elapsedMs") is not None]
+    probe_outside = [float(p["caller_ms"]) - float(p["elapsedMs"]) for p in inside if p.get("elapsedMs") is not None]
     data["overshoot_ms"] = {
         "calls": len(hit),
         "caller_p50": pct(caller, 50),
@@ -939,6 +944,10 @@ def judge_calls(
         "probe_p99": pct(probe_over, 99),
         "probe_max": max(probe_over, default=math.nan),
         "probe_other": len(probe) - len(probed),
+        "probe_own_p50": pct(probe_own, 50),
+        "probe_own_p99": pct(probe_own, 99),
+        "probe_outside_p50": pct(probe_outside, 50),
+        "probe_outside_p99": pct(probe_outside, 99),
     }
     rep.say(
         f"  deadline overshoot ({len(hit)} load calls stopped by their deadline): load generator's clients p50 "
@@ -950,6 +959,11 @@ def judge_calls(
         f"errors): p50 {fmt(pct(probe_over, 50))} ms, p99 {fmt(pct(probe_over, 99))} ms, max "
         f"{fmt(max(probe_over, default=math.nan))} ms; with the clients' opening and closing ({len(probed)} of "
         f"{len(probe)} calls): p99 {fmt(pct(probe_all, 99))} ms, max {fmt(max(probe_all, default=math.nan))} ms"
+    )
+    rep.say(
+        f"    of which within the proxy's own clock (elapsedMs - deadlineMs) p50 {fmt(pct(probe_own, 50))} ms, p99 "
+        f"{fmt(pct(probe_own, 99))} ms; outside it (caller's time - elapsedMs: the way in and out, CPU waits) p50 "
+        f"{fmt(pct(probe_outside, 50))} ms, p99 {fmt(pct(probe_outside, 99))} ms"
     )
     for p in probe_errors[:3]:
         rep.say(f"    probe error: {p['error']}")

@@ -6,6 +6,7 @@
     .venv/bin/python bench/sessions.py --shared-children 1,2,4     # a proxy per N, both legs each
     .venv/bin/python bench/sessions.py --repo /work/main        # another checkout's proxy
     .venv/bin/python bench/sessions.py --hold 400               # sessions held at the defaults, memory per kind
+    .venv/bin/python bench/sessions.py --burst 10 --baseline main   # ten sessions at once, cold and warm
 
 The load run: `--clients` concurrent clients (40) each make `--calls` tool calls (10), one
 session per call, through `python -m proxy serve` in front of a Python SDK stdio server
@@ -41,6 +42,15 @@ gets N concurrent 2025 sessions from 127.0.0.1 (opened 40 at a time), each calls
 while all are open, and, with all of them still open, the proxy's RSS and the RSS of the proxy
 with every process below it are read from /proc. Printed per kind: the sessions the proxy held
 (/readyz), answered and refused, and the memory per session of the proxy and of its tree.
+
+`--burst N` measures how a burst of sessions is served instead: N 2025 clients (10) open a
+session each at the same moment and call `echo` once, all held open until the last is answered;
+printed per burst: each session's first answer from the burst's start, and their spread (the last
+minus the first: the target is within 1 s of each other). Per proxy, a cold burst right after
+`/readyz`, then, once the pool has settled (no upstream process started or using CPU for
+`--settle-quiet-s`, bounded), a warm one. `--baseline REF` runs the same against the proxy of a git revision
+(extracted with `git archive` into a temporary directory, run with its own `proxy` package), the
+legs alternating, `--runs` times each.
 """
 
 from __future__ import annotations
@@ -48,10 +58,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -374,6 +386,133 @@ async def hold_sessions(
 OPENING = 40  # sessions opened at once in `--hold`, as an agent opens them over a moment
 
 
+async def burst(url: str, n: int, bound_s: float) -> tuple[list[float], list[str]]:
+    """`n` 2025 sessions opened at one moment, each calling `echo` once and held open until every
+    one is answered: each one's first answer, in seconds from the moment, and the failures."""
+    from mcp import Client
+
+    began = time.perf_counter()
+    answers: list[float] = []
+    errors: list[str] = []
+    all_done = asyncio.Event()
+
+    async def one(i: int) -> None:
+        try:
+            async with Client(url, mode="legacy") as client:
+                await client.call_tool("echo", {"text": str(i)})
+                answers.append(time.perf_counter() - began)
+                if len(answers) + len(errors) >= n:
+                    all_done.set()
+                await all_done.wait()
+        except Exception as exc:  # a failed session is a result of the run
+            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            errors.append(f"{type(exc).__name__}: {exc}"[:160])
+            if len(answers) + len(errors) >= n:
+                all_done.set()
+
+    try:
+        async with asyncio.timeout(bound_s):
+            await asyncio.gather(*(one(i) for i in range(n)))
+    except TimeoutError:
+        errors.append(f"burst bound of {bound_s:g} s reached")
+    return sorted(answers), errors
+
+
+def tree_cpu_ticks(pid: int) -> int:
+    """The CPU time (user + system, in clock ticks) of every process below `pid`."""
+    parents = process_parents()
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        todo += kids
+        for c in kids:
+            try:
+                with open(f"/proc/{c}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+async def settle(pid: int, quiet_s: float, bound_s: float) -> tuple[int, float]:
+    """Until the proxy's upstream processes neither change in number nor use CPU (under a tenth of a
+    core) for `quiet_s`, at most `bound_s`: (upstream processes then, seconds waited). The quiet
+    time must outlast a spare's hold on its start slot (up to the start timeout, 10 s), during
+    which the next spare waits its turn and nothing changes."""
+    began = time.monotonic()
+    quiet = 0
+    count, ticks = children_of(pid), tree_cpu_ticks(pid)
+    hz = os.sysconf("SC_CLK_TCK")
+    while quiet < quiet_s / 0.5 and time.monotonic() - began < bound_s:
+        await asyncio.sleep(0.5)  # (a bench polling /proc; not a test)
+        now_count, now_ticks = children_of(pid), tree_cpu_ticks(pid)
+        quiet = quiet + 1 if now_count == count and now_ticks - ticks < 0.05 * hz else 0
+        count, ticks = now_count, now_ticks
+    return count, time.monotonic() - began
+
+
+def extract(rev: str, into: Path) -> str:
+    """The `proxy` package of `rev` extracted into `into` (a proxy run there uses it); its short hash."""
+    short = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "proxy"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return short
+
+
+def spread_line(name: str, answers: list[float], errors: list[str]) -> str:
+    if not answers:
+        return f"    {name:5} no session answered ({len(errors)} failed)"
+    spread = answers[-1] - answers[0]
+    firsts = " ".join(f"{t:.2f}" for t in answers)
+    return (
+        f"    {name:5} answered {len(answers):3d}  failed {len(errors):2d}  first {answers[0]:6.2f} s  "
+        f"last {answers[-1]:6.2f} s  spread {spread:6.2f} s {'(within 1 s)' if spread <= 1.0 else '(over 1 s)'}"
+        f"  [{firsts}]"
+    )
+
+
+async def bursts(args: argparse.Namespace) -> int:
+    """`--burst N`: a cold and a warm burst per proxy, this checkout's and, with `--baseline`, a
+    revision's, alternating."""
+    proxies: list[tuple[str, Path]] = [("this checkout", args.repo)]
+    work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
+    failed = 0
+    try:
+        if args.baseline:
+            base = work / "baseline"
+            base.mkdir()
+            proxies.insert(0, (f"baseline {extract(args.baseline, base)}", base))
+        print(
+            f"{args.burst} 2025 sessions at once, cold then warm, {args.runs} run(s) per proxy; "
+            f"flags: {' '.join(args.proxy_arg) or '(defaults)'}; load average {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} cores"
+        )
+        for run_no in range(args.runs):
+            for name, repo in proxies:
+                log = work / f"proxy-{run_no}-{len(name)}.log"
+                proc, url, _admin = start_proxy(repo, args.proxy_arg, args.burst, log)
+                try:
+                    print(f"  {name} (run {run_no + 1}; load {os.getloadavg()[0]:.1f})")
+                    answers, errors = await burst(url, args.burst, args.call_bound_s)
+                    print(spread_line("cold", answers, errors))
+                    failed += len(errors)
+                    count, waited = await settle(proc.pid, args.settle_quiet_s, 180.0)
+                    print(f"          settled in {waited:.1f} s: {count} upstream processes (2026 child, spares)")
+                    answers, errors = await burst(url, args.burst, args.call_bound_s)
+                    print(spread_line("warm", answers, errors))
+                    failed += len(errors)
+                finally:
+                    stop(proc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=40)
@@ -394,6 +533,15 @@ def parser() -> argparse.ArgumentParser:
         "the memory per session (instead of the sessions-per-second legs)",
     )
     parser.add_argument("--kinds", default="http,shared,per-session", help="with --hold: which session kinds")
+    parser.add_argument("--burst", type=int, help="open this many 2025 sessions at once, cold and warm (module doc)")
+    parser.add_argument("--baseline", help="with --burst: also a git revision's proxy, in the same run")
+    parser.add_argument("--runs", type=int, default=1, help="with --burst: runs per proxy")
+    parser.add_argument(
+        "--settle-quiet-s",
+        type=float,
+        default=12.0,
+        help="with --burst: the quiet time that ends the wait for the pool",
+    )
     return parser
 
 
@@ -426,4 +574,6 @@ async def main() -> int:
 if __name__ == "__main__":
     if "--hold" in " ".join(sys.argv):
         sys.exit(hold(parser().parse_args()))
+    if "--burst" in " ".join(sys.argv):
+        sys.exit(asyncio.run(bursts(parser().parse_args())))
     sys.exit(asyncio.run(main()))

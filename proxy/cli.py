@@ -165,6 +165,12 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-spares", type=int, default=s, help="warm pool: stdio children started ahead for 2025 sessions (1)"
     )
     p.add_argument(
+        "--stdio-spares-max",
+        type=int,
+        default=s,
+        help="warm pool: the most spares it grows to under bursts of 2025 sessions (16)",
+    )
+    p.add_argument(
         "--stdio-sessions",
         choices=["per-session", "shared"],
         default=s,

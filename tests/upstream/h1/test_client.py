@@ -13,6 +13,8 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -1327,3 +1329,43 @@ async def test_a_stream_released_before_its_end_is_closed_when_its_tail_is_too_l
         go_on.set()
         await raw.eof_event.wait()  # more than 16 bytes came: closed, not pooled
         assert not client.idle
+
+
+async def test_an_idle_connection_whose_close_the_loop_has_not_read_yet_is_not_reused() -> None:
+    """The server closed an idle connection (its keep-alive timeout) while the client's loop was
+    busy elsewhere, as on a loaded proxy: the close is in the socket but `eof_received` has not
+    run. The next request must go on a new connection, not fail as closed in flight on that one
+    (the server never saw it)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    answered_first, may_close = threading.Event(), threading.Event()
+    accepted: list[int] = []
+
+    def serve() -> None:  # a thread: the close must come while the client's loop is blocked
+        with listener:
+            listener.settimeout(WAIT)
+            for n in range(2):
+                conn, peer = listener.accept()
+                accepted.append(peer[1])
+                with conn:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        data += conn.recv(65536)
+                    conn.sendall(answer(body=b"ok"))
+                    if n == 0:
+                        answered_first.set()
+                        may_close.wait(WAIT)
+                    else:
+                        conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    async with client_for(port) as client, asyncio.timeout(WAIT):
+        assert await (await client.request("GET")).read() == b"ok"
+        may_close.set()
+        # the loop is busy (blocked on purpose) while the server's FIN arrives, and stays idle
+        # longer than the pool's stale check threshold
+        time.sleep(0.3)  # noqa: ASYNC251
+        assert await (await client.request("GET")).read() == b"ok"
+    thread.join(WAIT)
+    assert len(accepted) == 2 and accepted[0] != accepted[1]

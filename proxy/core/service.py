@@ -319,6 +319,7 @@ class Service:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
                     self._log_served()
+                    self.eras.prepare(self.capabilities)
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):

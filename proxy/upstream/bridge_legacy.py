@@ -129,8 +129,9 @@ class LegacyOverModern:
             return await self._subscription(message, method, params, headers)
         up = modern_request(message, self.client_capabilities, self.client_info, self.log_level)
         token = up["params"]["_meta"].get("progressToken")
-        relayed = _progress_under(token, on_message)
+        relayed = self._relayed(token, on_message)
         inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers, on_write=on_write)
+        inner_ex.takes_untied_logs = True
         loop = asyncio.get_running_loop()
         outer = Exchange(message["id"], method, on_message, loop.create_future(), written=True, asks_input=True)
         outer.transport_state = inner_ex
@@ -264,6 +265,7 @@ class LegacyOverModern:
                 answers[key] = reply["result"]
             up = continued(up, self._inner.new_id(), answers, result.get("requestState"))
             inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers)
+            inner_ex.takes_untied_logs = True
             outer.transport_state = inner_ex
         why = f"the server asked for input more than {MAX_ROUNDS} times in one request"
         return {"jsonrpc": "2.0", "id": up["id"], "error": _error(why)}
@@ -347,6 +349,23 @@ class LegacyOverModern:
             log.info("bridged session: the listen stream was not acknowledged within %g s", LISTEN_ACK_S)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _relayed(self, token: object, on_message: OnMessage | None) -> OnMessage:
+        """`_progress_under`, with log messages only at or above the level the session set (the
+        server filters by the level each request carries, but a log message that names no request
+        reaches a request only by being the one in flight: `Exchange.takes_untied_logs`)."""
+        relayed = _progress_under(token, on_message)
+
+        def filtered(message: Message) -> None:
+            if message.get("method") == "notifications/message":
+                params = message.get("params")
+                severity = params.get("level") if isinstance(params, dict) else None
+                level = self.log_level
+                if level is None or severity not in LOG_LEVELS or LOG_LEVELS.index(severity) < LOG_LEVELS.index(level):
+                    return
+            relayed(message)
+
+        return filtered
 
     def _answered(
         self, message: Message, result: dict[str, Any] | None = None, error: dict[str, Any] | None = None

@@ -34,7 +34,7 @@ from mcp.types import (
     TextContent,
 )
 
-from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP
+from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP, scripted_args
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 LEGACY = "legacy"  # the SDK client's handshake mode: it negotiates 2025-11-25
 MODERN = "2026-07-28"
+ONLY_2026_STDIO = REPO_ROOT / "tests/conformance/everything_stdio_2026_only.py"
 
 
 # ask_elicitation's attempts time out long before a person answers; its deadline does not.
@@ -298,3 +299,42 @@ async def test_over_stdio_the_first_session_finds_the_server_2026_only_and_every
     assert ready["served"] == {"2025": "bridged", "2026-07-28": "native"}
     assert asked[:3] == ["Step 1: What is your name?", "Step 2: What is your favorite color?", "roots"]
     assert "What context should the prompt use?" in asked
+
+
+async def test_over_stdio_a_log_message_reaches_the_one_call_in_flight_at_its_sessions_level_and_none_of_two(
+    tmp_path: Path,
+) -> None:
+    """A 2026 server over stdio names no request in its log messages. While one bridged call is the
+    only request in flight on the server's link, its log message is that call's: it reaches the
+    2025 client at or above the level its session set (none below it). While two are in flight it
+    could be either's, so it reaches neither (a log line may carry one caller's data)."""
+    journal = tmp_path / "journal.jsonl"
+    release = tmp_path / "release"
+    server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
+    heard: dict[str, list[Any]] = {"info": [], "warning": [], "busy": []}
+
+    def listener(name: str) -> Any:
+        async def on_log(params: Any) -> None:
+            heard[name].append(params.data)
+
+        return on_log
+
+    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with (
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("info")) as info,
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("warning")) as warning,
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("busy")) as busy,
+        ):
+            await info.set_logging_level("info")
+            await warning.set_logging_level("warning")
+            assert text_of(await info.call_tool("log_then_answer", {"message": "one"})) == "answered: one"
+            assert text_of(await warning.call_tool("log_then_answer", {"message": "low"})) == "answered: low"
+            assert heard == {"info": ["one"], "warning": [], "busy": []}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(busy.call_tool, "hang", {"seconds": BOUND_S, "release": str(release), "call_id": "held"})
+                journal_ = Journal(journal)
+                await journal_.await_for(lambda j: j.events(event="started", call="held"), timeout_s=BOUND_S)
+                answered = await info.call_tool("log_then_answer", {"message": "two"})
+                assert text_of(answered) == "answered: two"
+                release.touch()
+    assert heard == {"info": ["one"], "warning": [], "busy": []}

@@ -59,6 +59,7 @@ from typing import Any, Final
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Message, RequestId, bounded
+from proxy.telemetry.bridge import BRIDGE
 from proxy.upstream.base import Exchange, OnMessage, UpstreamLink
 from proxy.upstream.bridge import CONTINUATION, INTERACTIVE, LOG_LEVELS, handshake, legacy_form, level_of
 
@@ -149,21 +150,28 @@ class InteractiveCalls:
         self._opening = 0
         self._reserve: UpstreamLink | None = None  # a session's link whose child is started, not initialized
         self._reserve_idle: asyncio.TimerHandle | None = None
+        self._reserve_booted = False  # its process answered the `ping`
         self._warming = False  # the reserve's link is being opened
         self._parked: dict[str, _Call] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._refusal_logged = -math.inf
         self._closed = False
+        BRIDGE.watch_interactive(self)
 
     @property
     def sessions(self) -> int:
         """Interactive sessions open or opening, the reserve among them."""
         return len(self._sessions) + self._opening + (self._reserve is not None or self._warming)
 
-    @property
-    def reserved(self) -> bool:
-        """Whether a session's process is started ahead (`warm`)."""
-        return self._reserve is not None
+    def session_states(self) -> dict[str, int]:
+        """The sessions by state, for /metrics (proxy/telemetry/bridge.py)."""
+        idle = sum(len(sessions) for sessions in self._idle.values())
+        return {
+            "busy": len(self._sessions) - idle,
+            "idle": idle,
+            "reserved": int(self._reserve is not None and self._reserve_booted),
+            "opening": self._opening + int(self._warming or (self._reserve is not None and not self._reserve_booted)),
+        }
 
     @property
     def parked(self) -> int:
@@ -186,10 +194,12 @@ class InteractiveCalls:
         Raises `UpstreamFailure` when the request could not be sent."""
         try:
             session = await self._lease(capabilities)
-            why = f"all {self.max_sessions} interactive sessions are busy"
+            reason, why = "busy", f"all {self.max_sessions} interactive sessions are busy"
         except UpstreamFailure as exc:  # e.g. no room for another stdio child: the shared session serves
-            session, why = None, f"no interactive session could be opened ({bounded(str(exc), 200)})"
+            session, reason = None, "unavailable"
+            why = f"no interactive session could be opened ({bounded(str(exc), 200)})"
         if session is None:
+            BRIDGE.count_fallback(reason)
             now = time.monotonic()
             if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
                 self._refusal_logged = now
@@ -345,6 +355,7 @@ class InteractiveCalls:
         call.timer = asyncio.get_running_loop().call_later(self.input_wait_s, self._expired, call)
         call.outer = None
         requests = {key: {"method": m["method"], "params": m.get("params") or {}} for key, m in call.asked.items()}
+        BRIDGE.count_round("2026")
         result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
         outer.response.set_result({"jsonrpc": "2.0", "id": outer.upstream_id, "result": result})
 
@@ -469,7 +480,7 @@ class InteractiveCalls:
         if self._closed:
             await link.aclose()
             return
-        self._reserve = link
+        self._reserve, self._reserve_booted = link, False
         self._reserve_idle = asyncio.get_running_loop().call_later(IDLE_S, self._drop_reserve)
         # `ping` is the one request a client may send before `initialize`: its answer says the
         # process has booted, and it fixes nothing a later `initialize` declares.
@@ -484,6 +495,8 @@ class InteractiveCalls:
                 log.info("era bridge: the session started ahead failed: %s", bounded(str(exc), 200))
             if self._reserve is link:
                 self._drop_reserve()
+            return
+        self._reserve_booted = self._reserve is link
 
     def _take_reserve(self) -> UpstreamLink | None:
         link, self._reserve = self._reserve, None

@@ -49,6 +49,7 @@ from proxy.jsonrpc import (
     RequestId,
     bounded,
 )
+from proxy.telemetry.bridge import BRIDGE
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, OnMessage, UpstreamLink, discover_request, ours
 from proxy.upstream.bridge import LOG_LEVELS
 from proxy.upstream.bridge_shapes import (
@@ -93,6 +94,8 @@ class LegacyOverModern:
         self._listen: Exchange | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.awaiting_input = 0  # requests whose client is being asked (/metrics: proxy/telemetry/bridge.py)
+        BRIDGE.watch_legacy(self)
 
     # -- UpstreamLink ------------------------------------------------------------------------
 
@@ -251,9 +254,12 @@ class LegacyOverModern:
             answers: dict[str, Any] = {}
             if outer.on_input is not None:
                 outer.on_input(True)  # a person may be answering: only the call's deadline runs
+            BRIDGE.count_round("2025")
+            self.awaiting_input += 1
             try:
                 replies = await asyncio.gather(*(self._ask(outer, method, params) for _, method, params in asked))
             finally:
+                self.awaiting_input -= 1
                 if outer.on_input is not None:
                     outer.on_input(False)
             for (key, method, _), reply in zip(asked, replies, strict=True):

@@ -31,15 +31,17 @@ from mcp.types import (
     Root,
     TextContent,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import FileUrl
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP, scripted_args
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 MODERN = "2026-07-28"
+ONLY_2025_STDIO = REPO_ROOT / "tests/conformance/everything_stdio_2025_only.py"
 
 
 class Bridged:
@@ -317,3 +319,82 @@ async def test_over_streamable_http_a_log_message_of_the_call_reaches_it_at_the_
     assert heard[None] == [] and heard["warning"] == []
     for level in ("info", "debug"):
         assert [(p.level, p.data) for p in heard[level]] == [("info", f"at {level}")], heard[level]
+
+
+async def scrape(admin: httpx.AsyncClient, base: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = (await admin.get(base + "/metrics")).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return scraped.get(("mcp_recovery_" + name, frozenset(labels.items())), 0.0)
+
+
+async def test_the_first_call_whose_server_asks_its_client_runs_on_a_process_started_before_any_2026_request(
+    tmp_path: Path,
+) -> None:
+    """In front of a 2025-only stdio server, a process for the bridge's interactive sessions is
+    started ahead (and has answered `ping`) before any 2026 client came: the first call declaring
+    elicitation runs on it instead of waiting for a process start. While its client is asked, the
+    request is counted as awaiting input, and the round is counted."""
+    journal = tmp_path / "journal.jsonl"
+    server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
+    seen: dict[str, float] = {}
+    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with httpx.AsyncClient(timeout=10) as admin:
+            # the started-ahead process answers its ping: the gauge says so (no event to wait on here)
+            while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+            before = time.time()
+
+            async def elicitation(context: Any, params: Any) -> ElicitResult:
+                seen["awaiting"] = metric(await scrape(admin, proxy.admin), "era_bridge_awaiting_input", client="2026")
+                return ElicitResult(action="accept", content={"answer": "early"})
+
+            async with Client(proxy.url, mode=MODERN, elicitation_callback=elicitation) as client:
+                answered = await client.call_tool("ask_elicitation", {"question": "q?", "call_id": "first-ask"})
+            assert text_of(answered) == "early"
+            after = await scrape(admin, proxy.admin)
+    events = Journal(journal)
+    (started,) = events.events(event="started", call="first-ask")
+    (boot,) = [e for e in events.events(event="boot") if e["pid"] == started["pid"]]
+    assert boot["t"] < before, "the call's server process started after the 2026 client came"
+    assert seen["awaiting"] == 1
+    assert metric(after, "era_bridge_input_rounds_total", client="2026") == 1
+    assert metric(after, "era_bridge_fallbacks_total", reason="busy") == 0
+
+
+async def test_with_every_interactive_session_busy_a_request_goes_over_the_shared_session_and_is_counted(
+    tmp_path: Path,
+) -> None:
+    """With one interactive session allowed and it holding a parked request, another client's request
+    declaring elicitation is served over the bridge's shared session, and counted as a fallback."""
+    journal, state = tmp_path / "journal.jsonl", tmp_path / "state.json"
+    seen: dict[str, float] = {}
+    with ScriptedHTTP(journal, state, transport="sse") as server:
+        one = ["--era-bridge-sessions", "1"]
+        with ProxyProcess(upstream_url="sse+" + server.url, extra=one, log_path=tmp_path / "p.log") as proxy:
+            async with (
+                httpx.AsyncClient(timeout=10) as admin,
+                Client(proxy.url, mode=MODERN, elicitation_callback=lambda context, params: None) as other,
+            ):
+
+                async def elicitation(context: Any, params: Any) -> ElicitResult:
+                    busy = await scrape(admin, proxy.admin)
+                    seen["busy"] = metric(busy, "era_bridge_sessions", state="busy")
+                    fallbacks = metric(busy, "era_bridge_fallbacks_total", reason="busy")
+                    assert text_of(await other.call_tool("echo", {"text": "beside"})) == "beside"
+                    # the call, and the listing its client may make first: each over the shared session
+                    scraped = await scrape(admin, proxy.admin)
+                    seen["fallbacks"] = metric(scraped, "era_bridge_fallbacks_total", reason="busy") > fallbacks
+                    return ElicitResult(action="accept", content={"answer": "held"})
+
+                with anyio.fail_after(BOUND_S):
+                    async with Client(proxy.url, mode=MODERN, elicitation_callback=elicitation) as client:
+                        answered = await client.call_tool("ask_elicitation", {"question": "q?"})
+                assert text_of(answered) == "held"
+    assert seen == {"busy": 1, "fallbacks": True}

@@ -123,9 +123,13 @@ async def test_an_input_required_result_becomes_requests_to_the_2025_client_and_
     bridged: Bridged,
 ) -> None:
     asked: list[str] = []
+    awaiting: list[str] = []
 
     async def sampling(context: Any, params: Any) -> CreateMessageResult:
         asked.append("sampling")
+        async with httpx.AsyncClient(timeout=10) as admin:  # the call is held while its client answers
+            scraped = (await admin.get(bridged.proxy.admin + "/metrics")).text
+        awaiting.extend(line for line in scraped.splitlines() if line.startswith("mcp_recovery_era_bridge_awaiting"))
         return CreateMessageResult(role="assistant", content=TextContent(type="text", text="Paris"), model="m")
 
     async def elicitation(context: Any, params: Any) -> ElicitResult:
@@ -141,6 +145,7 @@ async def test_an_input_required_result_becomes_requests_to_the_2025_client_and_
             elicited = await client.call_tool("ask_elicitation", {"question": "colour?", "call_id": "l-elicit"})
             assert text_of(elicited) == "blue"
     assert asked == ["sampling", "elicitation"]
+    assert 'mcp_recovery_era_bridge_awaiting_input{client="2025"} 1.0' in awaiting, awaiting
     # the round trip (the call asked, then re-sent with the answer) is one attempt: the engine
     # reports attempts on a result only when it made more than one
     for result in (sampled, elicited):

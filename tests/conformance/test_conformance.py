@@ -41,11 +41,6 @@ _NO_BACK_CHANNEL = (
 )
 KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("proxy-bridge-2026-only-upstream", "2025-11-25"): {
-        "tools-call-with-logging": (
-            "over stdio a 2026 server's log messages are tied to no request (no per-request stream), so they "
-            "cannot be told apart from other callers' and reach no bridged session; over HTTP they come on the "
-            "request's own stream and are relayed (tests/e2e/test_era_bridge_legacy.py)"
-        ),
         "tools-call-sampling": _NO_BACK_CHANNEL,
         "tools-call-elicitation": _NO_BACK_CHANNEL,
         "elicitation-sep1034-defaults": _NO_BACK_CHANNEL,

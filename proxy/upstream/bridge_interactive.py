@@ -38,8 +38,9 @@ retrying its request with the answers. Contract of `InteractiveCalls`:
   child is started and asked `ping` (which a 2025 server answers before `initialize`), so that it
   has booted when a request needs a session; the next request that finds no idle session for its
   capabilities takes it (its handshake is then one exchange with a running process). It counts
-  within `max_sessions`, is closed after `IDLE_S` unused, and is made again after a request took a
-  session or ended, while there is room; never because one closed idle (no demand, no process).
+  within `max_sessions`, is closed after `IDLE_S` unused, and is made again once a request on an
+  interactive session ended, while there is room (not while it runs: a process starting takes the
+  CPU that request's answer needs); never because one closed idle (no demand, no process).
 
 The round trip spends no retry budget: each retry is a request of its own to the engine, whose
 first attempt resumes the parked one; a retry of that attempt finds the state spent (-32602).
@@ -454,7 +455,6 @@ class InteractiveCalls:
         finally:
             self._opening -= 1
         self._sessions.add(session)
-        self.warm()  # the next request declaring other capabilities finds a process started too
         return session
 
     # -- the reserve ---------------------------------------------------------------------------

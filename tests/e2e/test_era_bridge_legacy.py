@@ -343,3 +343,56 @@ async def test_over_stdio_a_log_message_reaches_the_one_call_in_flight_at_its_se
                 assert text_of(answered) == "answered: two"
                 release.touch()
     assert heard == {"info": ["one"], "warning": [], "busy": []}
+
+
+async def test_with_shared_stdio_children_a_2025_client_of_a_2026_only_server_is_bridged(tmp_path: Path) -> None:
+    """`--stdio-sessions shared`: the proxy initializes the shared children itself, and a 2026-only
+    server refuses that. The first 2025 client's session moves onto the bridge (not refused), and
+    readiness says 2025 is bridged from then on."""
+    journal = tmp_path / "journal.jsonl"
+    server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
+    shared = ["--stdio-sessions", "shared"]
+    with ProxyProcess(upstream=server, extra=shared, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with Client(proxy.url, mode=LEGACY) as client:
+            assert client.session.protocol_version == "2025-11-25"
+            assert text_of(await client.call_tool("echo", {"text": "shared", "call_id": "s-echo"})) == "shared"
+        async with httpx.AsyncClient(timeout=10) as admin:
+            ready = (await admin.get(proxy.admin + "/readyz")).json()
+    assert ready["served"] == {"2025": "bridged", "2026-07-28": "native"}, ready
+    (started,) = Journal(journal).events(event="started", call="s-echo")
+    assert started["protocol_version"] == MODERN
+
+
+async def test_a_2025_client_cancelling_a_call_while_it_is_asked_ends_the_rounds_and_the_session_goes_on(
+    bridged: Bridged,
+) -> None:
+    """The 2025 client cancels its call while the bridge asks it for the server's input: the call is
+    not sent again with answers (the tool's body never runs), the bridge holds nothing for it any
+    longer, and the session serves the next call."""
+    asked = anyio.Event()
+
+    async def elicitation(context: Any, params: Any) -> ElicitResult:
+        asked.set()
+        await anyio.sleep_forever()  # the person never answers: the client cancels instead
+        raise AssertionError("unreachable")
+
+    async def awaiting(admin: httpx.AsyncClient) -> str:
+        scraped = (await admin.get(bridged.proxy.admin + "/metrics")).text
+        (line,) = [
+            x for x in scraped.splitlines() if x.startswith('mcp_recovery_era_bridge_awaiting_input{client="2025"}')
+        ]
+        return line.split()[-1]
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=LEGACY, elicitation_callback=elicitation) as client:
+            async with httpx.AsyncClient(timeout=10) as admin, anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "ask_elicitation", {"question": "stay?", "call_id": "l-cancelled"})
+                await asked.wait()
+                assert await awaiting(admin) == "1.0"
+                tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the call
+            async with httpx.AsyncClient(timeout=10) as admin:
+                while await awaiting(admin) != "0.0":  # noqa: ASYNC110 - a gauge: nothing to wait on
+                    await anyio.sleep(0.05)
+            assert text_of(await client.call_tool("echo", {"text": "after"})) == "after"
+    # the tool's body runs only once it has its answer (the server asked before it): never here
+    assert bridged.journal.events(call="l-cancelled") == []

@@ -66,13 +66,7 @@ KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
 }
 # Scenarios whose outcome depends on how fast this machine starts a process, with the reason:
 # neither their pass nor their failure fails the test (the summary says which it was).
-TIMING_DEPENDENT: dict[tuple[str, str], dict[str, str]] = {
-    ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
-        "server-stateless": "one check reads the stream of the first call declaring elicitation for 600 ms; through "
-        "the bridge that call runs on a 2025 session of its own, opened on first use, which in front of a stdio "
-        "server is a process start unless a warm one is ready (docs/deploy.md, 'Eras')",
-    },
-}
+TIMING_DEPENDENT: dict[tuple[str, str], dict[str, str]] = {}
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,6 +11,8 @@ refused as the server itself would refuse it.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
 import time
@@ -398,3 +400,66 @@ async def test_with_every_interactive_session_busy_a_request_goes_over_the_share
                         answered = await client.call_tool("ask_elicitation", {"question": "q?"})
                 assert text_of(answered) == "held"
     assert seen == {"busy": 1, "fallbacks": True}
+
+
+def modern_post(url: str, request_id: int, arguments: dict[str, Any], extra: dict[str, Any]) -> httpx.Response:
+    """A 2026-07-28 `tools/call` of `ask_elicitation` as a client sends it, with `extra` params."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    params = {"name": "ask_elicitation", "arguments": arguments, "_meta": meta, **extra}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "ask_elicitation",
+    }
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return httpx.post(url, json=body, headers=headers, timeout=BOUND_S)
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    if response.headers["content-type"].startswith("application/json"):
+        return response.json()
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    answers = [json.loads(d) for d in data if d and '"id"' in d]
+    return answers[-1]
+
+
+async def test_malformed_input_responses_start_nothing_and_leave_the_request_held(bridged: Bridged) -> None:
+    """Retries of a held request with answers it cannot use: `inputResponses` that is not an object
+    is refused (-32602), answers under keys it never asked and answers that are not objects leave
+    its question asked again (a new round), a body over the proxy's bound is refused (413); none
+    of them resumes or re-runs the call, and the proper answer still completes it, once."""
+    args = {"question": "size?", "call_id": "ir-malformed"}
+
+    async def never(context: Any, params: Any) -> ElicitResult:
+        raise AssertionError("driven by hand here")
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=MODERN, elicitation_callback=never) as client:
+            first = await client.session.call_tool("ask_elicitation", args, allow_input_required=True)
+            assert isinstance(first, InputRequiredResult) and first.request_state
+            (key,) = first.input_requests
+            post = functools.partial(modern_post, bridged.proxy.url)
+            state = first.request_state
+            refused = answer_of(
+                await anyio.to_thread.run_sync(post, 11, args, {"requestState": state, "inputResponses": "yes"})
+            )
+            assert refused["error"]["code"] == -32602, refused
+            for n, responses in enumerate(({"unknown-9": {"action": "accept"}}, {key: "accept"})):
+                extra = {"requestState": state, "inputResponses": responses}
+                again = answer_of(await anyio.to_thread.run_sync(post, 12 + n, args, extra))
+                assert again["result"]["resultType"] == "input_required", again
+                assert list(again["result"]["inputRequests"]) == [key]
+                state = again["result"]["requestState"]
+            huge = {key: {"action": "accept", "content": {"answer": "x" * (4 * 1024 * 1024)}}}
+            too_big = await anyio.to_thread.run_sync(post, 20, args, {"requestState": state, "inputResponses": huge})
+            assert too_big.status_code == 413
+            reply = {key: ElicitResult(action="accept", content={"answer": "medium"})}
+            done = await client.session.call_tool(
+                "ask_elicitation", args, request_state=state, input_responses=reply, allow_input_required=True
+            )
+            assert isinstance(done, CallToolResult) and text_of(done) == "medium"
+    assert len(bridged.journal.events(event="started", call="ir-malformed")) == 1

@@ -17,6 +17,8 @@ Contract of `ModernRelays`:
   ahead (bridge_interactive.py, `InteractiveCalls.warm`): from the moment the upstream's eras are
   known (`prepare`), before any 2026 request, since the first request that needs one may follow
   the first 2026 request within less than a process's start; and again when the bridge opens.
+  It yields to 2025 clients: a session that finds the upstream at its limit gets its place
+  (`yield_reserve`).
 - `for_request(request)`: a `tools/call` that the shared relay cannot take yet (the upstream not
   reached: not started, crash-looping, refusing) goes to the engine all the same, over a relay
   whose link reaches the upstream on each attempt (proxy/core/reaching.py), so its failure is an
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from proxy.core.reaching import ReachingLink
 from proxy.core.relay import Relay
-from proxy.errors import UpstreamFailure
+from proxy.errors import FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.settings import Settings
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
@@ -41,13 +43,30 @@ from proxy.upstream.bridge_proving import ProvingLink
 
 
 async def open_legacy(
-    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+    upstream: Upstream,
+    caps: Capabilities | None,
+    settings: Settings,
+    on_verdict: Callable[[bool], None],
+    make_room: Callable[[], Awaitable[bool]] | None = None,
 ) -> UpstreamLink:
     """The upstream link of a new 2025 session: the upstream's own, unless it speaks only
     2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy over the
     upstream's shared 2026 link (proxy/upstream/bridge_legacy.py). Where 2025 is only assumed
     (`legacy_assumed`), the session's `initialize` finds out (proxy/upstream/bridge_proving.py)
-    and `on_verdict` is told whether the upstream speaks 2025."""
+    and `on_verdict` is told whether the upstream speaks 2025. Where the upstream is at its limit
+    of sessions, `make_room` (`ModernRelays.yield_reserve`) may free one, and the link is asked
+    for once more."""
+    try:
+        return await _open_legacy(upstream, caps, settings, on_verdict)
+    except UpstreamFailure as failure:
+        if failure.kind is not FailureKind.OVERLOADED or make_room is None or not await make_room():
+            raise
+    return await _open_legacy(upstream, caps, settings, on_verdict)
+
+
+async def _open_legacy(
+    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+) -> UpstreamLink:
 
     async def bridge() -> UpstreamLink:
         return LegacyOverModern(await upstream.open(Era.MODERN), settings.request_timeout_s)
@@ -153,6 +172,12 @@ class ModernRelays:
             interactive = self._interactive_calls()
             if interactive is not None:
                 interactive.warm()
+
+    async def yield_reserve(self) -> bool:
+        """A 2025 client's session found the upstream at its limit of sessions: the process the
+        bridge started ahead, if any, is closed to make room; whether there was one."""
+        interactive = self._interactive
+        return interactive is not None and await interactive.yield_reserve()
 
     def _interactive_calls(self) -> InteractiveCalls | None:
         if self._bridge_sessions <= 0:

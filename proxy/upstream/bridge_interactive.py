@@ -40,7 +40,8 @@ retrying its request with the answers. Contract of `InteractiveCalls`:
   capabilities takes it (its handshake is then one exchange with a running process). It counts
   within `max_sessions`, is closed after `IDLE_S` unused, and is made again once a request on an
   interactive session ended, while there is room (not while it runs: a process starting takes the
-  CPU that request's answer needs); never because one closed idle (no demand, no process).
+  CPU that request's answer needs); never because one closed idle (no demand, no process). It
+  yields to a 2025 client: `yield_reserve` closes it where a client's session found no room.
 
 The round trip spends no retry budget: each retry is a request of its own to the engine, whose
 first attempt resumes the parked one; a retry of that attempt finds the state spent (-32602).
@@ -496,7 +497,18 @@ class InteractiveCalls:
             if self._reserve is link:
                 self._drop_reserve()
             return
-        self._reserve_booted = self._reserve is link
+        if self._reserve is link:
+            self._reserve_booted = True
+
+    async def yield_reserve(self) -> bool:
+        """Close the process started ahead, if there is one, so that its upstream session goes to
+        whoever needs one now (a 2025 client's session at the upstream's limit); whether there was."""
+        link = self._take_reserve()
+        if link is None:
+            return False
+        log.info("era bridge: the session started ahead gave its upstream session to a 2025 client")
+        await link.aclose()
+        return True
 
     def _take_reserve(self) -> UpstreamLink | None:
         link, self._reserve = self._reserve, None

@@ -463,3 +463,21 @@ async def test_malformed_input_responses_start_nothing_and_leave_the_request_hel
             )
             assert isinstance(done, CallToolResult) and text_of(done) == "medium"
     assert len(bridged.journal.events(event="started", call="ir-malformed")) == 1
+
+
+async def test_the_process_started_ahead_gives_its_place_to_a_2025_client_at_the_session_limit(
+    tmp_path: Path,
+) -> None:
+    """`--max-sessions 1` in front of a 2025-only stdio server: the one upstream session the limit
+    allows is the bridge's process started ahead until a 2025 client comes; that client's session
+    gets it (the reserve is closed), rather than a refusal."""
+    journal = tmp_path / "journal.jsonl"
+    server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
+    one = ["--max-sessions", "1"]
+    with ProxyProcess(upstream=server, extra=one, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with httpx.AsyncClient(timeout=10) as admin:
+            while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+            async with Client(proxy.url, mode="legacy") as client:
+                assert text_of(await client.call_tool("echo", {"text": "mine"})) == "mine"
+            assert metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") == 0

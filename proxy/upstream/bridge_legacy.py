@@ -14,6 +14,10 @@ with its own requests), translated by proxy/upstream/bridge_shapes.py:
 - each request carries the session's state in the 2026 per-request `_meta` (protocol version, the
   client's capabilities and info, the level set by `logging/setLevel`), and each result loses the
   2026-only fields (`structuredContent` that is not an object is wrapped);
+- a log message reaches the session's client only at or above the level it set (none before it
+  set one); one that names no request (a 2026 server over stdio names none) reaches a request's
+  client while that request is the only one in flight on the shared link
+  (`Exchange.takes_untied_logs`), and no one while several are;
 - methods 2026 removed: `ping` is answered here, `logging/setLevel` is stored for the session
   (valid levels only), `resources/subscribe` and `resources/unsubscribe` are served by one
   `subscriptions/listen` stream of the session's, re-opened whenever the set of subscribed URIs

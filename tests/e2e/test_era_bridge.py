@@ -431,7 +431,8 @@ async def test_malformed_input_responses_start_nothing_and_leave_the_request_hel
     """Retries of a held request with answers it cannot use: `inputResponses` that is not an object
     is refused (-32602), answers under keys it never asked and answers that are not objects leave
     its question asked again (a new round), a body over the proxy's bound is refused (413); none
-    of them resumes or re-runs the call, and the proper answer still completes it, once."""
+    of them resumes or re-runs the call, and the proper answer still completes it, once. An answer
+    of the wrong shape goes to the server, which refuses it as a tool error."""
     args = {"question": "size?", "call_id": "ir-malformed"}
 
     async def never(context: Any, params: Any) -> ElicitResult:
@@ -462,7 +463,17 @@ async def test_malformed_input_responses_start_nothing_and_leave_the_request_hel
                 "ask_elicitation", args, request_state=state, input_responses=reply, allow_input_required=True
             )
             assert isinstance(done, CallToolResult) and text_of(done) == "medium"
+            # an answer of the wrong shape reaches the server, whose own check refuses it: a tool
+            # error the engine classifies (validation: not retried), not a second execution
+            shape_args = {"question": "shape?", "call_id": "ir-shape"}
+            asked = await client.session.call_tool("ask_elicitation", shape_args, allow_input_required=True)
+            assert isinstance(asked, InputRequiredResult)
+            wrong = {"requestState": asked.request_state, "inputResponses": {key: {"action": "maybe"}}}
+            refused = answer_of(await anyio.to_thread.run_sync(post, 30, shape_args, wrong))
+            assert refused["result"]["isError"] is True, refused
+            assert refused["result"]["structuredContent"]["errorCategory"] == "validation"
     assert len(bridged.journal.events(event="started", call="ir-malformed")) == 1
+    assert bridged.journal.events(event="started", call="ir-shape") == []
 
 
 async def test_the_process_started_ahead_gives_its_place_to_a_2025_client_at_the_session_limit(

@@ -12,6 +12,13 @@ Contract of `ModernRelays`:
   request gets a relay of the fitting kind; the replaced relay's requests finish on it, and a
   replaced bridge's session is closed with the proxy (`aclose`), or sooner when more than
   `MAX_RETIRED` were replaced (eras that flap): the oldest is closed, its requests ended.
+- Where 2026 requests will be bridged onto a stdio server whose 2025 sessions each start a process
+  (it keeps warm spares for them), the bridge's interactive sessions keep one process started
+  ahead (bridge_interactive.py, `InteractiveCalls.warm`): from the moment the upstream's eras are
+  known (`prepare`), before any 2026 request, since the first request that needs one may follow
+  the first 2026 request within less than a process's start; and again when the bridge opens.
+  It yields to 2025 clients: a session that finds the upstream at its limit gets its place
+  (`yield_reserve`).
 - `for_request(request)`: a `tools/call` that the shared relay cannot take yet (the upstream not
   reached: not started, crash-looping, refusing) goes to the engine all the same, over a relay
   whose link reaches the upstream on each attempt (proxy/core/reaching.py), so its failure is an
@@ -25,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from proxy.core.reaching import ReachingLink
 from proxy.core.relay import Relay
-from proxy.errors import UpstreamFailure
+from proxy.errors import FailureKind, UpstreamFailure
 from proxy.jsonrpc import Message
 from proxy.settings import Settings
 from proxy.upstream.base import Capabilities, Era, Upstream, UpstreamLink
@@ -36,13 +43,30 @@ from proxy.upstream.bridge_proving import ProvingLink
 
 
 async def open_legacy(
-    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+    upstream: Upstream,
+    caps: Capabilities | None,
+    settings: Settings,
+    on_verdict: Callable[[bool], None],
+    make_room: Callable[[], Awaitable[bool]] | None = None,
 ) -> UpstreamLink:
     """The upstream link of a new 2025 session: the upstream's own, unless it speaks only
     2026-07-28 and bridging is on (`--era-bridge`): then a 2025 session held by the proxy over the
     upstream's shared 2026 link (proxy/upstream/bridge_legacy.py). Where 2025 is only assumed
     (`legacy_assumed`), the session's `initialize` finds out (proxy/upstream/bridge_proving.py)
-    and `on_verdict` is told whether the upstream speaks 2025."""
+    and `on_verdict` is told whether the upstream speaks 2025. Where the upstream is at its limit
+    of sessions, `make_room` (`ModernRelays.yield_reserve`) may free one, and the link is asked
+    for once more."""
+    try:
+        return await _open_legacy(upstream, caps, settings, on_verdict)
+    except UpstreamFailure as failure:
+        if failure.kind is not FailureKind.OVERLOADED or make_room is None or not await make_room():
+            raise
+    return await _open_legacy(upstream, caps, settings, on_verdict)
+
+
+async def _open_legacy(
+    upstream: Upstream, caps: Capabilities | None, settings: Settings, on_verdict: Callable[[bool], None]
+) -> UpstreamLink:
 
     async def bridge() -> UpstreamLink:
         return LegacyOverModern(await upstream.open(Era.MODERN), settings.request_timeout_s)
@@ -108,6 +132,8 @@ class ModernRelays:
         self.retired: list[Relay] = []
         self.closing: set[asyncio.Task[None]] = set()  # retired relays being closed
         self._lock = asyncio.Lock()
+        # The interactive sessions of the next bridge (made before it, to start one ahead: `prepare`).
+        self._interactive: InteractiveCalls | None = None
 
     def live(self) -> list[Relay]:
         """The relays requests may still be running on."""
@@ -121,6 +147,7 @@ class ModernRelays:
         if relay is not None and isinstance(relay.link, ModernOverLegacy) is caps.modern:
             self._retire(relay)  # the upstream gained or lost the 2026 revision
             self.shared = relay = None
+            self._interactive = None  # a retired bridge's sessions close with it
         if relay is not None:
             return relay
         async with self._lock:
@@ -138,18 +165,43 @@ class ModernRelays:
             self.closing.add(task)
             task.add_done_callback(self.closing.discard)
 
-    async def _link(self, caps: Capabilities) -> UpstreamLink:
-        if caps.modern:
-            return await self._upstream.open(Era.MODERN)
-        interactive = None
-        if self._bridge_sessions > 0:
-            interactive = InteractiveCalls(
+    def prepare(self, caps: Capabilities | None) -> None:
+        """The upstream's eras are known: where its 2026 requests will be bridged, the bridge's
+        interactive sessions start one process ahead now (the module's contract)."""
+        if caps is not None and caps.legacy and not caps.modern and self._bridge and self.shared is None:
+            interactive = self._interactive_calls()
+            if interactive is not None:
+                interactive.warm()
+
+    async def yield_reserve(self) -> bool:
+        """A 2025 client's session found the upstream at its limit of sessions: the process the
+        bridge started ahead, if any, is closed to make room; whether there was one."""
+        interactive = self._interactive
+        return interactive is not None and await interactive.yield_reserve()
+
+    def _interactive_calls(self) -> InteractiveCalls | None:
+        if self._bridge_sessions <= 0:
+            return None
+        if self._interactive is None:
+            self._interactive = InteractiveCalls(
                 lambda: self._upstream.open(Era.LEGACY),
                 timeout_s=self._bridge_timeout_s,
                 max_sessions=self._bridge_sessions,
                 input_wait_s=self._bridge_input_wait_s,
+                # only where a 2025 session is a process of its own, kept warm ahead: not over
+                # HTTP, nor with shared stdio children, nor the one child behind --listen stdio
+                reserve=getattr(self._upstream, "spares", 0) > 0,
             )
-        return await ModernOverLegacy.open(await self._upstream.open(Era.LEGACY), self._bridge_timeout_s, interactive)
+        return self._interactive
+
+    async def _link(self, caps: Capabilities) -> UpstreamLink:
+        if caps.modern:
+            return await self._upstream.open(Era.MODERN)
+        interactive = self._interactive_calls()
+        bridge = await ModernOverLegacy.open(await self._upstream.open(Era.LEGACY), self._bridge_timeout_s, interactive)
+        if interactive is not None:
+            interactive.warm()
+        return bridge
 
     async def for_request(self, request: Message) -> Relay | None:
         try:
@@ -169,9 +221,12 @@ class ModernRelays:
         """The reaching relay closes; a bridge's 2025 session ends with its requests (the
         upstream's own 2026 link is the upstream's to close)."""
         closing = [relay for relay in (self.shared, *self.retired) if relay is not None]
+        bridged = self.shared is not None and isinstance(self.shared.link, ModernOverLegacy)
+        unopened = None if bridged else self._interactive  # sessions started ahead for no bridge yet
         await asyncio.gather(
             *((self.reaching.aclose(),) if self.reaching is not None else ()),
             *(_close_bridge(relay) for relay in closing),
+            *((unopened.aclose(),) if unopened is not None else ()),
             *self.closing,
             return_exceptions=True,
         )

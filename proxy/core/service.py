@@ -319,6 +319,7 @@ class Service:
                     self.capabilities = await asyncio.wait_for(self.upstream.probe(), self._probe_timeout_s)
                     self.probe_error = None
                     self._log_served()
+                    self.eras.prepare(self.capabilities)
                     self.health.answered()
                 except UpstreamFailure as exc:
                     if self.settings.auth == "passthrough" and exc.http_status in (401, 403):
@@ -455,7 +456,9 @@ class Service:
         await self._make_room(client)
         self._opening += 1  # holds its slot while its link opens (concurrent initializes at the cap)
         try:
-            link = await open_legacy(self.upstream, self.capabilities, self.settings, self._legacy_settled)
+            link = await open_legacy(
+                self.upstream, self.capabilities, self.settings, self._legacy_settled, self.eras.yield_reserve
+            )
         finally:
             self._opening -= 1
         session_id = secrets.token_hex(16)

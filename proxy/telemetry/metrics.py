@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from proxy.telemetry.bridge import BridgeCollector
 from proxy.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
@@ -331,6 +332,7 @@ class MetricsObserver:
         )
         registry.register(self._in_flight)
         registry.register(ShedCollector())
+        registry.register(BridgeCollector())
         registry.register(GcPauseCollector())
         self.loop_lag = LoopLag()  # started by the proxy on its running loop (server.run)
         registry.register(self.loop_lag)

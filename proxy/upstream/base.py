@@ -93,6 +93,11 @@ class Exchange:
     # then lets only the deadline run meanwhile). Set by the caller where `asks_input`.
     asks_input: bool = False
     on_input: Callable[[bool], None] | None = None
+    # A log message that names no request (a 2026 server over stdio names none) goes to this
+    # exchange while it is the only request in flight on its link (`PendingTable.route_related`).
+    # Set by a caller that filters log messages by its client's level itself (the era bridge's
+    # 2025 sessions); with several requests in flight such a message is nobody's to have.
+    takes_untied_logs: bool = False
 
 
 def mark_heard(ex: Exchange) -> None:
@@ -358,10 +363,32 @@ class PendingTable:
         return True
 
     def route_related(self, message: Message) -> bool:
-        """Progress by token, subscription notifications by subscription id (what stdio can tell)."""
-        if message.get("method") == "notifications/progress":
+        """Progress by token, subscription notifications by subscription id (what stdio can tell),
+        and a log message to the one request in flight that takes untied log messages."""
+        method = message.get("method")
+        if method == "notifications/progress":
             return self.route_progress(message)
-        return "id" not in message and self.route_subscription(message)
+        if "id" in message:
+            return False
+        if self.route_subscription(message):
+            return True
+        return method == "notifications/message" and self.route_sole_log(message)
+
+    def route_sole_log(self, message: Message) -> bool:
+        """Deliver a log message that names no request to the exchange in flight when it is the
+        only one (listen streams aside: a server logs on behalf of a request, never of a stream)
+        and takes untied log messages (`Exchange.takes_untied_logs`)."""
+        sole: Exchange | None = None
+        for ex in self._pending.values():
+            if ex.method == "subscriptions/listen":
+                continue
+            if sole is not None:
+                return False
+            sole = ex
+        if sole is None or not sole.takes_untied_logs or sole.on_message is None:
+            return False
+        sole.on_message(message)
+        return True
 
     def fail(self, ex: Exchange, failure: UpstreamFailure) -> None:
         self.discard(ex)

@@ -33,6 +33,15 @@ retrying its request with the answers. Contract of `InteractiveCalls`:
 - With `max_sessions` busy, or when no session could be opened (no room for another stdio child),
   `start` returns None: the request goes over the bridge's shared session (the server sees a
   client without those capabilities), logged at most once a minute.
+- `reserve` (in front of a stdio server whose sessions each start a process): `warm` opens one
+  session ahead, not initialized, since the capabilities it will declare are not known yet: its
+  child is started and asked `ping` (which a 2025 server answers before `initialize`), so that it
+  has booted when a request needs a session; the next request that finds no idle session for its
+  capabilities takes it (its handshake is then one exchange with a running process). It counts
+  within `max_sessions`, is closed after `IDLE_S` unused, and is made again once a request on an
+  interactive session ended, while there is room (not while it runs: a process starting takes the
+  CPU that request's answer needs); never because one closed idle (no demand, no process). It
+  yields to a 2025 client: `yield_reserve` closes it where a client's session found no room.
 
 The round trip spends no retry budget: each retry is a request of its own to the engine, whose
 first attempt resumes the parked one; a retry of that attempt finds the state spent (-32602).
@@ -52,6 +61,7 @@ from typing import Any, Final
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Message, RequestId, bounded
+from proxy.telemetry.bridge import BRIDGE
 from proxy.upstream.base import Exchange, OnMessage, UpstreamLink
 from proxy.upstream.bridge import CONTINUATION, INTERACTIVE, LOG_LEVELS, handshake, legacy_form, level_of
 
@@ -128,25 +138,42 @@ class InteractiveCalls:
         timeout_s: float,
         max_sessions: int,
         input_wait_s: float,
+        reserve: bool = False,
     ) -> None:
         """`opener`: a new legacy link of the upstream's transport; `timeout_s` bounds each
-        session's handshake."""
+        session's handshake; `reserve`: keep one session's process started ahead (`warm`)."""
         self._opener = opener
         self._timeout_s = timeout_s
         self.max_sessions = max_sessions
         self.input_wait_s = input_wait_s
+        self.reserves = reserve
         self._idle: dict[str, list[_Session]] = {}
         self._sessions: set[_Session] = set()
         self._opening = 0
+        self._reserve: UpstreamLink | None = None  # a session's link whose child is started, not initialized
+        self._reserve_idle: asyncio.TimerHandle | None = None
+        self._reserve_booted = False  # its process answered the `ping`
+        self._warming = False  # the reserve's link is being opened
         self._parked: dict[str, _Call] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._refusal_logged = -math.inf
         self._closed = False
+        BRIDGE.watch_interactive(self)
 
     @property
     def sessions(self) -> int:
-        """Interactive sessions open or opening."""
-        return len(self._sessions) + self._opening
+        """Interactive sessions open or opening, the reserve among them."""
+        return len(self._sessions) + self._opening + (self._reserve is not None or self._warming)
+
+    def session_states(self) -> dict[str, int]:
+        """The sessions by state, for /metrics (proxy/telemetry/bridge.py)."""
+        idle = sum(len(sessions) for sessions in self._idle.values())
+        return {
+            "busy": len(self._sessions) - idle,
+            "idle": idle,
+            "reserved": int(self._reserve is not None and self._reserve_booted),
+            "opening": self._opening + int(self._warming or (self._reserve is not None and not self._reserve_booted)),
+        }
 
     @property
     def parked(self) -> int:
@@ -169,10 +196,12 @@ class InteractiveCalls:
         Raises `UpstreamFailure` when the request could not be sent."""
         try:
             session = await self._lease(capabilities)
-            why = f"all {self.max_sessions} interactive sessions are busy"
+            reason, why = "busy", f"all {self.max_sessions} interactive sessions are busy"
         except UpstreamFailure as exc:  # e.g. no room for another stdio child: the shared session serves
-            session, why = None, f"no interactive session could be opened ({bounded(str(exc), 200)})"
+            session, reason = None, "unavailable"
+            why = f"no interactive session could be opened ({bounded(str(exc), 200)})"
         if session is None:
+            BRIDGE.count_fallback(reason)
             now = time.monotonic()
             if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
                 self._refusal_logged = now
@@ -244,6 +273,7 @@ class InteractiveCalls:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._drop_reserve()
         for call in list(self._parked.values()):
             await self._abandon(call, "the proxy is shutting down")
         for session in list(self._sessions):
@@ -327,6 +357,7 @@ class InteractiveCalls:
         call.timer = asyncio.get_running_loop().call_later(self.input_wait_s, self._expired, call)
         call.outer = None
         requests = {key: {"method": m["method"], "params": m.get("params") or {}} for key, m in call.asked.items()}
+        BRIDGE.count_round("2026")
         result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
         outer.response.set_result({"jsonrpc": "2.0", "id": outer.upstream_id, "result": result})
 
@@ -408,15 +439,17 @@ class InteractiveCalls:
                 session.idle = None
             if not session.closed:
                 return session
-        if self._closed or self.sessions >= self.max_sessions:
+        reserve = self._take_reserve()
+        if reserve is None and (self._closed or self.sessions >= self.max_sessions):
             return None
         self._opening += 1
         log.info(
-            "era bridge: opening a 2025 session declaring %s for requests whose server may ask their client",
+            "era bridge: opening a 2025 session%s declaring %s for requests whose server may ask their client",
+            " (on the process started ahead)" if reserve is not None else "",
             ", ".join(sorted(capabilities)),
         )
         try:
-            link = await self._opener()
+            link = reserve if reserve is not None else await self._opener()
             session = _Session(link, key)
             link.set_unsolicited_handler(lambda m: self._from_session(session, m))
             await handshake(link, self._timeout_s, capabilities)
@@ -425,6 +458,70 @@ class InteractiveCalls:
         self._sessions.add(session)
         return session
 
+    # -- the reserve ---------------------------------------------------------------------------
+
+    def warm(self) -> None:
+        """Start one session's process ahead, where `reserve` is on and none is started or
+        starting, within `max_sessions` (the module's contract)."""
+        if not self.reserves or self._closed or self._reserve is not None or self._warming:
+            return
+        if self.sessions >= self.max_sessions:
+            return
+        self._warming = True
+        self._spawn(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            link = await self._opener()
+        except UpstreamFailure as exc:
+            log.info("era bridge: no session could be started ahead: %s", bounded(str(exc), 200))
+            return
+        finally:
+            self._warming = False
+        if self._closed:
+            await link.aclose()
+            return
+        self._reserve, self._reserve_booted = link, False
+        self._reserve_idle = asyncio.get_running_loop().call_later(IDLE_S, self._drop_reserve)
+        # `ping` is the one request a client may send before `initialize`: its answer says the
+        # process has booted, and it fixes nothing a later `initialize` declares.
+        ping: Message = {"jsonrpc": "2.0", "id": link.new_id(), "method": "ping"}
+        try:
+            ex = await link.send_request(ping)
+            await asyncio.wait_for(asyncio.shield(ex.response), self._timeout_s)
+        except TimeoutError:
+            return  # still starting: a request that takes it waits for the rest of its start
+        except UpstreamFailure as exc:
+            if self._reserve is link and exc.kind is not FailureKind.CLOSED:
+                log.info("era bridge: the session started ahead failed: %s", bounded(str(exc), 200))
+            if self._reserve is link:
+                self._drop_reserve()
+            return
+        if self._reserve is link:
+            self._reserve_booted = True
+
+    async def yield_reserve(self) -> bool:
+        """Close the process started ahead, if there is one, so that its upstream session goes to
+        whoever needs one now (a 2025 client's session at the upstream's limit); whether there was."""
+        link = self._take_reserve()
+        if link is None:
+            return False
+        log.info("era bridge: the session started ahead gave its upstream session to a 2025 client")
+        await link.aclose()
+        return True
+
+    def _take_reserve(self) -> UpstreamLink | None:
+        link, self._reserve = self._reserve, None
+        if self._reserve_idle is not None:
+            self._reserve_idle.cancel()
+            self._reserve_idle = None
+        return link
+
+    def _drop_reserve(self) -> None:
+        link = self._take_reserve()
+        if link is not None:
+            self._spawn(link.aclose())
+
     def _finish(self, call: _Call, *, reuse: bool) -> None:
         session = call.session
         if session.call is not call:
@@ -432,9 +529,10 @@ class InteractiveCalls:
         session.call = None
         if not reuse or self._closed:
             self._close(session)
-            return
-        self._idle.setdefault(session.key, []).append(session)
-        session.idle = asyncio.get_running_loop().call_later(IDLE_S, self._close, session)
+        else:
+            self._idle.setdefault(session.key, []).append(session)
+            session.idle = asyncio.get_running_loop().call_later(IDLE_S, self._close, session)
+        self.warm()  # (a session closed after its server asked: its room goes to the reserve)
 
     def _close(self, session: _Session) -> None:
         if session.closed:

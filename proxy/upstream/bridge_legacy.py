@@ -14,6 +14,10 @@ with its own requests), translated by proxy/upstream/bridge_shapes.py:
 - each request carries the session's state in the 2026 per-request `_meta` (protocol version, the
   client's capabilities and info, the level set by `logging/setLevel`), and each result loses the
   2026-only fields (`structuredContent` that is not an object is wrapped);
+- a log message reaches the session's client only at or above the level it set (none before it
+  set one); one that names no request (a 2026 server over stdio names none) reaches a request's
+  client while that request is the only one in flight on the shared link
+  (`Exchange.takes_untied_logs`), and no one while several are;
 - methods 2026 removed: `ping` is answered here, `logging/setLevel` is stored for the session
   (valid levels only), `resources/subscribe` and `resources/unsubscribe` are served by one
   `subscriptions/listen` stream of the session's, re-opened whenever the set of subscribed URIs
@@ -49,6 +53,7 @@ from proxy.jsonrpc import (
     RequestId,
     bounded,
 )
+from proxy.telemetry.bridge import BRIDGE
 from proxy.upstream.base import SUBSCRIPTION_ID, Era, Exchange, OnMessage, UpstreamLink, discover_request, ours
 from proxy.upstream.bridge import LOG_LEVELS
 from proxy.upstream.bridge_shapes import (
@@ -93,6 +98,8 @@ class LegacyOverModern:
         self._listen: Exchange | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.awaiting_input = 0  # requests whose client is being asked (/metrics: proxy/telemetry/bridge.py)
+        BRIDGE.watch_legacy(self)
 
     # -- UpstreamLink ------------------------------------------------------------------------
 
@@ -129,8 +136,9 @@ class LegacyOverModern:
             return await self._subscription(message, method, params, headers)
         up = modern_request(message, self.client_capabilities, self.client_info, self.log_level)
         token = up["params"]["_meta"].get("progressToken")
-        relayed = _progress_under(token, on_message)
+        relayed = self._relayed(token, on_message)
         inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers, on_write=on_write)
+        inner_ex.takes_untied_logs = True
         loop = asyncio.get_running_loop()
         outer = Exchange(message["id"], method, on_message, loop.create_future(), written=True, asks_input=True)
         outer.transport_state = inner_ex
@@ -250,9 +258,12 @@ class LegacyOverModern:
             answers: dict[str, Any] = {}
             if outer.on_input is not None:
                 outer.on_input(True)  # a person may be answering: only the call's deadline runs
+            BRIDGE.count_round("2025")
+            self.awaiting_input += 1
             try:
                 replies = await asyncio.gather(*(self._ask(outer, method, params) for _, method, params in asked))
             finally:
+                self.awaiting_input -= 1
                 if outer.on_input is not None:
                     outer.on_input(False)
             for (key, method, _), reply in zip(asked, replies, strict=True):
@@ -264,6 +275,7 @@ class LegacyOverModern:
                 answers[key] = reply["result"]
             up = continued(up, self._inner.new_id(), answers, result.get("requestState"))
             inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers)
+            inner_ex.takes_untied_logs = True
             outer.transport_state = inner_ex
         why = f"the server asked for input more than {MAX_ROUNDS} times in one request"
         return {"jsonrpc": "2.0", "id": up["id"], "error": _error(why)}
@@ -347,6 +359,23 @@ class LegacyOverModern:
             log.info("bridged session: the listen stream was not acknowledged within %g s", LISTEN_ACK_S)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _relayed(self, token: object, on_message: OnMessage | None) -> OnMessage:
+        """`_progress_under`, with log messages only at or above the level the session set (the
+        server filters by the level each request carries, but a log message that names no request
+        reaches a request only by being the one in flight: `Exchange.takes_untied_logs`)."""
+        relayed = _progress_under(token, on_message)
+
+        def filtered(message: Message) -> None:
+            if message.get("method") == "notifications/message":
+                params = message.get("params")
+                severity = params.get("level") if isinstance(params, dict) else None
+                level = self.log_level
+                if level is None or severity not in LOG_LEVELS or LOG_LEVELS.index(severity) < LOG_LEVELS.index(level):
+                    return
+            relayed(message)
+
+        return filtered
 
     def _answered(
         self, message: Message, result: dict[str, Any] | None = None, error: dict[str, Any] | None = None

@@ -10,7 +10,11 @@ server has no `initialize`) settles it the other way: the native link is closed,
 continues on the era bridge (`make_bridge()`, proxy/upstream/bridge_legacy.py), which answers
 that same `initialize` from the server's `server/discover`, and `on_verdict(False)`. Any other
 answer (an error about the client's own request, a failure) reaches the client as it came and
-settles nothing. Every other call goes to the link the session is on.
+settles nothing. So does a session on shared stdio children (`--stdio-sessions shared`), whose
+`initialize` the proxy sent itself when it started them: where they refused it, the native link
+fails with `FailureKind.PROTOCOL` (nothing dispatched) and the session moves onto the bridge the
+same way (a server that speaks 2025 and refuses a plain 2025 `initialize` serves no 2025 client
+either). Every other call goes to the link the session is on.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
-from proxy.errors import untraced
-from proxy.jsonrpc import METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION, Message, RequestId
+from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
+from proxy.jsonrpc import METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION, Message, RequestId, bounded
 from proxy.upstream.base import Era, Exchange, OnMessage, UpstreamLink
 
 log = logging.getLogger("proxy.upstream.bridge")
@@ -65,7 +69,13 @@ class ProvingLink:
         if message.get("method") != "initialize":
             return await self._link.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         native = self._link
-        ex = await native.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
+        try:
+            ex = await native.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
+        except UpstreamFailure as failure:
+            if failure.kind is not FailureKind.PROTOCOL or failure.dispatched is not Dispatch.NO:
+                raise
+            await self._onto_bridge(native, f"the shared children refused it: {bounded(failure.detail, 200)}")
+            return await self._link.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         outer = Exchange(ex.upstream_id, "initialize", on_message, asyncio.get_running_loop().create_future())
         outer.written = ex.written
         outer.transport_state = ex
@@ -82,14 +92,8 @@ class ProvingLink:
             if "result" in response:
                 self._on_verdict(True)
             elif code in NOT_THIS_REVISION:
-                native, bridge = self._link, await self._make_bridge()
-                self._link = bridge
-                if self._unsolicited is not None:
-                    bridge.set_unsolicited_handler(self._unsolicited)
-                await native.aclose()
-                log.info("the upstream refused a 2025 initialize (code %s): 2025 sessions go over the era bridge", code)
-                self._on_verdict(False)
-                bridged = await bridge.send_request(message, headers=headers)
+                await self._onto_bridge(self._link, f"code {code}")
+                bridged = await self._link.send_request(message, headers=headers)
                 response = await bridged.response
         except BaseException as exc:  # the client's initialize fails as the link failed it
             if not outer.response.done():
@@ -103,6 +107,16 @@ class ProvingLink:
             return
         if not outer.response.done():
             outer.response.set_result(response)
+
+    async def _onto_bridge(self, native: UpstreamLink, why: str) -> None:
+        """The upstream refused a 2025 `initialize`: the session continues on the bridge."""
+        bridge = await self._make_bridge()
+        self._link = bridge
+        if self._unsolicited is not None:
+            bridge.set_unsolicited_handler(self._unsolicited)
+        await native.aclose()
+        log.info("the upstream refused a 2025 initialize (%s): 2025 sessions go over the era bridge", why)
+        self._on_verdict(False)
 
     @property
     def starting(self) -> bool:

@@ -2,7 +2,8 @@
 that refuses the 2025 handshake exactly as a server of 2026-07-28 alone does (the mirror of
 everything_stdio_2025_only.py).
 
-It starts everything_stdio.py, relays every line both ways unchanged, and answers itself what a
+It starts everything_stdio.py (or the Python script and arguments given), relays every line both
+ways unchanged, and answers itself what a
 2026-only server refuses: `initialize` gets the -32022 "Unsupported protocol version" error naming
 the versions it supports (the 2026 error for a revision the server does not speak), and any other
 request without the 2026 `_meta` protocol version gets -32602 (the 2026 answer to a request that
@@ -45,7 +46,7 @@ def refusal(message: dict) -> dict | None:
 
 
 def main() -> int:
-    return relay(refusal, [str(HERE / "everything_stdio.py")])
+    return relay(refusal, sys.argv[1:] or [str(HERE / "everything_stdio.py")])
 
 
 if __name__ == "__main__":

@@ -41,11 +41,6 @@ _NO_BACK_CHANNEL = (
 )
 KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("proxy-bridge-2026-only-upstream", "2025-11-25"): {
-        "tools-call-with-logging": (
-            "over stdio a 2026 server's log messages are tied to no request (no per-request stream), so they "
-            "cannot be told apart from other callers' and reach no bridged session; over HTTP they come on the "
-            "request's own stream and are relayed (tests/e2e/test_era_bridge_legacy.py)"
-        ),
         "tools-call-sampling": _NO_BACK_CHANNEL,
         "tools-call-elicitation": _NO_BACK_CHANNEL,
         "elicitation-sep1034-defaults": _NO_BACK_CHANNEL,
@@ -71,13 +66,7 @@ KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
 }
 # Scenarios whose outcome depends on how fast this machine starts a process, with the reason:
 # neither their pass nor their failure fails the test (the summary says which it was).
-TIMING_DEPENDENT: dict[tuple[str, str], dict[str, str]] = {
-    ("proxy-bridge-2025-only-upstream", "2026-07-28"): {
-        "server-stateless": "one check reads the stream of the first call declaring elicitation for 600 ms; through "
-        "the bridge that call runs on a 2025 session of its own, opened on first use, which in front of a stdio "
-        "server is a process start unless a warm one is ready (docs/deploy.md, 'Eras')",
-    },
-}
+TIMING_DEPENDENT: dict[tuple[str, str], dict[str, str]] = {}
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,6 +11,8 @@ refused as the server itself would refuse it.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
 import time
@@ -31,15 +33,17 @@ from mcp.types import (
     Root,
     TextContent,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import FileUrl
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP
+from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP, scripted_args
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 MODERN = "2026-07-28"
+ONLY_2025_STDIO = REPO_ROOT / "tests/conformance/everything_stdio_2025_only.py"
 
 
 class Bridged:
@@ -317,3 +321,174 @@ async def test_over_streamable_http_a_log_message_of_the_call_reaches_it_at_the_
     assert heard[None] == [] and heard["warning"] == []
     for level in ("info", "debug"):
         assert [(p.level, p.data) for p in heard[level]] == [("info", f"at {level}")], heard[level]
+
+
+async def scrape(admin: httpx.AsyncClient, base: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = (await admin.get(base + "/metrics")).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return scraped.get(("mcp_recovery_" + name, frozenset(labels.items())), 0.0)
+
+
+async def test_the_first_call_whose_server_asks_its_client_runs_on_a_process_started_before_any_2026_request(
+    tmp_path: Path,
+) -> None:
+    """In front of a 2025-only stdio server, a process for the bridge's interactive sessions is
+    started ahead (and has answered `ping`) before any 2026 client came: the first call declaring
+    elicitation runs on it instead of waiting for a process start. While its client is asked, the
+    request is counted as awaiting input, and the round is counted."""
+    journal = tmp_path / "journal.jsonl"
+    server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
+    seen: dict[str, float] = {}
+    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with httpx.AsyncClient(timeout=10) as admin:
+            # the started-ahead process answers its ping: the gauge says so (no event to wait on here)
+            while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+            before = time.time()
+
+            async def elicitation(context: Any, params: Any) -> ElicitResult:
+                seen["awaiting"] = metric(await scrape(admin, proxy.admin), "era_bridge_awaiting_input", client="2026")
+                return ElicitResult(action="accept", content={"answer": "early"})
+
+            async with Client(proxy.url, mode=MODERN, elicitation_callback=elicitation) as client:
+                answered = await client.call_tool("ask_elicitation", {"question": "q?", "call_id": "first-ask"})
+            assert text_of(answered) == "early"
+            after = await scrape(admin, proxy.admin)
+    events = Journal(journal)
+    (started,) = events.events(event="started", call="first-ask")
+    (boot,) = [e for e in events.events(event="boot") if e["pid"] == started["pid"]]
+    assert boot["t"] < before, "the call's server process started after the 2026 client came"
+    assert seen["awaiting"] == 1
+    assert metric(after, "era_bridge_input_rounds_total", client="2026") == 1
+    assert metric(after, "era_bridge_fallbacks_total", reason="busy") == 0
+
+
+async def test_with_every_interactive_session_busy_a_request_goes_over_the_shared_session_and_is_counted(
+    tmp_path: Path,
+) -> None:
+    """With one interactive session allowed and it holding a parked request, another client's request
+    declaring elicitation is served over the bridge's shared session, and counted as a fallback."""
+    journal, state = tmp_path / "journal.jsonl", tmp_path / "state.json"
+    seen: dict[str, float] = {}
+    with ScriptedHTTP(journal, state, transport="sse") as server:
+        one = ["--era-bridge-sessions", "1"]
+        with ProxyProcess(upstream_url="sse+" + server.url, extra=one, log_path=tmp_path / "p.log") as proxy:
+            async with (
+                httpx.AsyncClient(timeout=10) as admin,
+                Client(proxy.url, mode=MODERN, elicitation_callback=lambda context, params: None) as other,
+            ):
+
+                async def elicitation(context: Any, params: Any) -> ElicitResult:
+                    busy = await scrape(admin, proxy.admin)
+                    seen["busy"] = metric(busy, "era_bridge_sessions", state="busy")
+                    fallbacks = metric(busy, "era_bridge_fallbacks_total", reason="busy")
+                    assert text_of(await other.call_tool("echo", {"text": "beside"})) == "beside"
+                    # the call, and the listing its client may make first: each over the shared session
+                    scraped = await scrape(admin, proxy.admin)
+                    seen["fallbacks"] = metric(scraped, "era_bridge_fallbacks_total", reason="busy") > fallbacks
+                    return ElicitResult(action="accept", content={"answer": "held"})
+
+                with anyio.fail_after(BOUND_S):
+                    async with Client(proxy.url, mode=MODERN, elicitation_callback=elicitation) as client:
+                        answered = await client.call_tool("ask_elicitation", {"question": "q?"})
+                assert text_of(answered) == "held"
+    assert seen == {"busy": 1, "fallbacks": True}
+
+
+def modern_post(url: str, request_id: int, arguments: dict[str, Any], extra: dict[str, Any]) -> httpx.Response:
+    """A 2026-07-28 `tools/call` of `ask_elicitation` as a client sends it, with `extra` params."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    params = {"name": "ask_elicitation", "arguments": arguments, "_meta": meta, **extra}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "ask_elicitation",
+    }
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return httpx.post(url, json=body, headers=headers, timeout=BOUND_S)
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    if response.headers["content-type"].startswith("application/json"):
+        return response.json()
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    answers = [json.loads(d) for d in data if d and '"id"' in d]
+    return answers[-1]
+
+
+async def test_malformed_input_responses_start_nothing_and_leave_the_request_held(bridged: Bridged) -> None:
+    """Retries of a held request with answers it cannot use: `inputResponses` that is not an object
+    is refused (-32602), answers under keys it never asked and answers that are not objects leave
+    its question asked again (a new round), a body over the proxy's bound is refused (413); none
+    of them resumes or re-runs the call, and the proper answer still completes it, once. An answer
+    of the wrong shape goes to the server, which refuses it as a tool error."""
+    args = {"question": "size?", "call_id": "ir-malformed"}
+
+    async def never(context: Any, params: Any) -> ElicitResult:
+        raise AssertionError("driven by hand here")
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=MODERN, elicitation_callback=never) as client:
+            first = await client.session.call_tool("ask_elicitation", args, allow_input_required=True)
+            assert isinstance(first, InputRequiredResult) and first.request_state
+            (key,) = first.input_requests
+            post = functools.partial(modern_post, bridged.proxy.url)
+            state = first.request_state
+            refused = answer_of(
+                await anyio.to_thread.run_sync(post, 11, args, {"requestState": state, "inputResponses": "yes"})
+            )
+            assert refused["error"]["code"] == -32602, refused
+            for n, responses in enumerate(({"unknown-9": {"action": "accept"}}, {key: "accept"})):
+                extra = {"requestState": state, "inputResponses": responses}
+                again = answer_of(await anyio.to_thread.run_sync(post, 12 + n, args, extra))
+                assert again["result"]["resultType"] == "input_required", again
+                assert list(again["result"]["inputRequests"]) == [key]
+                state = again["result"]["requestState"]
+            huge = {key: {"action": "accept", "content": {"answer": "x" * (4 * 1024 * 1024)}}}
+            too_big = await anyio.to_thread.run_sync(post, 20, args, {"requestState": state, "inputResponses": huge})
+            assert too_big.status_code == 413
+            reply = {key: ElicitResult(action="accept", content={"answer": "medium"})}
+            done = await client.session.call_tool(
+                "ask_elicitation", args, request_state=state, input_responses=reply, allow_input_required=True
+            )
+            assert isinstance(done, CallToolResult) and text_of(done) == "medium"
+            # an answer of the wrong shape reaches the server, whose own check refuses it: a tool
+            # error the engine classifies (validation: not retried), not a second execution
+            shape_args = {"question": "shape?", "call_id": "ir-shape"}
+            asked = await client.session.call_tool("ask_elicitation", shape_args, allow_input_required=True)
+            assert isinstance(asked, InputRequiredResult)
+            wrong = {"requestState": asked.request_state, "inputResponses": {key: {"action": "maybe"}}}
+            refused = answer_of(await anyio.to_thread.run_sync(post, 30, shape_args, wrong))
+            assert refused["result"]["isError"] is True, refused
+            assert refused["result"]["structuredContent"]["errorCategory"] == "validation"
+    assert len(bridged.journal.events(event="started", call="ir-malformed")) == 1
+    assert bridged.journal.events(event="started", call="ir-shape") == []
+
+
+async def test_the_process_started_ahead_gives_its_place_to_a_2025_client_at_the_session_limit(
+    tmp_path: Path,
+) -> None:
+    """`--max-sessions 1` in front of a 2025-only stdio server: the one upstream session the limit
+    allows is the bridge's process started ahead until a 2025 client comes; that client's session
+    gets it (the reserve is closed), rather than a refusal."""
+    journal = tmp_path / "journal.jsonl"
+    server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
+    one = ["--max-sessions", "1"]
+    with ProxyProcess(upstream=server, extra=one, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with httpx.AsyncClient(timeout=10) as admin:
+            while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+            async with Client(proxy.url, mode="legacy") as client:
+                assert text_of(await client.call_tool("echo", {"text": "mine"})) == "mine"
+            assert metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") == 0

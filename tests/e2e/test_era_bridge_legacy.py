@@ -34,7 +34,7 @@ from mcp.types import (
     TextContent,
 )
 
-from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP
+from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP, scripted_args
 from tests.fixtures.journal import Journal
 from tests.proxy_process import ProxyProcess
 
@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 BOUND_S = 30.0
 LEGACY = "legacy"  # the SDK client's handshake mode: it negotiates 2025-11-25
 MODERN = "2026-07-28"
+ONLY_2026_STDIO = REPO_ROOT / "tests/conformance/everything_stdio_2026_only.py"
 
 
 # ask_elicitation's attempts time out long before a person answers; its deadline does not.
@@ -122,9 +123,13 @@ async def test_an_input_required_result_becomes_requests_to_the_2025_client_and_
     bridged: Bridged,
 ) -> None:
     asked: list[str] = []
+    awaiting: list[str] = []
 
     async def sampling(context: Any, params: Any) -> CreateMessageResult:
         asked.append("sampling")
+        async with httpx.AsyncClient(timeout=10) as admin:  # the call is held while its client answers
+            scraped = (await admin.get(bridged.proxy.admin + "/metrics")).text
+        awaiting.extend(line for line in scraped.splitlines() if line.startswith("mcp_recovery_era_bridge_awaiting"))
         return CreateMessageResult(role="assistant", content=TextContent(type="text", text="Paris"), model="m")
 
     async def elicitation(context: Any, params: Any) -> ElicitResult:
@@ -140,6 +145,7 @@ async def test_an_input_required_result_becomes_requests_to_the_2025_client_and_
             elicited = await client.call_tool("ask_elicitation", {"question": "colour?", "call_id": "l-elicit"})
             assert text_of(elicited) == "blue"
     assert asked == ["sampling", "elicitation"]
+    assert 'mcp_recovery_era_bridge_awaiting_input{client="2025"} 1.0' in awaiting, awaiting
     # the round trip (the call asked, then re-sent with the answer) is one attempt: the engine
     # reports attempts on a result only when it made more than one
     for result in (sampled, elicited):
@@ -298,3 +304,95 @@ async def test_over_stdio_the_first_session_finds_the_server_2026_only_and_every
     assert ready["served"] == {"2025": "bridged", "2026-07-28": "native"}
     assert asked[:3] == ["Step 1: What is your name?", "Step 2: What is your favorite color?", "roots"]
     assert "What context should the prompt use?" in asked
+
+
+async def test_over_stdio_a_log_message_reaches_the_one_call_in_flight_at_its_sessions_level_and_none_of_two(
+    tmp_path: Path,
+) -> None:
+    """A 2026 server over stdio names no request in its log messages. While one bridged call is the
+    only request in flight on the server's link, its log message is that call's: it reaches the
+    2025 client at or above the level its session set (none below it). While two are in flight it
+    could be either's, so it reaches neither (a log line may carry one caller's data)."""
+    journal = tmp_path / "journal.jsonl"
+    release = tmp_path / "release"
+    server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
+    heard: dict[str, list[Any]] = {"info": [], "warning": [], "busy": []}
+
+    def listener(name: str) -> Any:
+        async def on_log(params: Any) -> None:
+            heard[name].append(params.data)
+
+        return on_log
+
+    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with (
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("info")) as info,
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("warning")) as warning,
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("busy")) as busy,
+        ):
+            await info.set_logging_level("info")
+            await warning.set_logging_level("warning")
+            assert text_of(await info.call_tool("log_then_answer", {"message": "one"})) == "answered: one"
+            assert text_of(await warning.call_tool("log_then_answer", {"message": "low"})) == "answered: low"
+            assert heard == {"info": ["one"], "warning": [], "busy": []}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(busy.call_tool, "hang", {"seconds": BOUND_S, "release": str(release), "call_id": "held"})
+                journal_ = Journal(journal)
+                await journal_.await_for(lambda j: j.events(event="started", call="held"), timeout_s=BOUND_S)
+                answered = await info.call_tool("log_then_answer", {"message": "two"})
+                assert text_of(answered) == "answered: two"
+                release.touch()
+    assert heard == {"info": ["one"], "warning": [], "busy": []}
+
+
+async def test_with_shared_stdio_children_a_2025_client_of_a_2026_only_server_is_bridged(tmp_path: Path) -> None:
+    """`--stdio-sessions shared`: the proxy initializes the shared children itself, and a 2026-only
+    server refuses that. The first 2025 client's session moves onto the bridge (not refused), and
+    readiness says 2025 is bridged from then on."""
+    journal = tmp_path / "journal.jsonl"
+    server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
+    shared = ["--stdio-sessions", "shared"]
+    with ProxyProcess(upstream=server, extra=shared, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with Client(proxy.url, mode=LEGACY) as client:
+            assert client.session.protocol_version == "2025-11-25"
+            assert text_of(await client.call_tool("echo", {"text": "shared", "call_id": "s-echo"})) == "shared"
+        async with httpx.AsyncClient(timeout=10) as admin:
+            ready = (await admin.get(proxy.admin + "/readyz")).json()
+    assert ready["served"] == {"2025": "bridged", "2026-07-28": "native"}, ready
+    (started,) = Journal(journal).events(event="started", call="s-echo")
+    assert started["protocol_version"] == MODERN
+
+
+async def test_a_2025_client_cancelling_a_call_while_it_is_asked_ends_the_rounds_and_the_session_goes_on(
+    bridged: Bridged,
+) -> None:
+    """The 2025 client cancels its call while the bridge asks it for the server's input: the call is
+    not sent again with answers (the tool's body never runs), the bridge holds nothing for it any
+    longer, and the session serves the next call."""
+    asked = anyio.Event()
+
+    async def elicitation(context: Any, params: Any) -> ElicitResult:
+        asked.set()
+        await anyio.sleep_forever()  # the person never answers: the client cancels instead
+        raise AssertionError("unreachable")
+
+    async def awaiting(admin: httpx.AsyncClient) -> str:
+        scraped = (await admin.get(bridged.proxy.admin + "/metrics")).text
+        (line,) = [
+            x for x in scraped.splitlines() if x.startswith('mcp_recovery_era_bridge_awaiting_input{client="2025"}')
+        ]
+        return line.split()[-1]
+
+    with anyio.fail_after(BOUND_S):
+        async with Client(bridged.proxy.url, mode=LEGACY, elicitation_callback=elicitation) as client:
+            async with httpx.AsyncClient(timeout=10) as admin, anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "ask_elicitation", {"question": "stay?", "call_id": "l-cancelled"})
+                await asked.wait()
+                assert await awaiting(admin) == "1.0"
+                tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the call
+            async with httpx.AsyncClient(timeout=10) as admin:
+                while await awaiting(admin) != "0.0":  # noqa: ASYNC110 - a gauge: nothing to wait on
+                    await anyio.sleep(0.05)
+            assert text_of(await client.call_tool("echo", {"text": "after"})) == "after"
+    # the tool's body runs only once it has its answer (the server asked before it): never here
+    assert bridged.journal.events(call="l-cancelled") == []

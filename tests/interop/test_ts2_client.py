@@ -200,7 +200,10 @@ def test_user_session(
         assert report["stopReason"] == "attempts_exhausted" and report["attemptCount"] == 3
         assert report["errorCategory"] == "transient" and report["budgetExhausted"] is True
 
-        progressed = client.ok({"op": "callTool", "name": "slow_progress", "arguments": {}, "progress": True})
+        # steps 0.3 s apart: the first two arrive in reads of their own even when a loaded machine
+        # stalls a process for tens of milliseconds (at 50 ms apart, CI once saw only the first)
+        slow = {"op": "callTool", "name": "slow_progress", "arguments": {"delay_s": 0.3}, "progress": True}
+        progressed = client.ok(slow)
         # The last one may be lost by the client itself: v2 handles a notification in a microtask
         # but a response at once (dropping the call's progress handler), so a final progress that
         # arrives in the same read as the answer is dropped ("unknown token"). The proxy writes both

@@ -229,19 +229,20 @@ def test_fastmcp_client_sees_the_tools_own_message_in_tool_error_and_the_refused
         ProxyProcess(upstream=stdio_upstream(fastmcp_python, journal), log_path=tmp_path / "proxy.log")
     ) as proxy:
         first, repeat = _fastmcp_client(fastmcp_python, proxy.url, "flaky_db", {"tag": "t"}, count=2)
+        seen = f"journal: {journal.read_text()!r}\nproxy log: {proxy.log_tail()}"
 
     # The failure is transient ("timed out") and the tool read-only: retried to the end of its
     # attempts, then given up. What FastMCP's user sees is the first block: the tool's own words.
     assert first["ok"] is False and first["type"] == "ToolError", first
     assert first["message"] == "database timed out after 5s"
-    assert starts(journal, "flaky_db", "t") == 3
+    assert starts(journal, "flaky_db", "t") == 3, seen
     # The identical call is refused without reaching the upstream, and the refusal names the cause
     # (the category and the upstream's last message) and when it ends.
     assert repeat["ok"] is False, repeat
     assert "database timed out after 5s" in repeat["message"], repeat
     assert "transient" in repeat["message"] and "refusal ends in" in repeat["message"], repeat
     assert "already retried" in repeat["message"], repeat
-    assert starts(journal, "flaky_db", "t") == 3
+    assert starts(journal, "flaky_db", "t") == 3, seen
 
 
 def _restart_later(server: FastMcpHttp, after_s: float) -> threading.Thread:

@@ -703,9 +703,8 @@ def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
             continue
         d = direct.get(key(x))
         ratio = x.calls_per_s / d.calls_per_s if d and d.calls_per_s else 0.0
-        cmp_ = f"{100 * (ratio - 1):+.1f}% calls/s"
-        if d:
-            cmp_ += f", p50 {x.p50_ms - d.p50_ms:+.2f} ms"
+        # without a direct leg in the run (--rows without direct) there is nothing to compare with
+        cmp_ = f"{100 * (ratio - 1):+.1f}% calls/s, p50 {x.p50_ms - d.p50_ms:+.2f} ms" if d else "-"
         checks = []
         target = CPU_TARGET_MS.get(x.leg.removesuffix(" base"))
         if target is not None:
@@ -716,7 +715,7 @@ def verdicts(legs: list[Leg]) -> list[tuple[Leg, str, str]]:
             base = peers.get(key(x)) if x.leg.startswith("http→stdio") else (d.upstream_cpu_ms if d else None)
             if base:
                 checks.append(f"up≤+5%: {'PASS' if x.upstream_cpu_ms <= 1.05 * base else 'FAIL'}")
-            if x.wait_ms > 0:
+            if x.wait_ms > 0 and d:
                 checks.append(f"thr≥-10%: {'PASS' if ratio >= 1 - THROUGHPUT_TARGET else 'FAIL'}")
         if x.bad or not x.calls:
             checks.append("ERRORS")
@@ -752,6 +751,8 @@ def print_medians(legs: list[Leg]) -> None:
         d = direct.get((x.run, x.wait_ms, x.concurrency))
         if x.leg != "direct" and d is not None and d.calls_per_s:
             changes[(x.wait_ms, x.leg, x.concurrency)].append(x.calls_per_s / d.calls_per_s - 1)
+    if not changes:
+        return  # no direct leg in these rows
     print(f"\nmedian over {len(runs)} runs (calls/s against the same run's direct leg):")
     for (wait, leg, conc), values in sorted(changes.items()):
         values.sort()

@@ -18,6 +18,9 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
+# The physical path: a checkout whose .cache is a link to another's must write (in venv
+# scripts and manifest.json) paths that stay valid when that checkout is gone.
+mkdir -p "$CACHE" && CACHE="$(cd "$CACHE" && pwd -P)"
 VENV="${VENV:-$REPO_ROOT/.venv}"
 case "$VENV" in /*) ;; *) VENV="$REPO_ROOT/$VENV" ;; esac
 FORCE="${MCP_CONFORMANCE_FORCE:-0}"

@@ -12,6 +12,9 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${MCP_FASTMCP_CACHE:-$REPO_ROOT/.cache/fastmcp}"
+# The physical path: a checkout whose .cache is a link to another's must write (in venv
+# scripts and manifest.json) paths that stay valid when that checkout is gone.
+mkdir -p "$CACHE" && CACHE="$(cd "$CACHE" && pwd -P)"
 FORCE="${MCP_INTEROP_FORCE:-0}"
 FASTMCP="fastmcp==4.1.6"
 VENV="$CACHE/venv"
@@ -23,7 +26,10 @@ command -v python3 >/dev/null || die "python3 is required"
 mkdir -p "$CACHE"
 
 CHECK="import importlib.metadata as m, fastmcp.client, fastmcp.server; raise SystemExit(0 if m.version('fastmcp') == '${FASTMCP##*==}' else 1)"
-good() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; }
+# A venv's entry-point scripts name, in their #!, the path the venv was created at: one created
+# through another checkout's path (a linked .cache) breaks when that checkout goes. Rebuilt then.
+made_here() { grep -q -- "-m venv $1\$" "$1/pyvenv.cfg" 2>/dev/null; }
+good() { [ -x "$VENV/bin/python" ] && made_here "$VENV" && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; }
 
 if [ "$FORCE" = 1 ] || ! good; then
     # check-then-act under a lock: two runs at once leave one good venv

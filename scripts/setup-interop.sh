@@ -28,7 +28,11 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${MCP_INTEROP_CACHE:-$REPO_ROOT/.cache/interop}"
+# The physical path: a checkout whose .cache is a link to another's must write (in venv
+# scripts and manifest.json) paths that stay valid when that checkout is gone.
+mkdir -p "$CACHE" && CACHE="$(cd "$CACHE" && pwd -P)"
 CONFORMANCE_CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
+mkdir -p "$CONFORMANCE_CACHE" && CONFORMANCE_CACHE="$(cd "$CONFORMANCE_CACHE" && pwd -P)"
 FORCE="${MCP_INTEROP_FORCE:-0}"
 
 LOCK_DIR="$REPO_ROOT/tests/interop"
@@ -96,9 +100,12 @@ fi
 
 # --- a venv with a pinned requirement set, created only when missing or wrong ---------------
 # $1 venv, $2 python check that exits 0 when the venv is good, $3... pip requirements
+# A venv's entry-point scripts name, in their #!, the path the venv was created at: one created
+# through another checkout's path (a linked .cache) breaks when that checkout goes. Rebuilt then.
+made_here() { grep -q -- "-m venv $1\$" "$1/pyvenv.cfg" 2>/dev/null; }
 ensure_venv() {
     local venv="$1" check="$2"; shift 2
-    good() { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$check" 2>/dev/null; }
+    good() { [ -x "$venv/bin/python" ] && made_here "$venv" && "$venv/bin/python" -c "$check" 2>/dev/null; }
     if [ "$FORCE" != 1 ] && good; then
         return 0
     fi

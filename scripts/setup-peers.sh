@@ -15,7 +15,11 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${MCP_PEERS_CACHE:-$REPO_ROOT/.cache/peers}"
+# The physical path: a checkout whose .cache is a link to another's must write (in venv
+# scripts and manifest.json) paths that stay valid when that checkout is gone.
+mkdir -p "$CACHE" && CACHE="$(cd "$CACHE" && pwd -P)"
 CONFORMANCE_CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
+mkdir -p "$CONFORMANCE_CACHE" && CONFORMANCE_CACHE="$(cd "$CONFORMANCE_CACHE" && pwd -P)"
 FORCE="${MCP_INTEROP_FORCE:-0}"
 MCP_PROXY="mcp-proxy==0.13.0"
 SUPERGATEWAY="supergateway@4.0.0"
@@ -44,7 +48,10 @@ exec 9>"$CACHE/.lock"
 flock 9
 
 PY_CHECK="import importlib.metadata as m; raise SystemExit(0 if m.version('mcp-proxy') == '${MCP_PROXY##*==}' else 1)"
-py_ok() { [ -x "$VENV/bin/mcp-proxy" ] && "$VENV/bin/python" -c "$PY_CHECK" 2>/dev/null; }
+# A venv's entry-point scripts name, in their #!, the path the venv was created at: one created
+# through another checkout's path (a linked .cache) breaks when that checkout goes. Rebuilt then.
+made_here() { grep -q -- "-m venv $1\$" "$1/pyvenv.cfg" 2>/dev/null; }
+py_ok() { [ -x "$VENV/bin/mcp-proxy" ] && made_here "$VENV" && "$VENV/bin/python" -c "$PY_CHECK" 2>/dev/null; }
 if [ "$FORCE" = 1 ] || ! py_ok; then
     log "creating $VENV with $MCP_PROXY"
     rm -rf "$VENV"

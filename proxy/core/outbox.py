@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.auth.base import Principal
 from proxy.errors import UpstreamFailure
-from proxy.jsonrpc import INTERNAL_ERROR, META_LOG_LEVEL, REQUEST_TIMEOUT, Message, RequestId, bounded, error
+from proxy.jsonrpc import INTERNAL_ERROR, REQUEST_TIMEOUT, Message, RequestId, bounded, error
 from proxy.recovery import PartialResult
 from proxy.recovery.report import PARTIAL_TEXT_LIMIT
 
@@ -140,12 +140,6 @@ def failure_response(id_: RequestId, failure: UpstreamFailure) -> Message:
     if failure.retry_after_s is not None:
         data[PROXY_FAILURE_KEY]["retryAfterMs"] = int(failure.retry_after_s * 1000)
     return error(id_, INTERNAL_ERROR, bounded(f"upstream unavailable: {failure.detail}", 300), data)
-
-
-def asks_for_logs(request: Message) -> bool:
-    params = request.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return isinstance(meta, dict) and META_LOG_LEVEL in meta
 
 
 def timeout_response(id_: RequestId, method: Any, timeout_s: float) -> Message:

@@ -52,7 +52,6 @@ from proxy.core.outbox import (
     ProgressRelay,
     SilentProgress,
     ToolCallHandler,
-    asks_for_logs,
     failure_response,
     progress_token_of,
     timeout_response,
@@ -214,7 +213,7 @@ class Relay:
         self.last_activity = time.monotonic()
         if method != "initialize":
             self.initialized = True
-        self.delivery.opened(outbox, self.shared and asks_for_logs(request))
+        self.delivery.opened(outbox)
         if self._pause is not None and hasattr(outbox, "on_pressure"):
             outbox.on_pressure = self._pressure
         requests = self.requests

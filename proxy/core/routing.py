@@ -11,8 +11,9 @@ Contract:
   newest request stream still open, else the listen stream, else a backlog bounded in count and
   bytes (`BACKLOG_LIMIT`, `BACKLOG_BYTES`; overflow counted as `backlog_full`), flushed when a
   listen stream opens. The shared 2026 link has many callers: such a message reaches none (counted
-  as `untied`), except a log line while exactly one request stream is open and that request asked
-  for log messages (a stdio child writes a request's log lines before its answer).
+  as `untied`). A stdio server's log line that names no request reaches a request before it gets
+  here when that request is the only one in flight on the link and asked for log messages
+  (`PendingTable.route_related`, which sees every request on the link, bridged 2025 ones too).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ServerRequests:
 class Delivery:
     """The open request streams of one relay, its listen stream and its backlog."""
 
-    __slots__ = ("backlog", "backlog_bytes", "listen", "log_streams", "shared", "streams")
+    __slots__ = ("backlog", "backlog_bytes", "listen", "shared", "streams")
 
     def __init__(self, shared: bool) -> None:
         self.shared = shared
@@ -91,27 +92,16 @@ class Delivery:
         self.listen: Outbox | None = None
         self.backlog: deque[tuple[Message, int]] = deque()
         self.backlog_bytes = 0
-        # Shared link: the open request streams whose request asked for log messages.
-        self.log_streams: set[Outbox] = set()
 
-    def opened(self, outbox: Outbox, asks_for_logs: bool) -> None:
+    def opened(self, outbox: Outbox) -> None:
         self.streams.append(outbox)
-        if asks_for_logs and self.shared:
-            self.log_streams.add(outbox)
 
     def closed(self, outbox: Outbox) -> None:
         self.streams.remove(outbox)
-        if self.log_streams:
-            self.log_streams.discard(outbox)
 
     def deliver(self, message: Message) -> None:
         """A message tied to no request (see the module docstring)."""
         if self.shared:
-            if message.get("method") == "notifications/message" and self.log_streams:
-                sole = self.sole_open_stream()
-                if sole is not None and sole in self.log_streams:
-                    sole.send(message)
-                    return
             SHED.count("dropped_messages", "untied")
             return
         for outbox in reversed(self.streams):
@@ -127,16 +117,6 @@ class Delivery:
         while len(self.backlog) > BACKLOG_LIMIT or (self.backlog_bytes > BACKLOG_BYTES and len(self.backlog) > 1):
             self.backlog_bytes -= self.backlog.popleft()[1]
             SHED.count("dropped_messages", "backlog_full")
-
-    def sole_open_stream(self) -> Outbox | None:
-        """The one request stream still open, or None when there are none or several."""
-        found: Outbox | None = None
-        for outbox in self.streams:
-            if not outbox.closed:
-                if found is not None:
-                    return None
-                found = outbox
-        return found
 
     def attach_listen(self, outbox: Outbox) -> bool:
         """The client's listen stream, given the backlog; False while another one is open."""

@@ -42,6 +42,7 @@ from proxy.jsonrpc import (
     LATEST_MODERN,
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,
+    META_LOG_LEVEL,
     META_PROTOCOL_VERSION,
     Message,
     RequestId,
@@ -94,9 +95,10 @@ class Exchange:
     asks_input: bool = False
     on_input: Callable[[bool], None] | None = None
     # A log message that names no request (a 2026 server over stdio names none) goes to this
-    # exchange while it is the only request in flight on its link (`PendingTable.route_related`).
-    # Set by a caller that filters log messages by its client's level itself (the era bridge's
-    # 2025 sessions); with several requests in flight such a message is nobody's to have.
+    # exchange while it is the only request in flight on its link (`PendingTable.route_related`):
+    # set when the request asks for log messages (a 2026 `_meta` log level, which the era bridge
+    # also sends for its 2025 sessions). With several requests in flight on the link such a message
+    # could be any caller's (and carry its data), so it is nobody's to have.
     takes_untied_logs: bool = False
 
 
@@ -305,6 +307,10 @@ class PendingTable:
         if loop is None:  # asked once: on Python 3.11 each get_running_loop() is a getpid() syscall
             loop = self._loop = asyncio.get_running_loop()
         ex = Exchange(message["id"], message.get("method", ""), on_message, loop.create_future())
+        params = message.get("params")
+        if isinstance(params, dict):
+            meta = params.get("_meta")
+            ex.takes_untied_logs = isinstance(meta, dict) and META_LOG_LEVEL in meta
         self._pending[ex.upstream_id] = ex
         return ex
 

@@ -14,8 +14,9 @@ with its own requests), translated by proxy/upstream/bridge_shapes.py:
 - each request carries the session's state in the 2026 per-request `_meta` (protocol version, the
   client's capabilities and info, the level set by `logging/setLevel`), and each result loses the
   2026-only fields (`structuredContent` that is not an object is wrapped);
-- a log message reaches the session's client only at or above the level it set (none before it
-  set one); one that names no request (a 2026 server over stdio names none) reaches a request's
+- a log message reaches the session's client at or above the level it set, and every log message
+  before it set one (`UNSET_LEVEL`: what a 2025 server does until its client sets a level); one that
+  names no request (a 2026 server over stdio names none) reaches a request's
   client while that request is the only one in flight on the shared link
   (`Exchange.takes_untied_logs`), and no one while several are;
 - methods 2026 removed: `ping` is answered here, `logging/setLevel` is stored for the session
@@ -77,6 +78,12 @@ LIST_CHANGED_KEYS: Final = {
 }
 
 
+# The level a session asks the server for until its client sends logging/setLevel. The 2025
+# specification lets a server choose what to send before then; the SDKs' 2025 servers send every
+# level, so a 2025 client sees through the bridge the log messages it would see from them.
+UNSET_LEVEL: Final = "debug"
+
+
 class LegacyOverModern:
     """The legacy-era link of one 2025 session over the upstream's shared 2026 link (see the
     module's contract)."""
@@ -90,7 +97,7 @@ class LegacyOverModern:
         self._discover: dict[str, Any] | None = None
         self.client_capabilities: dict[str, Any] = {}
         self.client_info: dict[str, Any] | None = None
-        self.log_level: str | None = None
+        self.log_level: str | None = None  # set by the client's logging/setLevel
         self._asked: dict[RequestId, asyncio.Future[Message]] = {}  # server requests awaiting the client
         self._ask_ids = itertools.count(1)
         self._drivers: dict[int, asyncio.Task[None]] = {}  # id(outer exchange) -> its driver
@@ -134,11 +141,10 @@ class LegacyOverModern:
             return self._answered(message, {})
         if method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._subscription(message, method, params, headers)
-        up = modern_request(message, self.client_capabilities, self.client_info, self.log_level)
+        up = modern_request(message, self.client_capabilities, self.client_info, self.log_level or UNSET_LEVEL)
         token = up["params"]["_meta"].get("progressToken")
         relayed = self._relayed(token, on_message)
         inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers, on_write=on_write)
-        inner_ex.takes_untied_logs = True
         loop = asyncio.get_running_loop()
         outer = Exchange(message["id"], method, on_message, loop.create_future(), written=True, asks_input=True)
         outer.transport_state = inner_ex
@@ -275,7 +281,6 @@ class LegacyOverModern:
                 answers[key] = reply["result"]
             up = continued(up, self._inner.new_id(), answers, result.get("requestState"))
             inner_ex = await self._inner.send_request(up, on_message=relayed, headers=headers)
-            inner_ex.takes_untied_logs = True
             outer.transport_state = inner_ex
         why = f"the server asked for input more than {MAX_ROUNDS} times in one request"
         return {"jsonrpc": "2.0", "id": up["id"], "error": _error(why)}
@@ -370,8 +375,8 @@ class LegacyOverModern:
             if message.get("method") == "notifications/message":
                 params = message.get("params")
                 severity = params.get("level") if isinstance(params, dict) else None
-                level = self.log_level
-                if level is None or severity not in LOG_LEVELS or LOG_LEVELS.index(severity) < LOG_LEVELS.index(level):
+                level = self.log_level or UNSET_LEVEL
+                if severity not in LOG_LEVELS or LOG_LEVELS.index(severity) < LOG_LEVELS.index(level):
                     return
             relayed(message)
 

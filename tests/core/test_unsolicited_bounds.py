@@ -15,7 +15,7 @@ from proxy.core.routing import BACKLOG_BYTES
 from proxy.core.server_messages import REFUSALS_IN_FLIGHT
 from proxy.jsonrpc import Message
 from proxy.telemetry.shed import SHED
-from proxy.upstream.base import Era
+from proxy.upstream.base import Era, PendingTable
 from proxy.upstream.stdio import StdioUpstream
 
 pytestmark = pytest.mark.anyio
@@ -67,21 +67,29 @@ async def test_the_shared_relay_gives_an_untied_message_to_nobody() -> None:
     await upstream.aclose()
 
 
-async def test_the_shared_relay_ties_a_log_line_only_to_a_sole_request_that_asked_for_logs() -> None:
-    """A log line goes to the one open request stream that asked for logs (`logLevel`); with a
-    second request in flight it cannot be told whose it is, and reaches neither."""
+async def test_a_log_line_naming_no_request_goes_only_to_a_sole_request_on_the_link_that_asked_for_logs() -> None:
+    """The link decides, seeing every request in flight on it (a native 2026 caller's and a bridged
+    2025 session's alike): a log line goes to the one request in flight that asked for logs
+    (`logLevel` in its `_meta`); with a second request in flight, or when the sole one did not ask,
+    it cannot be told whose it is: the shared relay then gives it to nobody (counted as untied)."""
     upstream = StdioUpstream(["true"])
     relay = Relay(await upstream.open(Era.MODERN), catalog=ToolCatalog())
+    pending = PendingTable()  # the link's table of requests in flight, as every stdio link keeps one
     asked, other = Collected(), Collected()
-    relay.delivery.streams.append(asked)
-    relay.delivery.log_streams.add(asked)  # what handle_request records for a request with logLevel
-    relay.server_messages.unsolicited(_log(0))
+    relay.delivery.streams.extend([asked, other])  # two request streams open on the relay
+    meta = {jsonrpc.META_LOG_LEVEL: "info"}
+    asking = pending.add({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"_meta": meta}}, asked.send)
+    assert pending.route_related(_log(0))
     assert [m["params"]["i"] for m in asked.messages] == [0]
-    relay.delivery.streams.append(other)  # a second caller's request, in flight at once
+    pending.add({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {}}, other.send)  # in flight at once
     before = SHED.get("dropped_messages", "untied")
-    relay.server_messages.unsolicited(_log(1))
+    assert not pending.route_related(_log(1))
+    relay.server_messages.unsolicited(_log(1))  # where the link's reader hands what it did not route
+    pending.discard(asking)  # the sole request left did not ask for logs
+    assert not pending.route_related(_log(2))
+    relay.server_messages.unsolicited(_log(2))
     assert [m["params"]["i"] for m in asked.messages] == [0] and other.messages == []
-    assert SHED.get("dropped_messages", "untied") - before == 1
+    assert SHED.get("dropped_messages", "untied") - before == 2
     await upstream.aclose()
 
 

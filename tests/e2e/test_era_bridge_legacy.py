@@ -105,12 +105,15 @@ async def test_a_2025_client_is_served_by_a_2026_only_upstream_through_the_bridg
             steps = {"steps": 3, "delay_s": 0.01}
             result = await client.call_tool("slow_progress", steps, progress_callback=on_progress)
             assert not result.is_error and progress == [1, 2, 3]
-            # no level set: the 2026 server is asked for no log message, and sends none
+            # no level set: every level, as the SDKs' 2025 servers send until a client sets one
+            assert text_of(await client.call_tool("log_then_answer", {"message": "unset"})) == "answered: unset"
+            assert [entry.data for entry in logged] == ["unset"]
+            await client.set_logging_level("warning")  # the line is at info: below it
             assert text_of(await client.call_tool("log_then_answer", {"message": "quiet"})) == "answered: quiet"
-            assert logged == []
+            assert [entry.data for entry in logged] == ["unset"]
             await client.set_logging_level("info")
             assert text_of(await client.call_tool("log_then_answer", {"message": "loud"})) == "answered: loud"
-            assert [entry.data for entry in logged] == ["loud"]
+            assert [entry.data for entry in logged] == ["unset", "loud"]
             assert (await client.read_resource("journal://summary")).contents
             assert "Ada" in str((await client.get_prompt("greet", {"name": "Ada"})).messages[0].content)
             await client.send_ping()
@@ -343,6 +346,45 @@ async def test_over_stdio_a_log_message_reaches_the_one_call_in_flight_at_its_se
                 assert text_of(answered) == "answered: two"
                 release.touch()
     assert heard == {"info": ["one"], "warning": [], "busy": []}
+
+
+async def test_over_stdio_a_bridged_calls_log_message_never_reaches_a_native_2026_call_in_flight_beside_it(
+    tmp_path: Path,
+) -> None:
+    """Bridged 2025 sessions and native 2026 callers share the server's process. While a native
+    call that asked for log messages and a bridged call are both in flight, a log message that
+    names no request could be either's (and carry its caller's data): it reaches neither, however
+    many request streams the native side has open."""
+    journal = tmp_path / "journal.jsonl"
+    release = tmp_path / "release"
+    server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
+    heard: dict[str, list[Any]] = {"native": [], "bridged": []}
+
+    def listener(name: str) -> Any:
+        async def on_log(params: Any) -> None:
+            heard[name].append(params.data)
+
+        return on_log
+
+    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        async with (
+            Client(proxy.url, mode=LEGACY, logging_callback=listener("bridged")) as bridged,
+            Client(proxy.url, mode=MODERN, logging_callback=listener("native"), log_level="debug") as native,
+        ):
+            await bridged.set_logging_level("debug")
+            async with anyio.create_task_group() as tg:
+                hold = {"seconds": BOUND_S, "release": str(release), "call_id": "native-held"}
+                tg.start_soon(native.call_tool, "hang", hold)
+                await Journal(journal).await_for(
+                    lambda j: j.events(event="started", call="native-held"), timeout_s=BOUND_S
+                )
+                answered = await bridged.call_tool("log_then_answer", {"message": "bridged's secret"})
+                assert text_of(answered) == "answered: bridged's secret"
+                release.touch()
+            # alone on the link again, each side gets its own call's line
+            await bridged.call_tool("log_then_answer", {"message": "bridged alone"})
+            await native.call_tool("log_then_answer", {"message": "native alone"})
+    assert heard == {"native": ["native alone"], "bridged": ["bridged alone"]}, heard
 
 
 async def test_with_shared_stdio_children_a_2025_client_of_a_2026_only_server_is_bridged(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ class UpstreamFailure(ProxyError):
         retry_after_s: float | None = None,
         body: dict[str, Any] | None = None,
         challenge: str | None = None,
+        refusal_code: int | None = None,
     ) -> None:
         # Every failure is built here, and its detail and body reach /readyz, logs and callers:
         # the proxy's own credentials go now, whatever the upstream echoed (an upstream may answer
@@ -71,6 +72,10 @@ class UpstreamFailure(ProxyError):
         # The WWW-Authenticate of an upstream 401/403 (bounded, one line): `--auth passthrough`
         # relays it to the caller, whose credential it is about.
         self.challenge = SECRETS.scrub(challenge) if challenge is not None else None
+        # The JSON-RPC error code of a request the upstream refused on the proxy's behalf (a shared
+        # stdio child's `initialize`): whether the refusal means "not this revision" is the caller's
+        # to judge (proxy/upstream/bridge_proving.py).
+        self.refusal_code = refusal_code
 
 
 REFUSAL_RETRY_AFTER_S = 5  # what a refused new session is told to wait before it tries again

@@ -11,10 +11,10 @@ continues on the era bridge (`make_bridge()`, proxy/upstream/bridge_legacy.py), 
 that same `initialize` from the server's `server/discover`, and `on_verdict(False)`. Any other
 answer (an error about the client's own request, a failure) reaches the client as it came and
 settles nothing. So does a session on shared stdio children (`--stdio-sessions shared`), whose
-`initialize` the proxy sent itself when it started them: where they refused it, the native link
-fails with `FailureKind.PROTOCOL` (nothing dispatched) and the session moves onto the bridge the
-same way (a server that speaks 2025 and refuses a plain 2025 `initialize` serves no 2025 client
-either). Every other call goes to the link the session is on.
+`initialize` the proxy sent itself when it started them: where they refused it with one of those
+codes, the native link fails with `FailureKind.PROTOCOL` (nothing dispatched) carrying the code
+(`UpstreamFailure.refusal_code`), and the session moves onto the bridge the same way; any other
+refusal reaches the client as the failure it is. Every other call goes to the link the session is on.
 """
 
 from __future__ import annotations
@@ -72,7 +72,11 @@ class ProvingLink:
         try:
             ex = await native.send_request(message, on_message=on_message, headers=headers, on_write=on_write)
         except UpstreamFailure as failure:
-            if failure.kind is not FailureKind.PROTOCOL or failure.dispatched is not Dispatch.NO:
+            if (
+                failure.kind is not FailureKind.PROTOCOL
+                or failure.dispatched is not Dispatch.NO
+                or failure.refusal_code not in NOT_THIS_REVISION
+            ):
                 raise
             await self._onto_bridge(native, f"the shared children refused it: {bounded(failure.detail, 200)}")
             return await self._link.send_request(message, on_message=on_message, headers=headers, on_write=on_write)

@@ -405,6 +405,44 @@ async def test_with_shared_stdio_children_a_2025_client_of_a_2026_only_server_is
     assert started["protocol_version"] == MODERN
 
 
+OTHER_REFUSAL = """
+import sys
+sys.path.insert(0, {folder!r})
+import everything_stdio_2026_only as only_2026
+
+def refusal(message):
+    answer = only_2026.refusal(message)
+    if answer is not None and message.get("method") == "initialize":  # not "not this revision"
+        answer["error"] = {{"code": -32603, "message": "warming up, try again"}}
+    return answer
+
+sys.exit(only_2026.relay(refusal, sys.argv[1:]))
+"""
+
+
+async def test_shared_stdio_children_refusing_initialize_for_another_reason_are_not_taken_for_2026_only(
+    tmp_path: Path,
+) -> None:
+    """A refusal of the shared children's `initialize` moves 2025 sessions onto the bridge only when
+    it means "not this revision" (-32022, -32601). Another refusal (here -32603 while the server
+    warms up) reaches the client as an error naming it, and settles nothing: 2025 is not
+    reported as bridged."""
+    journal = tmp_path / "journal.jsonl"
+    wrapper = tmp_path / "refuses_otherwise.py"
+    wrapper.write_text(OTHER_REFUSAL.format(folder=str(ONLY_2026_STDIO.parent)))
+    server = [sys.executable, str(wrapper), *scripted_args("stdio", journal)]
+    shared = ["--stdio-sessions", "shared"]
+    with ProxyProcess(upstream=server, extra=shared, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+        with pytest.raises(Exception) as refused:  # the SDK client raises its own error type
+            async with Client(proxy.url, mode=LEGACY) as client:
+                await client.call_tool("echo", {"text": "x", "call_id": "never"})
+        async with httpx.AsyncClient(timeout=10) as admin:
+            ready = (await admin.get(proxy.admin + "/readyz")).json()
+    assert "warming up, try again" in repr(refused.value), repr(refused.value)
+    assert ready["served"].get("2025") != "bridged", ready
+    assert not Journal(journal).events(call="never")
+
+
 async def test_a_2025_client_cancelling_a_call_while_it_is_asked_ends_the_rounds_and_the_session_goes_on(
     bridged: Bridged,
 ) -> None:

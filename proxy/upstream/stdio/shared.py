@@ -59,7 +59,7 @@ import time
 from typing import Any, Protocol
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure
-from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, error, valid_id
+from proxy.jsonrpc import INTERNAL_ERROR, Message, RequestId, bounded, error, valid_id
 from proxy.telemetry.shed import SHED
 from proxy.upstream.base import Era, Exchange, initialize_request
 from proxy.upstream.stdio.link import LinkOwner, StdioLink
@@ -181,7 +181,15 @@ class SharedChild:
         result = response.get("result")
         if not isinstance(result, dict):
             await self._stop_child()
-            raise UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a shared upstream process refused initialize")
+            refused = response.get("error")
+            code = refused.get("code") if isinstance(refused, dict) else None
+            said = bounded(str(refused.get("message")), 200) if isinstance(refused, dict) else "no result"
+            raise UpstreamFailure(
+                FailureKind.PROTOCOL,
+                Dispatch.NO,
+                f"a shared upstream process refused initialize ({code}: {said})",
+                refusal_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            )
         await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
         if self.owner.initialize_answer is None:
             self.owner.initialize_answer = result

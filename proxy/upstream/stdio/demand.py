@@ -27,6 +27,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from proxy.upstream.stdio.procfs import session_processes
+
 REFRESH_S = 5.0  # a memory reading is reused for this long
 MIN_CHILD_BYTES = 1 << 20  # a child is never counted below this (one that is still loading reads small)
 
@@ -116,24 +118,12 @@ def _cgroup_room() -> int | None:
 
 
 def session_rss_bytes(session: int) -> int:
-    """The resident sets of every process of `session` (a guard's pid: it leads its session): the
-    guard, the command and whatever it started. A scan of /proc, as `startwait.session_load_ns`."""
+    """The resident sets of every process of `session` (`procfs.session_processes`)."""
     page = os.sysconf("SC_PAGE_SIZE")
     total = 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return 0
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid in session_processes(session):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if int(fields[3]) != session:
-                continue
-            with open(f"/proc/{entry}/statm", "rb") as f:
+            with open(f"/proc/{pid}/statm", "rb") as f:
                 total += int(f.read().split()[1]) * page
         except (OSError, ValueError, IndexError):  # exited meanwhile
             continue

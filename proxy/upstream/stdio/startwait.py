@@ -26,12 +26,12 @@ each starting its own child is served in order however long the queue, while sta
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from proxy.errors import Refusal
+from proxy.upstream.stdio.procfs import session_processes
 
 T = TypeVar("T")
 
@@ -45,28 +45,15 @@ class StartTimedOut(TimeoutError):
 
 
 def session_load_ns(session: int) -> dict[int, int]:
-    """For each process of `session` (a guard's pid: it leads its session), the nanoseconds its
-    main thread has spent on a CPU or runnable waiting for one. A scan of /proc: a few hundred
-    small reads on a typical host, made in a worker thread once per window and only for a child
-    past its timeout (kernels without CONFIG_PROC_CHILDREN, this one among them, have no
-    /proc/PID/task/TID/children to walk the tree instead)."""
+    """For each process of `session` (`procfs.session_processes`), the nanoseconds its main thread
+    has spent on a CPU or runnable waiting for one. Made in a worker thread once per window, and
+    only for a child past its timeout."""
     load: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return load
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid in session_processes(session):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if int(fields[3]) != session:
-                continue
-            with open(f"/proc/{entry}/schedstat", "rb") as f:
+            with open(f"/proc/{pid}/schedstat", "rb") as f:
                 on_cpu, waiting = f.read().split()[:2]
-            load[int(entry)] = int(on_cpu) + int(waiting)
+            load[pid] = int(on_cpu) + int(waiting)
         except (OSError, ValueError, IndexError):  # exited meanwhile, or no schedstat
             continue
     return load

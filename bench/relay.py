@@ -108,7 +108,7 @@ wrk.body = [==[%(body)s]==]
 %(headers)s
 local max_per_thread = tonumber(os.getenv("BENCH_MAX_PER_THREAD") or "0")
 local threads = {}
-function setup(thread) table.insert(threads, thread) end
+function setup(thread) table.insert(threads, thread); thread:set("tid", #threads) end
 function init(args) ok = 0; bad = 0 end
 function response(status, headers, body)
   local good = body:find('"result"', 1, true) and not body:find('"isError":true', 1, true)
@@ -336,8 +336,25 @@ def write_lua(path: Path, session_id: str | None = None) -> Path:
     else:
         body, hdrs = LEGACY_BODY, {**LEGACY_HEADERS, "Mcp-Session-Id": session_id}
     headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in hdrs.items())
-    path.write_text(WRK_LUA % {"body": body, "headers": headers})
+    script = WRK_LUA % {"body": body, "headers": headers}
+    if session_id is not None:
+        # Within a 2025 session every request needs an id of its own: the server ties each answer
+        # to its request by id, and sixteen requests in flight with one id get each other's
+        # answers (or none). A 2026 request stands alone, so its one body serves every request.
+        head, tail = body.split('"id":1', 1)
+        script += LEGACY_IDS_LUA % {"head": head + '"id":', "tail": tail}
+    path.write_text(script)
     return path
+
+
+LEGACY_IDS_LUA = r"""
+local sent = 0
+function request()
+  sent = sent + 1
+  local id = string.format("%%d", tid * 1000000000 + sent)
+  return wrk.format(nil, nil, nil, [==[%(head)s]==] .. id .. [==[%(tail)s]==])
+end
+"""
 
 
 LEGACY_PROTOCOL = "2025-11-25"

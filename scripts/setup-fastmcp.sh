@@ -39,7 +39,7 @@ if [ "$FORCE" = 1 ] || ! good; then
         log "creating $VENV with $FASTMCP"
         rm -rf "$VENV"
         python3 -m venv "$VENV"
-        PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet "$FASTMCP" >&2
+        PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet -c "$REPO_ROOT/requirements/tools/fastmcp.txt" "$FASTMCP" >&2
         good || die "$VENV is not usable after install"
     fi
     exec 9>&-

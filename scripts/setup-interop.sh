@@ -99,12 +99,13 @@ if [ "$FORCE" = 1 ] || ! npm_ok; then
 fi
 
 # --- a venv with a pinned requirement set, created only when missing or wrong ---------------
-# $1 venv, $2 python check that exits 0 when the venv is good, $3... pip requirements
+# $1 venv, $2 its constraints (requirements/tools/), $3 python check that exits 0 when the venv is
+# good, $4... pip requirements
 # A venv's entry-point scripts name, in their #!, the path the venv was created at: one created
 # through another checkout's path (a linked .cache) breaks when that checkout goes. Rebuilt then.
 made_here() { grep -q -- "-m venv $1\$" "$1/pyvenv.cfg" 2>/dev/null; }
 ensure_venv() {
-    local venv="$1" check="$2"; shift 2
+    local venv="$1" constraints="$2" check="$3"; shift 3
     good() { [ -x "$venv/bin/python" ] && made_here "$venv" && "$venv/bin/python" -c "$check" 2>/dev/null; }
     if [ "$FORCE" != 1 ] && good; then
         return 0
@@ -117,7 +118,7 @@ ensure_venv() {
         log "creating $venv with $*"
         rm -rf "$venv"
         python3 -m venv "$venv"
-        PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet "$@" >&2
+        PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet -c "$constraints" "$@" >&2
         good || die "$venv is not usable after install"
     fi
     exec 9>&-
@@ -132,12 +133,12 @@ version_check() {  # distribution==version ... -> a python one-liner checking ea
     printf '%s; raise SystemExit(0 if ok else 1)' "$code"
 }
 
-ensure_venv "$SERVERS_VENV" "$(version_check "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP")" \
+ensure_venv "$SERVERS_VENV" "$REPO_ROOT/requirements/tools/interop-servers.txt" "$(version_check "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP")" \
     "$SERVER_TIME" "$SERVER_GIT" "$SERVERS_MCP"
 # The check imports the client, not only reads versions: a venv with mcp 1.9 on a newer pydantic
 # has the right version and cannot be imported. interop-runtime's check (mcp 1.9.*, importable)
 # accepts this venv, and this one accepts theirs, so neither rebuilds the other's.
-ensure_venv "$MCP19_VENV" "import mcp.client.streamable_http; $(version_check "$MCP19")" "$MCP19" "$MCP19_PYDANTIC"
+ensure_venv "$MCP19_VENV" "$REPO_ROOT/requirements/tools/interop-mcp19.txt" "import mcp.client.streamable_http; $(version_check "$MCP19")" "$MCP19" "$MCP19_PYDANTIC"
 
 # --- manifest ------------------------------------------------------------------------------
 MODULES="$NPM_DIR/node_modules"

@@ -56,7 +56,7 @@ if [ "$FORCE" = 1 ] || ! py_ok; then
     log "creating $VENV with $MCP_PROXY"
     rm -rf "$VENV"
     python3 -m venv "$VENV"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet "$MCP_PROXY" >&2
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet -c "$REPO_ROOT/requirements/tools/peers-mcp-proxy.txt" "$MCP_PROXY" >&2
     py_ok || die "$VENV is not usable after install"
 fi
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests import cpu_report
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -83,9 +85,14 @@ def _node_compile_cache() -> None:
     os.environ.setdefault("NODE_COMPILE_CACHE", str(cache))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_report.pytest_addoption(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _guard_process_starts()
     _node_compile_cache()
+    cpu_report.register(config)  # --cpu-report / MCP_TEST_CPU_REPORT=1: where the CPU goes, per test
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/start_cost.py                # 9 starts of each leg, then the top imports
     .venv/bin/python bench/start_cost.py --runs 15 --imports 30
+    .venv/bin/python bench/start_cost.py --baseline /tmp/base   # also another checkout's proxy, interleaved
 
 The test suite starts the proxy a few hundred times, and on a small machine its slow tier's wall
 time follows the CPU it spends, so what one start costs matters. Legs, interleaved start by start:
@@ -14,7 +15,10 @@ time follows the CPU it spends, so what one start costs matters. Legs, interleav
 
 For each start: the proxy process's own user + system CPU at readiness (`/proc/PID/stat`; the stdio
 server's CPU is not in it), so the figure holds under the machine's other load; the wall time is
-printed too, but under load it is not the proxy's. Prints each leg's median and spread. Then one
+printed too, but under load it is not the proxy's. Prints each leg's median and spread. With
+`--baseline DIR` (a checkout of another commit, e.g. `git archive COMMIT | tar -x -C DIR`) each leg
+also runs that checkout's proxy (the same interpreter, started in DIR so its `proxy` package is
+the one imported), start by start between this one's, and the difference is printed. Then one
 start of the `http` leg under `python -X importtime` and the imports that cost the most, inclusive
 of what they import. Not a test and not in CI; every process started here is stopped by its pid.
 """
@@ -71,7 +75,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def argv(leg: str, workdir: Path, extra_python: list[str]) -> tuple[list[str], str]:
+def argv(leg: str, workdir: Path, extra_python: list[str], checkout: Path = REPO) -> tuple[list[str], str]:
     port, admin = free_port(), free_port()
     command = [PYTHON, *extra_python, "-m", "proxy", "serve", "--listen", f"http://127.0.0.1:{port}/mcp"]
     command += ["--admin", f"127.0.0.1:{admin}"]
@@ -79,16 +83,17 @@ def argv(leg: str, workdir: Path, extra_python: list[str]) -> tuple[list[str], s
         command += ["--upstream", f"http://127.0.0.1:{free_port()}/mcp"]
         return command, f"http://127.0.0.1:{admin}/healthz"
     journal = workdir / f"journal-{port}.jsonl"
-    command += ["--", PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(journal)]
+    server = checkout / "tests" / "fixtures" / "scripted_server.py"
+    command += ["--", PYTHON, str(server), "--transport", "stdio", "--journal", str(journal)]
     return command, f"http://127.0.0.1:{admin}/readyz"
 
 
-def start_once(leg: str, workdir: Path) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of one start of `leg`, at readiness."""
-    command, ready = argv(leg, workdir, [])
+def start_once(leg: str, workdir: Path, checkout: Path = REPO) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one start of `leg` of the proxy in `checkout`, at readiness."""
+    command, ready = argv(leg, workdir, [], checkout)
     began = time.monotonic()
     proc = subprocess.Popen(
-        command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command, cwd=checkout, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
         while not answers(ready):
@@ -130,24 +135,34 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--imports", type=int, default=25, help="how many of the costliest imports to list")
     parser.add_argument("--legs", default="http,stdio")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose proxy starts are measured alongside")
     args = parser.parse_args()
     legs = [leg for leg in args.legs.split(",") if leg]
+    checkouts = {"this": REPO}
+    if args.baseline is not None:
+        checkouts["baseline"] = args.baseline.resolve()
     load = os.getloadavg()
     print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
-    results: dict[str, list[tuple[float, float]]] = {leg: [] for leg in legs}
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {(c, leg): [] for leg in legs for c in checkouts}
     with tempfile.TemporaryDirectory(prefix="start-cost-") as tmp:
         workdir = Path(tmp)
         for _ in range(args.runs):
             for leg in legs:
-                results[leg].append(start_once(leg, workdir))
+                for name, checkout in checkouts.items():
+                    results[(name, leg)].append(start_once(leg, workdir, checkout))
         for leg in legs:
-            cpu = sorted(c for c, _ in results[leg])
-            wall = sorted(w for _, w in results[leg])
-            print(
-                f"{leg:6s} CPU at readiness: median {statistics.median(cpu):.3f} s "
-                f"(min {cpu[0]:.3f}, max {cpu[-1]:.3f}, {len(cpu)} starts); "
-                f"wall median {statistics.median(wall):.2f} s"
-            )
+            medians = {}
+            for name in checkouts:
+                cpu = sorted(c for c, _ in results[(name, leg)])
+                wall = sorted(w for _, w in results[(name, leg)])
+                medians[name] = statistics.median(cpu)
+                print(
+                    f"{leg:6s} {name:8s} CPU at readiness: median {medians[name]:.3f} s "
+                    f"(min {cpu[0]:.3f}, max {cpu[-1]:.3f}, {len(cpu)} starts); "
+                    f"wall median {statistics.median(wall):.2f} s"
+                )
+            if "baseline" in medians:
+                print(f"{leg:6s} this - baseline: {medians['this'] - medians['baseline']:+.3f} s CPU per start")
         if args.imports > 0:
             print("\ncostliest imports of one http start (inclusive of what each imports; -X importtime):")
             for micros, depth, name in top_imports(workdir, args.imports):

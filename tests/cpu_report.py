@@ -75,6 +75,8 @@ class CpuReport:
                 self.per_test[report.nodeid] = self.per_test.get(report.nodeid, 0.0) + float(value)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.per_test:  # nothing ran (collection only, or every test deselected)
+            return
         for line in self.summary_lines():
             terminalreporter.write_line(line)
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from proxy.state.config import check_url
 
@@ -24,6 +24,20 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MCP_RECOVERY_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The arguments (the command line's flags), then `MCP_RECOVERY_*` variables: the only
+        sources. No `.env` file or secrets directory is configured, so those two sources would
+        find nothing; they are left out because they still walk every field at each start."""
+        return init_settings, env_settings
 
     listen: str = Field("http://127.0.0.1:8080/mcp", description="http://HOST:PORT/PATH, or 'stdio'")
     upstream: str | None = Field(None, description="http(s)://… (Streamable HTTP) or sse+http(s)://… (legacy SSE)")

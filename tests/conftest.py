@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import pytest
 
+from tests import cpu_report
+
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def _compile_bytecode(config: pytest.Config) -> None:
+    """Writes the bytecode (`__pycache__`) of the proxy and of the test fixtures that run as servers,
+    where it is missing or stale, before any test starts them. An interpreter whose environment has
+    PYTHONDONTWRITEBYTECODE set never writes it and compiles every module it imports from source,
+    in every process: the slow tier starts the proxy a few hundred times, and a module the pytest
+    process itself never imports (the HTTP frontend, the admin app) had no cached bytecode at all.
+    Such an interpreter still reads bytecode that exists, and checks it against the source's mtime
+    and size, so this changes nothing but the CPU spent. Once per run (the controller under xdist);
+    a few tens of milliseconds when everything is up to date."""
+    import compileall
+    from pathlib import Path
+
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).resolve().parents[1]
+    for directory in (root / "proxy", root / "tests" / "fixtures"):
+        compileall.compile_dir(directory, quiet=2)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -15,6 +36,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     redis-server is an error, not a skip."""
     import os
     import shutil
+
+    _compile_bytecode(session.config)
 
     if os.environ.get("MCP_REDIS_REQUIRED", "") not in ("", "0", "false", "no") and not shutil.which("redis-server"):
         raise pytest.UsageError("MCP_REDIS_REQUIRED is set but redis-server is not installed (scripts/setup-redis.sh)")
@@ -83,9 +106,14 @@ def _node_compile_cache() -> None:
     os.environ.setdefault("NODE_COMPILE_CACHE", str(cache))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_report.pytest_addoption(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _guard_process_starts()
     _node_compile_cache()
+    cpu_report.register(config)  # --cpu-report / MCP_TEST_CPU_REPORT=1: where the CPU goes, per test
 
 
 @pytest.hookimpl(hookwrapper=True)

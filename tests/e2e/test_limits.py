@@ -57,15 +57,21 @@ def proxy_for(kind: str, tmp: Path, extra: list[str]) -> Iterator[tuple[ProxyPro
 TIMEOUT_S = {"stdio": 8, "http": 2}
 
 
-@pytest.fixture(params=["stdio", "http"])
-def timing_out(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, ProxyProcess, Journal]]:
+# One proxy per upstream kind for the module, shared by both eras' runs: each run holds its own
+# request (its own call id in the journal) and asserts nothing about the proxy's counters, so a
+# proxy fresh for each run would prove nothing more and cost a proxy, an upstream and its children.
+@pytest.fixture(scope="module", params=["stdio", "http"])
+def timing_out(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, ProxyProcess, Journal]]:
     # A 2025 session's `initialize` is bounded by the request timeout too, its child's start
     # included when it has to wait for one: over stdio, the session waits for the warm spare the
     # proxy starts once ready. That start took over 8 s at a load of ~18 (the test failed so, once),
     # so the test begins when both children (the probe's, which serves 2026, and the spare) have
     # booted: the timeout then bounds only what the test holds.
     timeout_s = TIMEOUT_S[request.param]
-    for proxy, journal in proxy_for(request.param, tmp_path, ["--request-timeout-s", str(timeout_s)]):
+    tmp = tmp_path_factory.mktemp(f"timing-out-{request.param}")
+    for proxy, journal in proxy_for(request.param, tmp, ["--request-timeout-s", str(timeout_s)]):
         if request.param == "stdio":
             journal.wait_for(lambda j: len(j.events(event="boot")) >= 2, timeout_s=BOUND_S * 2, what="the spare's boot")
         yield request.param, proxy, journal

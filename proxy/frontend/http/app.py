@@ -30,7 +30,7 @@ import logging
 from collections.abc import MutableMapping
 from typing import Any
 
-from proxy import jsonrpc
+from proxy import jsonrpc, sdk
 from proxy.auth.base import Authenticator, AuthRefused, Principal
 from proxy.core.relay import Relay
 from proxy.core.service import Service
@@ -290,6 +290,7 @@ class McpHttpApp:
                 )
             return
         forwarded = forwarded_headers(headers, self.identity.forward_credentials)
+        await sdk.ensure_loaded()  # the SDK's ladder loads at the first 2026 request, off the event loop
         rejection = check_modern_headers(scope, headers, message)
         if rejection is None and message.get("method") == "tools/call":
             claimed = forwarded is not None and any(k.startswith("mcp-param-") for k in forwarded)

@@ -17,15 +17,8 @@ from proxy import jsonrpc
 from proxy.jsonrpc import Message
 from proxy.sdk import inbound
 
-# The ladder's names, bound here once: `plainly_routable` runs on every 2026 request.
-MCP_METHOD_HEADER = inbound.MCP_METHOD_HEADER
-MCP_NAME_HEADER = inbound.MCP_NAME_HEADER
-MCP_PROTOCOL_VERSION_HEADER = inbound.MCP_PROTOCOL_VERSION_HEADER
-MODERN_PROTOCOL_VERSIONS = inbound.MODERN_PROTOCOL_VERSIONS
-NAME_BEARING_METHODS = inbound.NAME_BEARING_METHODS
-InboundLadderRejection = inbound.InboundLadderRejection
-classify_inbound_request = inbound.classify_inbound_request
-find_duplicated_routing_header = inbound.find_duplicated_routing_header
+# The ladder's names are read from `inbound` where they are used, not bound here: the SDK module
+# loads at its first attribute read (proxy/sdk.py), and only a 2026 request should pay for that.
 
 # Headers a request may carry once only: a second one is answered 400 (`McpHttpApp._http`).
 SINGLE_HEADERS = (b"host", b"origin", b"mcp-session-id", b"authorization", b"last-event-id", b"content-type")
@@ -55,16 +48,16 @@ def plainly_routable(message: Message, headers: dict[str, str]) -> bool:
     if meta.__class__ is not dict or jsonrpc.META_CLIENT_CAPABILITIES not in meta:
         return False
     version = meta.get(jsonrpc.META_PROTOCOL_VERSION)
-    if version.__class__ is not str or version not in MODERN_PROTOCOL_VERSIONS:
+    if version.__class__ is not str or version not in inbound.MODERN_PROTOCOL_VERSIONS:
         return False
     method = message.get("method")
-    if headers.get(MCP_PROTOCOL_VERSION_HEADER) != version or headers.get(MCP_METHOD_HEADER) != method:
+    if headers.get(inbound.MCP_PROTOCOL_VERSION_HEADER) != version or headers.get(inbound.MCP_METHOD_HEADER) != method:
         return False
-    key = NAME_BEARING_METHODS.get(method)  # type: ignore[arg-type]
+    key = inbound.NAME_BEARING_METHODS.get(method)  # type: ignore[arg-type]
     if key is None:
         return True
     value = params.get(key)  # type: ignore[union-attr]
-    return value is None or (headers.get(MCP_NAME_HEADER) == value and not value.startswith("=?"))
+    return value is None or (headers.get(inbound.MCP_NAME_HEADER) == value and not value.startswith("=?"))
 
 
 def url_host(host: str) -> str:
@@ -76,12 +69,12 @@ def check_modern_headers(scope: MutableMapping[str, Any], headers: dict[str, str
     `InboundLadderRejection` to answer (a routing header given twice is one)."""
     if len(headers) != len(scope["headers"]):  # some header name came twice: is it a routing one?
         raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        duplicated = find_duplicated_routing_header(raw)
+        duplicated = inbound.find_duplicated_routing_header(raw)
         if duplicated is not None:
-            return InboundLadderRejection(
+            return inbound.InboundLadderRejection(
                 code=jsonrpc.HEADER_MISMATCH, message=f"{duplicated} header appears more than once"
             )
     if plainly_routable(message, headers):
         return None
-    verdict = classify_inbound_request(message, headers=headers)
-    return verdict if isinstance(verdict, InboundLadderRejection) else None
+    verdict = inbound.classify_inbound_request(message, headers=headers)
+    return verdict if isinstance(verdict, inbound.InboundLadderRejection) else None

@@ -4,8 +4,11 @@ tests: run with the python of that venv, never imported by pytest.
 Usage: fastmcp_server.py JOURNAL stdio | fastmcp_server.py JOURNAL http PORT [--on-stdin-line]
 With --on-stdin-line an HTTP server is a warm spare: loaded, it binds PORT only when a line arrives
 on stdin (a restart whose time the test sets, not this machine's import time).
-JOURNAL: a file each tool appends one line to when it starts ("start TOOL TAG") and when it
-returns ("end TOOL TAG"): how many times the upstream executed a call. `exit_once` creates
+JOURNAL: a file each tool appends one line to when it starts ("start TOOL TAG ...") and when it
+returns ("end TOOL TAG ..."): how many times the upstream executed a call. Each line goes on with
+the process id and the JSON-RPC id of the request that ran it ("pid=P request=R"): which process
+ran which request, so that an execution more than a test expects shows where it came from (the
+same request read twice, another request, another process). `exit_once` creates
 JOURNAL.marker before it ends its process (the next run answers).
 
 Tools (all read-only by their annotations, as a search or a lookup would be):
@@ -24,14 +27,19 @@ from pathlib import Path
 
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_context
 
 READ_ONLY = {"readOnlyHint": True}
 mcp = FastMCP("do-no-harm")
 
 
 def journal(line: str) -> None:
+    try:
+        request = get_context().request_id
+    except RuntimeError:
+        request = "?"
     with open(sys.argv[1], "a") as f:
-        f.write(line + "\n")
+        f.write(f"{line} pid={os.getpid()} request={request}\n")
 
 
 @mcp.tool(annotations=READ_ONLY)

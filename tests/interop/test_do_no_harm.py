@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -83,8 +84,9 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 class FastMcpHttp:
     """tests/interop/fastmcp_server.py over HTTP on a fixed port: started, killed, restarted by pid.
 
-    A restart is a warm spare loaded beforehand that binds the port when told (`restart`): FastMCP
-    takes seconds to import on a loaded machine, and the restart's timing is the test's to set."""
+    A restart is a warm spare loaded and bound to the port beforehand that listens when told
+    (`restart`): FastMCP takes seconds to import and start on a loaded machine, and the restart's
+    timing is the test's to set (tests/interop/fastmcp_server.py)."""
 
     def __init__(self, python: str, journal: Path) -> None:
         self.python = python
@@ -109,6 +111,7 @@ class FastMcpHttp:
             ],
             cwd=REPO_ROOT,
             stdin=subprocess.PIPE if spare else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if spare else None,
         )
 
     def start(self) -> FastMcpHttp:
@@ -116,8 +119,13 @@ class FastMcpHttp:
         wait_port(self.port, timeout_s=60.0)
         return self
 
-    def prepare_restart(self) -> None:
+    def prepare_restart(self, timeout_s: float = 60.0) -> None:
+        """Start the spare and wait (bounded) for its "ready": loaded, its socket bound."""
         self.spare = self._spawn(spare=True)
+        assert self.spare.stdout is not None
+        ready, _, _ = select.select([self.spare.stdout], [], [], timeout_s)
+        line = self.spare.stdout.readline() if ready else b""
+        assert line == b"ready\n", f"the spare server did not get ready within {timeout_s}s: {line!r}"
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -43,7 +43,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert out.exists(), f"no figures (exit {proc.returncode}): {proc.stdout[-3000:]} {proc.stderr[-3000:]}"
     data: dict[str, Any] = json.loads(out.read_text())
     assert "error" not in data, data["error"]
+    data["report"] = proc.stdout  # the run's own report: what an assertion message shows
     return data
+
+
+def report_of(run: dict[str, Any], leg: str) -> str:
+    """The run's report from the line that opens `leg` on (bounded): what a failed count came from."""
+    report: str = run["report"]
+    at = report.find(f"Leg {leg}")
+    return report[at if at >= 0 else 0 :][:6000]
 
 
 @pytest.mark.timeout(RUN_BOUND_S + 60)
@@ -86,15 +94,16 @@ def test_nothing_is_left_after_the_proxy_stops(run: dict[str, Any], upstream: st
 @pytest.mark.timeout(RUN_BOUND_S + 60)
 def test_sigterm_under_load_answers_every_call_in_flight_and_cancels_its_attempts(run: dict[str, Any]) -> None:
     leg = run["sigterm/stdio"]
-    assert leg["sent"] > 0
-    assert leg["unanswered"] == 0
-    assert leg["wrong_answer"] == 0
-    assert leg["shutdown_results"] >= 1  # calls that outlived the grace: unresolved `shutdown`
-    assert leg["attempts_open"] == 0
-    assert leg["attempt_fates"].get("cancelled", 0) >= leg["shutdown_results"]
-    assert leg["duplicates"] == 0
-    assert leg["exit_code"] == 0
-    assert leg["children_left"] == 0
+    seen = report_of(run, "sigterm/stdio")
+    assert leg["sent"] > 0, seen
+    assert leg["unanswered"] == 0, seen
+    assert leg["wrong_answer"] == 0, seen
+    assert leg["shutdown_results"] >= 1, seen  # calls that outlived the grace: unresolved `shutdown`
+    assert leg["attempts_open"] == 0, seen
+    assert leg["attempt_fates"].get("cancelled", 0) >= leg["shutdown_results"], seen
+    assert leg["duplicates"] == 0, seen
+    assert leg["exit_code"] == 0, seen
+    assert leg["children_left"] == 0, seen
 
 
 @pytest.mark.timeout(RUN_BOUND_S + 60)

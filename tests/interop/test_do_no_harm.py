@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -68,7 +69,7 @@ def fastmcp_python() -> str:
 def starts(journal: Path, tool: str, tag: str) -> int:
     if not journal.exists():
         return 0
-    return journal.read_text().splitlines().count(f"start {tool} {tag}")
+    return sum(1 for line in journal.read_text().splitlines() if line.split()[:3] == ["start", tool, tag])
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -83,8 +84,9 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 class FastMcpHttp:
     """tests/interop/fastmcp_server.py over HTTP on a fixed port: started, killed, restarted by pid.
 
-    A restart is a warm spare loaded beforehand that binds the port when told (`restart`): FastMCP
-    takes seconds to import on a loaded machine, and the restart's timing is the test's to set."""
+    A restart is a warm spare loaded and bound to the port beforehand that listens when told
+    (`restart`): FastMCP takes seconds to import and start on a loaded machine, and the restart's
+    timing is the test's to set (tests/interop/fastmcp_server.py)."""
 
     def __init__(self, python: str, journal: Path) -> None:
         self.python = python
@@ -109,6 +111,7 @@ class FastMcpHttp:
             ],
             cwd=REPO_ROOT,
             stdin=subprocess.PIPE if spare else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if spare else None,
         )
 
     def start(self) -> FastMcpHttp:
@@ -116,8 +119,13 @@ class FastMcpHttp:
         wait_port(self.port, timeout_s=60.0)
         return self
 
-    def prepare_restart(self) -> None:
+    def prepare_restart(self, timeout_s: float = 60.0) -> None:
+        """Start the spare and wait (bounded) for its "ready": loaded, its socket bound."""
         self.spare = self._spawn(spare=True)
+        assert self.spare.stdout is not None
+        ready, _, _ = select.select([self.spare.stdout], [], [], timeout_s)
+        line = self.spare.stdout.readline() if ready else b""
+        assert line == b"ready\n", f"the spare server did not get ready within {timeout_s}s: {line!r}"
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -208,7 +216,9 @@ def test_a_read_silent_for_35s_succeeds_once_through_the_shipped_defaults_over_h
 
 def _fastmcp_client(
     python: str, url: str, tool: str, arguments: dict[str, Any], count: int = 1
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], str]:
+    """FastMCP's client making `count` identical calls: one line per call, and the tail of its log
+    (each HTTP request it made, its reconnections: tests/interop/fastmcp_client.py)."""
     done = subprocess.run(
         [python, str(CLIENT), url, tool, json.dumps(arguments), str(count)],
         cwd=REPO_ROOT,
@@ -217,8 +227,9 @@ def _fastmcp_client(
         check=False,
     )
     lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
-    assert len(lines) == count, f"FastMCP client: {done.stdout!r} {done.stderr[-2000:]!r}"
-    return lines
+    log = done.stderr[-4000:].decode(errors="replace")
+    assert len(lines) == count, f"FastMCP client: {done.stdout!r} {log}"
+    return lines, log
 
 
 def test_fastmcp_client_sees_the_tools_own_message_in_tool_error_and_the_refused_repeat_names_the_cause(
@@ -228,11 +239,16 @@ def test_fastmcp_client_sees_the_tools_own_message_in_tool_error_and_the_refused
     with started(
         ProxyProcess(upstream=stdio_upstream(fastmcp_python, journal), log_path=tmp_path / "proxy.log")
     ) as proxy:
-        first, repeat = _fastmcp_client(fastmcp_python, proxy.url, "flaky_db", {"tag": "t"}, count=2)
-        seen = f"journal: {journal.read_text()!r}\nproxy log: {proxy.log_tail()}"
+        (first, repeat), client_log = _fastmcp_client(fastmcp_python, proxy.url, "flaky_db", {"tag": "t"}, count=2)
+        seen = f"journal: {journal.read_text()!r}\nproxy log: {proxy.log_tail()}\nclient log: {client_log}"
 
     # The failure is transient ("timed out") and the tool read-only: retried to the end of its
     # attempts, then given up. What FastMCP's user sees is the first block: the tool's own words.
+    # "Read-only" is the proxy's knowledge from a listing: the client lists the tools before it
+    # calls (fastmcp_client.py). A call that comes before any listing is through waits for the
+    # proxy's own one only so long (a few seconds), and on a loaded machine that wait can end
+    # first: the call then runs as one whose side effects are unknown (one attempt, no budget
+    # spent, nothing for the ledger to refuse), which is not what this test is about.
     assert first["ok"] is False and first["type"] == "ToolError", first
     assert first["message"] == "database timed out after 5s"
     assert starts(journal, "flaky_db", "t") == 3, seen

@@ -219,13 +219,17 @@ def _fastmcp_client(
 ) -> tuple[list[dict[str, Any]], str]:
     """FastMCP's client making `count` identical calls: one line per call, and the tail of its log
     (each HTTP request it made, its reconnections: tests/interop/fastmcp_client.py)."""
-    done = subprocess.run(
-        [python, str(CLIENT), url, tool, json.dumps(arguments), str(count)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        timeout=BOUND_S,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [python, str(CLIENT), url, tool, json.dumps(arguments), str(count)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            timeout=BOUND_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as late:  # what the client had done by then (its log)
+        log = (late.stderr or b"")[-4000:].decode(errors="replace")
+        raise AssertionError(f"FastMCP client not done within {BOUND_S}s: {late.stdout!r} {log}") from None
     lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
     log = done.stderr[-4000:].decode(errors="replace")
     assert len(lines) == count, f"FastMCP client: {done.stdout!r} {log}"

@@ -519,6 +519,24 @@ RELOAD_WAIT_S = 30.0  # a call held for the policy reload waits at most this lon
 AFTER_RELOAD_CALLS = 3  # calls of a load leg held until the reload is applied (its last ones)
 
 
+def refused_at_connect(exc: BaseException) -> bool:
+    """Whether `exc` (an SDK client's failure, often an exception group) comes from a TCP connection
+    the peer refused: the request never reached it."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or type(e).__name__ == "ConnectError":
+            return True
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return False
+
+
 async def run_clients(
     url: str,
     plan: Sequence[Spec],
@@ -573,7 +591,13 @@ async def run_clients(
                     progress.broken.append(f"{mode}: {exc!r}"[:300])
                     if queue:
                         spec = queue.popleft()
-                        o = Outcome(spec.index, spec.kind, spec.call_id, mode, answer="session_broke")
+                        # After the callers were stopped (the SIGTERM leg), a call whose connection
+                        # the proxy's closed listener refused never reached it: not sent, rather
+                        # than a call in flight left unanswered.
+                        refused = progress.stop.is_set() and refused_at_connect(exc)
+                        o = Outcome(
+                            spec.index, spec.kind, spec.call_id, mode, answer="not_sent" if refused else "session_broke"
+                        )
                         o.detail = repr(exc)[:300]
                         outcomes.append(o)
                         progress.done += 1

@@ -223,12 +223,17 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
 
     def _reclaim(self, key: str | None) -> bool:
-        """At a connection cap, close the connection (of client `key`, or any) that has waited
-        longest without a complete request head and runs no request: a half-sent head, or an idle
-        keep-alive connection. False if there is none: every connection runs a request (or this
-        new one is the only candidate). So a complete probe request is answered while anything
-        but running requests holds the port (counted as `head_pending`)."""
-        victim: LimitedHttpToolsProtocol | None = None
+        """At a connection cap, close a connection (of client `key`, or any) that holds a place
+        without a complete request head and runs no request: the one that has waited longest with
+        a half-sent head, else the one idle longest (a keep-alive connection between requests, or
+        one that sent nothing yet). A half-sent head is answered 503; an idle connection is closed
+        without a response: it asked nothing, and a client that reuses it as the close arrives
+        would take a 503 written there for the answer to its next request. False if there is
+        none: every connection runs a request (or this new one is the only candidate). So a
+        complete probe request is answered while anything but running requests holds the port
+        (counted as `head_pending`)."""
+        partial: LimitedHttpToolsProtocol | None = None
+        idle: LimitedHttpToolsProtocol | None = None
         for conn in self.connections:
             if conn is self or not isinstance(conn, LimitedHttpToolsProtocol) or not conn._in_head:
                 continue
@@ -239,12 +244,22 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                 continue
             if conn.transport.is_closing():
                 continue
-            if victim is None or conn._waiting_since < victim._waiting_since:
-                victim = conn
-        if victim is None:
+            if conn._head_started:
+                if partial is None or conn._waiting_since < partial._waiting_since:
+                    partial = conn
+            elif idle is None or conn._waiting_since < idle._waiting_since:
+                idle = conn
+        if partial is not None:
+            partial._refuse(_RECLAIMED)
+            partial._uncount()  # its place is free now, not when the loop reports the close
+            return True
+        if idle is None:
             return False
-        victim._refuse(_RECLAIMED)
-        victim._uncount()  # its place is free now, not when the loop reports the close
+        SHED.count("http_refused", _RECLAIMED[1])
+        idle._cancel_timers()
+        idle._in_head = False
+        idle.transport.close()
+        idle._uncount()
         return True
 
     def _counted_key(self, host: str) -> str | None:

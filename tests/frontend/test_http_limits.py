@@ -171,13 +171,15 @@ async def test_a_stalled_body_is_answered_408_and_the_app_sees_a_disconnect(serv
     writer.close()
 
 
-async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room_for_a_new_one(
+async def test_at_the_cap_a_connection_without_a_request_makes_room_for_a_new_one(
     patient_server: int,
 ) -> None:
-    """Connections holding nothing but a place (no complete head) used to fill the port and have
-    every new caller, probes included, answered 503. Now the oldest of them is closed (503,
-    counted `head_pending`) and the new connection is served; only when every connection runs a
-    request is the new one refused (`connections`)."""
+    """Connections holding nothing but a place (no complete head) must not fill the port and have
+    every new caller, probes included, answered 503: a half-sent head is closed first (503,
+    counted `head_pending`), then the longest idle connection, without a response (it asked
+    nothing: a client reusing a keep-alive connection would take a 503 written there for the
+    answer to its next request), and the new connection is served; only when every connection
+    runs a request is the new one refused (`connections`)."""
     reclaimed = SHED.get("http_refused", "head_pending")
     refused = SHED.get("http_refused", "connections")
     held = [await asyncio.open_connection("127.0.0.1", patient_server) for _ in range(4)]
@@ -187,9 +189,17 @@ async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room_for
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert head.startswith(b"HTTP/1.1 200"), head
-    oldest = await read_until_closed(held[0][0])
-    assert oldest.startswith(b"HTTP/1.1 503 ") and b"connection closed to make room" in oldest, oldest
+    partial = await read_until_closed(held[1][0])
+    assert partial.startswith(b"HTTP/1.1 503 ") and b"connection closed to make room" in partial, partial
     assert SHED.get("http_refused", "head_pending") - reclaimed == 1
+    # at the cap again: no half-sent head is left, so the longest idle one goes, with no answer
+    second_reader, second = await asyncio.open_connection("127.0.0.1", patient_server)
+    second.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    head = await asyncio.wait_for(second_reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert await read_until_closed(held[0][0]) == b""
+    assert SHED.get("http_refused", "head_pending") - reclaimed == 2
+    second.close()
     writer.close()
     for _, w in held:
         w.close()

@@ -315,12 +315,12 @@ def _read_until_closed(sock: socket.socket) -> bytes:
 
 @pytest.mark.timeout(120)
 def test_one_address_holding_connections_leaves_the_port_to_other_callers(tmp_path: Path) -> None:
-    """Slowloris: connections that each send half a request head and wait. One address opening as
-    many as the port takes used to have every other caller answered 503 "too many connections"
-    (and, renewing each before its head timeout, for as long as it liked). With a cap per address
-    (opt-in), one address holds at most its share: each connection past it closes that address's
-    oldest one without a complete head (answered 503), and another address (127.0.0.1, loopback
-    too) is served meanwhile, on both ports."""
+    """Slowloris: connections that hold a place and send nothing, then half a request head. One
+    address opening as many as the port takes must not have every other caller answered 503 "too
+    many connections" (for as long as it renews them before its head timeout). With a cap per
+    address (opt-in), one address holds at most its share: each connection past it closes that
+    address's longest waiting one without a complete head (closed without an answer: it asked
+    nothing), and another address (127.0.0.1, loopback too) is served meanwhile, on both ports."""
     cap, total = 4, 16
     extra = ["--max-connections", str(total), "--max-connections-per-client", str(cap), "--head-timeout-s", "60"]
     with ProxyProcess(
@@ -344,9 +344,9 @@ def test_one_address_holding_connections_leaves_the_port_to_other_callers(tmp_pa
                     for sock in readable:
                         refused[sock] = _read_until_closed(sock)
                 assert len(refused) == total - cap, f"{len(refused)} refused"
+                # each sent nothing yet: closed without an answer (a 503 is for a half-sent head)
                 answers = list(refused.values())
-                assert all(r.startswith(b"HTTP/1.1 503 ") for r in answers), answers[:2]
-                assert all(b"connection closed to make room" in r for r in answers)
+                assert all(r == b"" for r in answers), answers[:2]
                 kept = [sock for sock in held if sock not in refused]
                 for sock in kept:
                     sock.sendall(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n")  # and never the rest
@@ -387,6 +387,7 @@ def test_a_callers_text_in_a_log_line_stays_one_bounded_line(json_lines: bool) -
     logger = logging.getLogger("proxy.relay.hostile-test")
     logger.addHandler(handler)
     logger.propagate = False
+    logger.setLevel(logging.INFO)  # its own level: not whatever an earlier test left on `proxy`
     try:
         method = "notifications/x\n2026-12-02 09:00:00,000 ERROR proxy.admin: forged\x1b[2J" + "m" * (1 << 20)
         logger.info("could not relay %s upstream: %s", method, "closed")
@@ -396,6 +397,7 @@ def test_a_callers_text_in_a_log_line_stays_one_bounded_line(json_lines: bool) -
             logger.exception("relaying %s failed", "a\nb")
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
     lines = stream.getvalue().splitlines()
     first = lines[0]
     assert "forged" in first and "\x1b" not in first, "the forged line stays inside the real one"

@@ -80,6 +80,15 @@ def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if isinstance(c, TextContent))
 
 
+def appending_to(heard: dict[str, list[Any]], name: str) -> Any:
+    """A client's logging callback that appends each log message's data to `heard[name]`."""
+
+    async def on_log(params: Any) -> None:
+        heard[name].append(params.data)
+
+    return on_log
+
+
 async def test_a_2025_client_is_served_by_a_2026_only_upstream_through_the_bridge(bridged: Bridged) -> None:
     progress: list[float] = []
     logged: list[Any] = []
@@ -321,17 +330,11 @@ async def test_over_stdio_a_log_message_reaches_the_one_call_in_flight_at_its_se
     server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
     heard: dict[str, list[Any]] = {"info": [], "warning": [], "busy": []}
 
-    def listener(name: str) -> Any:
-        async def on_log(params: Any) -> None:
-            heard[name].append(params.data)
-
-        return on_log
-
     with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
         async with (
-            Client(proxy.url, mode=LEGACY, logging_callback=listener("info")) as info,
-            Client(proxy.url, mode=LEGACY, logging_callback=listener("warning")) as warning,
-            Client(proxy.url, mode=LEGACY, logging_callback=listener("busy")) as busy,
+            Client(proxy.url, mode=LEGACY, logging_callback=appending_to(heard, "info")) as info,
+            Client(proxy.url, mode=LEGACY, logging_callback=appending_to(heard, "warning")) as warning,
+            Client(proxy.url, mode=LEGACY, logging_callback=appending_to(heard, "busy")) as busy,
         ):
             await info.set_logging_level("info")
             await warning.set_logging_level("warning")
@@ -360,16 +363,10 @@ async def test_over_stdio_a_bridged_calls_log_message_never_reaches_a_native_202
     server = [sys.executable, str(ONLY_2026_STDIO), *scripted_args("stdio", journal)]
     heard: dict[str, list[Any]] = {"native": [], "bridged": []}
 
-    def listener(name: str) -> Any:
-        async def on_log(params: Any) -> None:
-            heard[name].append(params.data)
-
-        return on_log
-
     with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
         async with (
-            Client(proxy.url, mode=LEGACY, logging_callback=listener("bridged")) as bridged,
-            Client(proxy.url, mode=MODERN, logging_callback=listener("native"), log_level="debug") as native,
+            Client(proxy.url, mode=LEGACY, logging_callback=appending_to(heard, "bridged")) as bridged,
+            Client(proxy.url, mode=MODERN, logging_callback=appending_to(heard, "native"), log_level="debug") as native,
         ):
             await bridged.set_logging_level("debug")
             async with anyio.create_task_group() as tg:

@@ -35,14 +35,14 @@ INITIALIZE = {
 }
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
-# The first start of the command (the proxy's probe) goes on at once; every later one sleeps,
-# idle, for longer than any test waits: a server that never starts, met only by sessions.
-FIRST_START_ONLY = """
+# Starts of the command go on at once until the marker file exists (the test creates it once the
+# proxy is ready, its probe answered); every later one sleeps, idle, for longer than any test
+# waits: a server that never starts, met only by sessions. (Keyed on the first start alone, a
+# probe slower than its start budget on a loaded machine left the proxy never ready.)
+STARTS_UNTIL_MARKER = """
 import os, sys, time
 marker, argv = sys.argv[1], sys.argv[2:]
-try:
-    os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-except FileExistsError:
+if os.path.exists(marker):
     time.sleep(600)
 os.execv(argv[0], argv)
 """
@@ -120,10 +120,12 @@ async def test_sessions_whose_children_do_not_start_are_refused_with_503_the_fla
     tmp_path: Path,
 ) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
-    command = [sys.executable, "-c", FIRST_START_ONLY, str(tmp_path / "started"), *scripted_stdio_command(journal.path)]
+    marker = tmp_path / "no-more-starts"
+    command = [sys.executable, "-c", STARTS_UNTIL_MARKER, str(marker), *scripted_stdio_command(journal.path)]
     flags = ["--stdio-start-timeout-s", "1", "--stdio-max-starting", "6", "--stdio-spares", "0"]
     log = tmp_path / "proxy.log"
     proxy = ProxyProcess(upstream=command, extra=flags, log_path=log).start(timeout_s=120)
+    marker.touch()
     try:
         async with httpx.AsyncClient(timeout=60) as http:
             with anyio.fail_after(60):

@@ -116,6 +116,17 @@ def pytest_configure(config: pytest.Config) -> None:
     cpu_report.register(config)  # --cpu-report / MCP_TEST_CPU_REPORT=1: where the CPU goes, per test
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup` (as `.ci/run` runs the slow tier): tests/scheduling.py's scheduler, which
+    keeps the tests of a module that shares a module-scoped fixture on one worker."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from tests.scheduling import ModuleFixtureScheduling
+
+    return ModuleFixtureScheduling(config, log)  # type: ignore[arg-type]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     fast = item.get_closest_marker("slow") is None

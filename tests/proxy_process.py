@@ -2,6 +2,12 @@
 
 Readiness is awaited on the admin endpoint's `/readyz` with a hard bound; the process is stopped
 by its pid (SIGTERM, then SIGKILL after a bound).
+
+The warm pool of stdio children is off unless a test asks for the shipped defaults
+(`shipped_defaults=True`) or sets it (`--stdio-spares`, or the variable in `env`): a spare is a
+process start (about a second of CPU for an SDK server) that most tests never take, and the slow
+tier is CPU-bound on two cores. The pool's own tests, and those whose claim is "at the shipped
+defaults", run it as shipped.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class ProxyProcess:
     port: int = 0
     admin_port: int = 0
     env: Mapping[str, str] | None = None  # added to the inherited environment
+    shipped_defaults: bool = False  # False: the warm pool is off (see above)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -78,10 +85,9 @@ class ProxyProcess:
                 raise TimeoutError(f"proxy not ready after {timeout_s}s; log: {self.log_tail()}")
             time.sleep(0.05)
 
-    def environment(self) -> dict[str, str] | None:
-        if self.env is None:
-            return None
-        return {**os.environ, **self.env}
+    def environment(self) -> dict[str, str]:
+        tuned = {} if self.shipped_defaults else {"MCP_RECOVERY_STDIO_SPARES": "0"}
+        return {**os.environ, **tuned, **(self.env or {})}
 
     def log_tail(self, n: int = 4000) -> str:
         if self.log_path and self.log_path.exists():

@@ -346,7 +346,8 @@ async def test_the_first_call_whose_server_asks_its_client_runs_on_a_process_sta
     journal = tmp_path / "journal.jsonl"
     server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
     seen: dict[str, float] = {}
-    with ProxyProcess(upstream=server, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+    proxy = ProxyProcess(upstream=server, log_path=tmp_path / "p.log", shipped_defaults=True)  # the pool starts it
+    with proxy, anyio.fail_after(BOUND_S):
         async with httpx.AsyncClient(timeout=10) as admin:
             # the started-ahead process answers its ping: the gauge says so (no event to wait on here)
             while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
@@ -485,7 +486,10 @@ async def test_the_process_started_ahead_gives_its_place_to_a_2025_client_at_the
     journal = tmp_path / "journal.jsonl"
     server = [PYTHON, str(ONLY_2025_STDIO), *scripted_args("stdio", journal)]
     one = ["--max-sessions", "1"]
-    with ProxyProcess(upstream=server, extra=one, log_path=tmp_path / "p.log") as proxy, anyio.fail_after(BOUND_S):
+    with (
+        ProxyProcess(upstream=server, extra=one, log_path=tmp_path / "p.log", shipped_defaults=True) as proxy,
+        anyio.fail_after(BOUND_S),
+    ):
         async with httpx.AsyncClient(timeout=10) as admin:
             while metric(await scrape(admin, proxy.admin), "era_bridge_sessions", state="reserved") != 1:  # noqa: ASYNC110
                 await anyio.sleep(0.05)

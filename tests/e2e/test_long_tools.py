@@ -58,7 +58,7 @@ async def test_long_tools_succeed_and_a_silent_one_is_answered_before_the_client
             result = await client.call_tool(TOOL, arguments)
             outcomes[label] = (result, time.monotonic() - began)
 
-    with ProxyProcess(upstream=argv, extra=["--call-log", "all"], log_path=log) as proxy:
+    with ProxyProcess(upstream=argv, extra=["--call-log", "all"], log_path=log, shipped_defaults=True) as proxy:
         with anyio.fail_after(CLIENT_TIMEOUT_S + 15):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call, "defaults", proxy.url, {})

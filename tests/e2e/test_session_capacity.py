@@ -32,11 +32,16 @@ OPENING_AT_ONCE = 40
 def proxy_in_front(kind: str, tmp: Path) -> Iterator[ProxyProcess]:
     log = tmp / "proxy.log"
     if kind == "http":
-        with demo_over_http() as upstream, ProxyProcess(upstream_url=upstream, log_path=log) as proxy:
+        with (
+            demo_over_http() as upstream,
+            ProxyProcess(upstream_url=upstream, log_path=log, shipped_defaults=True) as proxy,
+        ):
             yield proxy
         return
     demo = [PYTHON, "-m", "proxy.demo.server"]
-    with ProxyProcess(upstream=demo, extra=["--stdio-sessions", "shared"], log_path=log) as proxy:
+    with ProxyProcess(
+        upstream=demo, extra=["--stdio-sessions", "shared"], log_path=log, shipped_defaults=True
+    ) as proxy:
         yield proxy
 
 

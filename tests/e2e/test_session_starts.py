@@ -107,7 +107,7 @@ async def test_one_agent_opening_40_sessions_at_once_each_with_its_own_child_get
     # sessions at once, a child each, on a small machine. Starts queue (at most the CPU count at
     # once); each session is served when its child has started, in the order they came.
     demo = [PYTHON, "-m", "proxy.demo.server"]
-    proxy = ProxyProcess(upstream=demo, log_path=tmp_path / "proxy.log").start(timeout_s=120)
+    proxy = ProxyProcess(upstream=demo, log_path=tmp_path / "proxy.log", shipped_defaults=True).start(timeout_s=120)
     try:
         answers = await open_and_call(proxy, 40, bound_s=480)
         assert sorted(answers) == sorted(f"session {i}" for i in range(40)), proxy.log_tail()

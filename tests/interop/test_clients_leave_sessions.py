@@ -79,7 +79,10 @@ def inspector(clients: Clients, url: str, text: str) -> subprocess.CompletedProc
 
 
 def test_the_inspector_cli_run_100_times_in_a_row_is_answered_every_time(clients: Clients, tmp_path: Path) -> None:
-    with demo_over_http() as upstream, started(ProxyProcess(upstream_url=upstream, log_path=tmp_path / "p.log")) as p:
+    with (
+        demo_over_http() as upstream,
+        started(ProxyProcess(upstream_url=upstream, log_path=tmp_path / "p.log", shipped_defaults=True)) as p,
+    ):
         for run in range(100):
             done = inspector(clients, p.url, f"run {run}")
             assert done.returncode == 0 and f"run {run}" in done.stdout, (run, done.stdout, done.stderr[-2000:])
@@ -149,7 +152,10 @@ def mcp_remote_launch(clients: Clients, url: str, home: Path, launch: int) -> li
 def test_mcp_remote_launched_30_times_is_served_every_time(clients: Clients, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    with demo_over_http() as upstream, started(ProxyProcess(upstream_url=upstream, log_path=tmp_path / "p.log")) as p:
+    with (
+        demo_over_http() as upstream,
+        started(ProxyProcess(upstream_url=upstream, log_path=tmp_path / "p.log", shipped_defaults=True)) as p,
+    ):
         for launch in range(30):
             answers = mcp_remote_launch(clients, p.url, home, launch)
             assert [a.get("id") for a in answers] == [1, 2, 3], answers
@@ -184,7 +190,10 @@ def test_the_inspector_past_a_small_child_cap_is_answered_and_idle_children_are_
 ) -> None:
     cap = 4
     proxy = ProxyProcess(
-        upstream=[PYTHON, "-m", "proxy.demo.server"], extra=["--max-sessions", str(cap)], log_path=tmp_path / "p.log"
+        upstream=[PYTHON, "-m", "proxy.demo.server"],
+        extra=["--max-sessions", str(cap)],
+        log_path=tmp_path / "p.log",
+        shipped_defaults=True,
     )
     with started(proxy) as p:
         assert p.proc is not None

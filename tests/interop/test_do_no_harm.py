@@ -169,11 +169,15 @@ def test_a_read_silent_for_35s_succeeds_once_through_the_shipped_defaults_over_h
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(fastmcp_http(fastmcp_python, journal))
         http_to_http = stack.enter_context(
-            started(ProxyProcess(upstream_url=upstream.url, log_path=tmp_path / "http-http.log"))
+            started(ProxyProcess(upstream_url=upstream.url, log_path=tmp_path / "http-http.log", shipped_defaults=True))
         )
         http_to_stdio = stack.enter_context(
             started(
-                ProxyProcess(upstream=stdio_upstream(fastmcp_python, journal), log_path=tmp_path / "http-stdio.log")
+                ProxyProcess(
+                    upstream=stdio_upstream(fastmcp_python, journal),
+                    log_path=tmp_path / "http-stdio.log",
+                    shipped_defaults=True,
+                )
             )
         )
 
@@ -241,7 +245,9 @@ def test_fastmcp_client_sees_the_tools_own_message_in_tool_error_and_the_refused
 ) -> None:
     journal = tmp_path / "journal"
     with started(
-        ProxyProcess(upstream=stdio_upstream(fastmcp_python, journal), log_path=tmp_path / "proxy.log")
+        ProxyProcess(
+            upstream=stdio_upstream(fastmcp_python, journal), log_path=tmp_path / "proxy.log", shipped_defaults=True
+        )
     ) as proxy:
         (first, repeat), client_log = _fastmcp_client(fastmcp_python, proxy.url, "flaky_db", {"tag": "t"}, count=2)
         seen = f"journal: {journal.read_text()!r}\nproxy log: {proxy.log_tail()}\nclient log: {client_log}"
@@ -284,7 +290,9 @@ def test_an_http_upstream_killed_during_a_read_and_restarted_2s_later_is_bridged
     journal = tmp_path / "journal"
     with (
         fastmcp_http(fastmcp_python, journal) as upstream,
-        started(ProxyProcess(upstream_url=upstream.url, log_path=tmp_path / "proxy.log")) as proxy,
+        started(
+            ProxyProcess(upstream_url=upstream.url, log_path=tmp_path / "proxy.log", shipped_defaults=True)
+        ) as proxy,
         ThreadPoolExecutor(1) as pool,
     ):
         upstream.prepare_restart()

@@ -32,7 +32,9 @@ BOUND_S = 58.0  # under the SDK clients' 60 s default request timeout, as a user
 def proxy(prereq: Prerequisites, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp: Path = tmp_path_factory.mktemp("interop-long-running")
     # No --policies: the shipped defaults are what is under test.
-    proxy = ProxyProcess(upstream=[prereq.node, prereq.server_everything, "stdio"], log_path=tmp / "proxy.log")
+    proxy = ProxyProcess(
+        upstream=[prereq.node, prereq.server_everything, "stdio"], log_path=tmp / "proxy.log", shipped_defaults=True
+    )
     with started(proxy) as p:
         yield p
 

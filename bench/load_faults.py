@@ -77,7 +77,7 @@ from bench.faults import (  # noqa: E402
     is_ours,
     pct,
 )
-from tests.fixtures.helpers import PYTHON, free_port, scripted_args  # noqa: E402
+from tests.fixtures.helpers import PYTHON, free_port, scripted_args, terminate  # noqa: E402
 from tests.fixtures.journal import Journal  # noqa: E402
 from tests.proxy_process import scripted_stdio_command  # noqa: E402
 
@@ -373,13 +373,8 @@ class HttpUpstream:
 
     def stop(self) -> None:
         for proc in (self.standby, self.proc):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            if proc is not None:
+                terminate(proc)
 
 
 def fd_count(pid: int) -> int:
@@ -1177,13 +1172,7 @@ class DeadlineProbe:
             )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)  # its calls in flight end within their deadline
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout_s=40)  # its calls in flight end within their deadline
 
 
 def load_leg(args: argparse.Namespace, work: Path, rep: Report, upstream: str, cleanup: list[Any]) -> dict[str, Any]:

@@ -22,7 +22,9 @@ import pytest
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
-SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*\bscope=["'](?:module|package|class)["']""")
+# `@pytest.fixture(` up to `scope="module"` (or package, class), over lines and past one level of
+# parentheses in the arguments before it (`params=range(3)`).
+SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\((?:[^()]|\([^()]*\))*?\bscope=["'](?:module|package|class)["']""")
 
 
 class ModuleFixtureScheduling(LoadScopeScheduling):
@@ -41,5 +43,10 @@ class ModuleFixtureScheduling(LoadScopeScheduling):
                 source = (self.config.rootpath / module).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 source = ""
-            shares = self._shares[module] = SHARED_FIXTURE.search(source) is not None
+            shares = self._shares[module] = shares_a_fixture(source)
         return shares
+
+
+def shares_a_fixture(source: str) -> bool:
+    """Whether a test module's source defines a fixture its tests share (module, package or class scope)."""
+    return SHARED_FIXTURE.search(source) is not None

@@ -249,17 +249,11 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                     partial = conn
             elif idle is None or conn._waiting_since < idle._waiting_since:
                 idle = conn
-        if partial is not None:
-            partial._refuse(_RECLAIMED)
-            partial._uncount()  # its place is free now, not when the loop reports the close
-            return True
-        if idle is None:
+        victim = partial or idle
+        if victim is None:
             return False
-        SHED.count("http_refused", _RECLAIMED[1])
-        idle._cancel_timers()
-        idle._in_head = False
-        idle.transport.close()
-        idle._uncount()
+        victim._refuse(_RECLAIMED, silently=victim is idle)
+        victim._uncount()  # its place is free now, not when the loop reports the close
         return True
 
     def _counted_key(self, host: str) -> str | None:
@@ -365,9 +359,9 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                 timer.cancel()
         self._head_timer = self._body_timer = None
 
-    def _refuse(self, refusal: tuple[bytes, str]) -> None:
-        """Answer the refusal (unless a response already started on this connection), count it,
-        and close.
+    def _refuse(self, refusal: tuple[bytes, str], *, silently: bool = False) -> None:
+        """Answer the refusal (unless a response already started on this connection, or
+        `silently`), count it, and close.
 
         A request that is running sees a disconnect: its reads end and its writes are dropped."""
         answer, reason = refusal
@@ -380,6 +374,6 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
             started = cycle.response_started
             cycle.disconnected = True
             cycle.message_event.set()
-        if not started:
+        if not started and not silently:
             self.transport.write(answer)
         self.transport.close()

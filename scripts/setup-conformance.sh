@@ -17,6 +17,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/install.sh
+. "$REPO_ROOT/scripts/lib/install.sh"
 CACHE="${MCP_CONFORMANCE_CACHE:-$REPO_ROOT/.cache/conformance}"
 # The physical path: a checkout whose .cache is a link to another's must write (in venv
 # scripts and manifest.json) paths that stay valid when that checkout is gone.
@@ -87,9 +89,9 @@ if [ "$PART" != node ] && { [ "$FORCE" = 1 ] || ! server_ok; }; then
     STRIP="$(awk -F/ '{print NF}' <<<"$PREFIX")"
     mkdir -p "$SERVER_SRC"
     tar -xzf "$SDIST" -C "$SERVER_SRC" --strip-components="$STRIP" "$PREFIX"
-    log "pip-installing the everything-server into $VENV"
+    log "installing the everything-server into $VENV"
     # Not editable: the package must not depend on the cache staying put after install.
-    "$PY" -m pip install --quiet "$SERVER_SRC" "mcp==$MCP_SDK_VERSION" >&2
+    venv_install "$VENV" "$SERVER_SRC" "mcp==$MCP_SDK_VERSION" >&2
     server_ok || die "mcp-everything-server not importable from $VENV after install"
 fi
 

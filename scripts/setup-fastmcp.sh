@@ -11,6 +11,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/install.sh
+. "$REPO_ROOT/scripts/lib/install.sh"
 CACHE="${MCP_FASTMCP_CACHE:-$REPO_ROOT/.cache/fastmcp}"
 # The physical path: a checkout whose .cache is a link to another's must write (in venv
 # scripts and manifest.json) paths that stay valid when that checkout is gone.
@@ -39,7 +41,7 @@ if [ "$FORCE" = 1 ] || ! good; then
         log "creating $VENV with $FASTMCP"
         rm -rf "$VENV"
         python3 -m venv "$VENV"
-        PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet -c "$REPO_ROOT/requirements/tools/fastmcp.txt" "$FASTMCP" >&2
+        venv_install "$VENV" -c "$REPO_ROOT/requirements/tools/fastmcp.txt" "$FASTMCP" >&2
         good || die "$VENV is not usable after install"
     fi
     exec 9>&-

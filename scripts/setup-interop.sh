@@ -27,6 +27,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/install.sh
+. "$REPO_ROOT/scripts/lib/install.sh"
 CACHE="${MCP_INTEROP_CACHE:-$REPO_ROOT/.cache/interop}"
 # The physical path: a checkout whose .cache is a link to another's must write (in venv
 # scripts and manifest.json) paths that stay valid when that checkout is gone.
@@ -118,7 +120,7 @@ ensure_venv() {
         log "creating $venv with $*"
         rm -rf "$venv"
         python3 -m venv "$venv"
-        PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet -c "$constraints" "$@" >&2
+        venv_install "$venv" -c "$constraints" "$@" >&2
         good || die "$venv is not usable after install"
     fi
     exec 9>&-

@@ -139,6 +139,9 @@ async def suggest_traffic(url: str) -> None:
             assert not (await client.call_tool("plain", {})).is_error
 
 
+# Serial: the page's example has a 0.8 s call under a 1 s attempt timer, and its output says "0 cut
+# by a timer"; on a loaded machine (the parallel tier) the call was once cut and retried.
+@pytest.mark.serial
 def test_the_suggest_example_runs_as_written_with_output_of_the_shape_it_shows(tmp_path: Path) -> None:
     steps = walkthrough(SUGGEST_SECTION)
     commands = [c for c, _ in steps]

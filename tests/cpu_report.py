@@ -3,10 +3,12 @@
 Turned on by ``--cpu-report`` or ``MCP_TEST_CPU_REPORT=1`` (tests/conftest.py registers it). For each
 test it takes ``getrusage(RUSAGE_SELF)`` and ``getrusage(RUSAGE_CHILDREN)`` (user + system seconds)
 when its setup starts and again when its teardown ends, and records the difference on the test's
-teardown report (``user_properties``, key ``cpu_s``). A child's CPU counts once the worker has waited
-for it, and a process counts its own reaped children in turn: a proxy that reaps its stdio servers
-brings theirs along. A module- or session-scoped fixture is charged to the test whose setup starts it
-and to the one whose teardown stops it.
+teardown report (``user_properties``, key ``cpu_s``). A child's CPU counts once the worker has
+waited for it, and a process counts its own reaped children in turn: a proxy that reaps its stdio
+servers brings theirs along; the fixture servers forked by this process's fork server
+(tests/fixtures/forkserver.py) count through it, once it has reaped them. A module- or
+session-scoped fixture is charged to the test whose setup starts it and to the one whose teardown
+stops it.
 
 Under pytest-xdist each worker measures its own tests and the reports carry the figure to the
 controller, which adds them up; without xdist the same hook runs in the one process. At the end the
@@ -23,6 +25,8 @@ from collections import defaultdict
 
 import pytest
 
+from tests.fixtures import forkserver
+
 PROPERTY = "cpu_s"
 ENV = "MCP_TEST_CPU_REPORT"
 TOP_TESTS = 25
@@ -37,10 +41,11 @@ def wanted(config: pytest.Config) -> bool:
 
 
 def cpu_seconds() -> float:
-    """User + system CPU of this process and of every child it has waited for, so far."""
+    """User + system CPU of this process and of every child it has waited for, so far, and of its
+    fork server (tests/fixtures/forkserver.py), whose forks are the fixture servers it started."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forkserver.cpu_seconds()
 
 
 class CpuReport:

@@ -22,12 +22,13 @@ from mcp import Client
 
 from proxy.policy.render import format_duration
 from tests.e2e.test_status_page import browse, chromium
+from tests.fixtures.forkserver import python_argv
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.slow
 
-SERVER = [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "suggest_server.py")]
+SERVER = REPO_ROOT / "tests" / "fixtures" / "suggest_server.py"
 SLOW_S = 0.8  # under its 1 s attempt timeout, within 20% of it
 ORDER = "order-canary-73QX"  # an argument the upstream echoes in its error text
 FILES = {
@@ -88,7 +89,7 @@ def test_suggest_against_a_live_proxy_gives_a_patch_that_applies_and_classifies_
 ) -> None:
     folder = _folder(tmp_path / "policies")
     extra = ["--policies", str(folder)]
-    with ProxyProcess(upstream=SERVER, extra=extra, log_path=tmp_path / "proxy.log") as proxy:
+    with ProxyProcess(upstream=python_argv(SERVER), extra=extra, log_path=tmp_path / "proxy.log") as proxy:
         anyio.run(_traffic, proxy.url)
 
         # The status page carries the same advice.

@@ -24,12 +24,13 @@ import pytest
 from mcp import Client
 
 from proxy.demo.server import BUSY_TEXT
+from tests.fixtures.forkserver import python_argv
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.slow
 
-DEMO = [PYTHON, "-m", "proxy.demo.server", "--chaos"]
+DEMO = ("-m", "proxy.demo.server", "--chaos")
 TIMER_S = 2.0  # slow_report's attempt timeout before the patch
 STAGE_S = 0.1  # the demo's slow_report: one stage per 0.1 s
 SEEN_STAGES = 16  # 1.6 s: under the timer, within 20% of it (a timer `suggest` raises)
@@ -74,13 +75,15 @@ def test_suggest_on_the_chaos_demo_classifies_its_unlabelled_failure_and_raises_
     tmp_path: Path,
 ) -> None:
     folder = tmp_path / "policies"
-    drafted = _cli("init", str(folder), "--", *DEMO)
+    drafted = _cli("init", str(folder), "--", *python_argv(*DEMO))
     assert drafted.returncode == 0, drafted.stdout + drafted.stderr
     with (folder / "slow_report.yaml").open("a") as f:
         f.write(f"attempt_timeout: {TIMER_S:g}s\n")
     assert _cli("check", str(folder)).returncode == 0
 
-    with ProxyProcess(upstream=DEMO, extra=["--policies", str(folder)], log_path=tmp_path / "proxy.log") as proxy:
+    upstream = python_argv(*DEMO)
+    proxy = ProxyProcess(upstream=upstream, extra=["--policies", str(folder)], log_path=tmp_path / "proxy.log")
+    with proxy:
         # Traffic: slow calls the timer lets through, and lookups failing with a text nothing classifies.
         seen = anyio.run(
             _calls,

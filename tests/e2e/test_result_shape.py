@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 from mcp import Client
 
-from tests.fixtures.helpers import PYTHON
+from tests.fixtures.forkserver import python_argv
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -36,7 +36,7 @@ BOUND_S = 30.0
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp = tmp_path_factory.mktemp("shape")
-    with ProxyProcess(upstream=[PYTHON, str(SERVER)], log_path=tmp / "proxy.log") as running:
+    with ProxyProcess(upstream=python_argv(SERVER), log_path=tmp / "proxy.log") as running:
         yield running
 
 

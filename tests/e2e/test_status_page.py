@@ -27,7 +27,7 @@ import pytest
 from lxml import html as lxml_html
 from mcp import Client
 
-from tests.fixtures.helpers import PYTHON
+from tests.fixtures.forkserver import python_argv
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProxyProc
         (folder / name).write_text(text)
     token = tmp_path / "admin-token"
     token.write_text(TOKEN + "\n")
-    upstream = [PYTHON, "-m", "proxy.demo.server"]
+    upstream = python_argv("-m", "proxy.demo.server")
     # the refund answers after its 1 s attempt timeout (outcome unknown), and soon enough not to
     # hold the demo server's exit
     monkeypatch.setenv("DEMO_REFUND_HANG_S", "3")

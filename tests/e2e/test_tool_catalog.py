@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from mcp import Client
 
-from tests.fixtures.helpers import PYTHON
+from tests.fixtures.forkserver import python_argv
 from tests.proxy_process import ProxyProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -33,7 +33,7 @@ BOUND_S = 30.0
 @pytest.fixture
 def fresh_proxy(tmp_path: Path) -> Iterator[ProxyProcess]:
     """A proxy of its own per test: nothing listed the upstream's tools before the call."""
-    with ProxyProcess(upstream=[PYTHON, str(SERVER)], log_path=tmp_path / "proxy.log") as running:
+    with ProxyProcess(upstream=python_argv(SERVER), log_path=tmp_path / "proxy.log") as running:
         yield running
 
 

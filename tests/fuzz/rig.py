@@ -24,7 +24,7 @@ from proxy.policy.store import PolicyStore
 from proxy.server import build_service
 from proxy.settings import Settings
 from proxy.upstream.sse.parse import SseParser
-from tests.fixtures.helpers import PYTHON, SCRIPTED_SERVER
+from tests.fixtures.helpers import PYTHON, scripted_args
 
 T = TypeVar("T")
 EXAMPLE_TIMEOUT_S = 10.0
@@ -176,7 +176,7 @@ def proxy_rig(tmp: Path, argv: list[str] | None = None, policies: Path | None = 
     """Start the service (probing the upstream), open one 2025 session, yield; stop everything.
 
     `argv`: the stdio upstream's command, by default the scripted SDK server."""
-    argv = argv or [PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(tmp / "journal")]
+    argv = argv or [PYTHON, *scripted_args("stdio", tmp / "journal")]
     command = shlex.join(argv)
     config = Settings(
         listen="http://127.0.0.1:8080/mcp",

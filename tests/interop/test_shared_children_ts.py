@@ -12,7 +12,6 @@ and stopped by its pid.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.forkserver import python_argv
 from tests.interop.harness import Call, Prerequisites, Reply, Target, TsClient, started
 from tests.proxy_process import ProxyProcess
 
@@ -30,7 +30,7 @@ SERVER = Path(__file__).resolve().parent.parent / "e2e" / "shared_server.py"
 
 def shared_proxy(tmp_path: Path, children: int) -> ProxyProcess:
     return ProxyProcess(
-        upstream=[sys.executable, str(SERVER)],
+        upstream=python_argv(SERVER),
         extra=["--stdio-sessions", "shared", "--stdio-shared-children", str(children)],
         log_path=tmp_path / "proxy.log",
     )

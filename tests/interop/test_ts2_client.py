@@ -39,7 +39,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, ScriptedHTTP
+from tests.fixtures.forkserver import python_argv
+from tests.fixtures.helpers import REPO_ROOT, ScriptedHTTP
 from tests.fixtures.journal import Journal
 from tests.interop.harness import (
     CALL_BOUND_S,
@@ -97,7 +98,7 @@ class Ts2Client(TsClient):
 
 
 def _scripted_stdio(journal: Path) -> list[str]:
-    return [PYTHON, str(SCRIPTED_SERVER), "--transport", "stdio", "--journal", str(journal)]
+    return python_argv(SCRIPTED_SERVER, "--transport", "stdio", "--journal", str(journal))
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +273,7 @@ def test_2026_logging_over_shared_stdio_link(
 @pytest.fixture(scope="module")
 def shape_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp = tmp_path_factory.mktemp("ts2-shape")
-    with started(ProxyProcess(upstream=[PYTHON, str(SHAPE_SERVER)], log_path=tmp / "proxy.log")) as proxy:
+    with started(ProxyProcess(upstream=python_argv(SHAPE_SERVER), log_path=tmp / "proxy.log")) as proxy:
         yield proxy
 
 
@@ -283,7 +284,7 @@ def test_output_schema_failures_stay_results(
 ) -> None:
     """v2 checks structuredContent against the tool's outputSchema and throws on a mismatch: what
     the proxy answers for a failed tool with an output schema must never make it throw."""
-    upstream = [PYTHON, str(SHAPE_SERVER)]
+    upstream = python_argv(SHAPE_SERVER)
     cases = {
         "lookup": ({"key": "missing"}, "validation"),  # outputSchema, the server fails it
         "refuse_conforming": ({}, "business"),  # outputSchema, its own conforming structuredContent

@@ -25,7 +25,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.fixtures.helpers import PYTHON, REPO_ROOT, free_port, terminate
+from tests.fixtures.forkserver import python_argv
+from tests.fixtures.helpers import REPO_ROOT, free_port, terminate
 from tests.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.slow
@@ -109,7 +110,7 @@ def test_the_walkthrough_runs_as_written_with_the_output_it_shows(tmp_path: Path
 
 
 SUGGEST_SECTION = "## Improving a folder from what the proxy saw: `policies suggest`"
-SUGGEST_SERVER = [PYTHON, str(REPO_ROOT / "tests" / "fixtures" / "suggest_server.py")]
+SUGGEST_SERVER = REPO_ROOT / "tests" / "fixtures" / "suggest_server.py"
 SUGGEST_ADMIN = "127.0.0.1:9464"  # the page's admin address; the test's proxy has its own
 # The folder the page's patch edits (its context lines say what these files hold).
 SUGGEST_FOLDER = {
@@ -164,7 +165,7 @@ def test_the_suggest_example_runs_as_written_with_output_of_the_shape_it_shows(t
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
 
     with ProxyProcess(
-        upstream=SUGGEST_SERVER, extra=["--policies", str(folder)], log_path=tmp_path / "proxy.log"
+        upstream=python_argv(SUGGEST_SERVER), extra=["--policies", str(folder)], log_path=tmp_path / "proxy.log"
     ) as proxy:
         anyio.run(suggest_traffic, proxy.url)
         admin = proxy.admin.removeprefix("http://")

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.forkserver import python_argv
 from tests.fixtures.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +221,8 @@ def everything_stdio_argv(tools: ConformanceTools, only_2025: bool = False, only
         script = "everything_stdio_2025_only.py"
     elif only_2026:
         script = "everything_stdio_2026_only.py"
+    if tools.python == sys.executable:  # started by fork (tests/fixtures/forkserver.py): the SDK imported once
+        return python_argv(HERE / script)
     return [tools.python, str(HERE / script)]
 
 

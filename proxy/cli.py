@@ -168,7 +168,7 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--stdio-spares-max",
         type=int,
         default=s,
-        help="warm pool: the most spares it grows to under bursts of 2025 sessions (1: no growth)",
+        help="warm pool: the most spares it grows to under bursts of 2025 sessions (16; 1: no growth)",
     )
     p.add_argument(
         "--stdio-sessions",

@@ -170,11 +170,11 @@ class Settings(BaseSettings):
         1, ge=0, le=64, description="the warm pool: stdio children started ahead for new 2025 sessions (0: off)"
     )
     stdio_spares_max: int = Field(
-        1,
+        16,
         ge=0,
         le=64,
         description="the warm pool grows beyond --stdio-spares to the recent peak of 2025 sessions opened within one "
-        "child start, up to this (at or below --stdio-spares, as by default: no growth)",
+        "child start, up to this (at or below --stdio-spares: no growth)",
     )
     stdio_sessions: Literal["per-session", "shared"] = Field(
         "per-session",

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import httpx
 from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -101,16 +100,7 @@ def start_proxy(procs: relay.Processes, workdir: Path) -> tuple[subprocess.Popen
     argv += ["--admin", f"127.0.0.1:{admin}", "--", sys.executable, str(relay.UPSTREAM), "--transport", "stdio"]
     env = {**os.environ, "MCP_RECOVERY_STDIO_SPARES": "0"}  # no spare: the session's child is the server measured
     proc = procs.start(argv, workdir / "proxy.log", env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{admin}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the proxy did not become ready; see {workdir / 'proxy.log'}")
-        time.sleep(0.1)
+    relay.wait_until(lambda: relay.ready(admin), "the proxy", proc, workdir / "proxy.log", timeout_s=60)
     return proc, f"http://127.0.0.1:{port}/mcp"
 
 

@@ -102,7 +102,7 @@ async def test_a_killed_2026_child_is_replaced_by_the_warm_spare_and_the_recover
     release = tmp_path / "release"
     proxy = ProxyProcess(
         upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
-        extra=["--stdio-spares", "1"],
+        extra=["--stdio-spares", "1", "--stdio-spares-max", "1"],  # one spare, no growth
         log_path=tmp_path / "proxy.log",
     ).start(timeout_s=60)
     killed = 0

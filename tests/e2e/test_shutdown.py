@@ -227,7 +227,8 @@ async def test_sigterm_stops_every_stdio_child_at_once_even_ones_only_sigkill_st
     journal = Journal(tmp_path / "journal.jsonl")
     proxy = ProxyProcess(
         upstream=scripted_stdio_command(journal.path, tmp_path / "state.json", extra=["--stubborn"]),
-        extra=["--shutdown-grace-s", "1", "--stdio-spares", str(SPARES)],
+        # a fixed pool of SPARES: the count of children stopped is the claim, not the pool's growth
+        extra=["--shutdown-grace-s", "1", "--stdio-spares", str(SPARES), "--stdio-spares-max", str(SPARES)],
         log_path=tmp_path / "proxy.log",
     ).start(timeout_s=60)
     assert proxy.proc is not None

@@ -8,7 +8,9 @@ it, not the proxy, sets the pace of every leg it is in. This server answers the 
 benchmark and the proxy's probe use, by hand, over plain dicts:
 
 - 2025 handshake: `initialize`, `notifications/initialized`, `ping`;
-- 2026-07-28: `server/discover`, and the per-request envelope is accepted as is;
+- 2026-07-28: `server/discover`, and the per-request envelope is accepted as is; a request whose
+  `_meta` names a protocol version (a 2026 request) gets `resultType: "complete"` in its result,
+  as that era requires of every result, and `ttlMs`/`cacheScope` on a cacheable one;
 - `tools/list` (one read-only tool, `echo(text)`), `tools/call` of `echo` (waits `--wait-ms` with
   `asyncio.sleep`, then returns the text), anything else a JSON-RPC "method not found".
 
@@ -36,6 +38,8 @@ TOOL = {
 }
 INFO = {"name": "bench-lean-echo", "version": "1.0"}
 CAPS = {"tools": {"listChanged": False}}
+CACHEABLE = frozenset({"server/discover", "tools/list"})  # of the methods answered here
+MODERN_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"  # in every 2026-07-28 request's `_meta`
 
 
 class Echo:
@@ -48,6 +52,17 @@ class Echo:
             return None
         method, id_ = message["method"], message["id"]
         params = message.get("params") or {}
+        if not isinstance(params, dict):
+            return _error(id_, -32602, "params must be an object")
+        response = await self._answer(method, id_, params)
+        meta = params.get("_meta")
+        if isinstance(meta, dict) and MODERN_VERSION_KEY in meta and "result" in response:
+            response["result"]["resultType"] = "complete"
+            if method in CACHEABLE:  # the era's freshness hints: never fresh, this caller's only
+                response["result"].update(ttlMs=0, cacheScope="private")
+        return response
+
+    async def _answer(self, method: Any, id_: Any, params: dict[str, Any]) -> dict[str, Any]:
         if method == "tools/call":
             if params.get("name") != "echo":
                 return _error(id_, -32602, "Unknown tool")

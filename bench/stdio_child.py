@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
-    relay.UPSTREAM = relay.UPSTREAMS["sdk"]  # the lean one answers 2026 without `resultType`: the SDK client refuses it
+    relay.UPSTREAM = relay.UPSTREAMS["sdk"]  # the yardstick is a real SDK server, not the hand-written lean echo
     print(f"# {relay.cpu_model()}, {os.cpu_count()} cores, load {relay._loadavg()}; upstream {relay.UPSTREAM.name}")
     print(f"# {args.calls} calls a leg, {args.concurrency} at a time, {args.runs} run(s)")
     procs = relay.Processes()

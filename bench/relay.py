@@ -985,6 +985,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which paths to measure (default all): direct, an nginx hop, mcp-proxy and supergateway "
         "(HTTP→stdio peers, scripts/setup-peers.sh), and the proxy's http→stdio (stdio) and http→http (http)",
     )
+    parser.add_argument(
+        "--fill-idle",
+        action="store_true",
+        help="run one SCHED_IDLE spinner per CPU through the legs: the machine is then 100%% busy in every leg, "
+        "so a hop that leaves the CPUs idle is not charged for the wake-ups of an idle VM (docs/benchmarks.md)",
+    )
     parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
     parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")
     args = parser.parse_args(argv)
@@ -1010,6 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"upstream {args.upstream} ({UPSTREAM.name}), relay {RELAY}, era {args.era}\n",
                 flush=True,
             )
+            if args.fill_idle:
+                fill_idle(procs, workdir)
             if not args.profile_only:
                 for run in range(1, args.runs + 1):
                     for wait_ms in args.wait_ms:
@@ -1030,6 +1038,29 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             procs.stop_all()
     return 0
+
+
+# A spinner at the lowest scheduling class: it runs only on a CPU nothing else wants. Started in a
+# session of its own (as every process here is), so with the kernel's autogroup scheduling its group
+# would weigh as much as the proxy's: it lowers that group's weight as well. It ends by
+# itself when the benchmark that started it is gone, or after six hours, whichever comes first.
+SPINNER = """
+import contextlib, os, time
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+    f.write("19")  # its session's scheduling group at the lowest weight too (with autogroup on)
+parent, end = os.getppid(), time.monotonic() + 6 * 3600
+while os.getppid() == parent and time.monotonic() < end:
+    for _ in range(100_000):
+        pass
+"""
+
+
+def fill_idle(procs: Processes, workdir: Path) -> None:
+    """`--fill-idle`: one SCHED_IDLE spinner per CPU, stopped by pid with everything else."""
+    for n in range(os.cpu_count() or 1):
+        procs.start([PYTHON, "-c", SPINNER], workdir / f"spinner-{n}.log")
+    print(f"fill-idle: {os.cpu_count()} SCHED_IDLE spinner(s) running through the legs", flush=True)
 
 
 def cpu_model() -> str:

@@ -634,8 +634,11 @@ def run_once(
                     bx, bport = start_proxy(procs, up_url, workdir, args.proxy_arg, tree=args.baseline_tree)
                     started.append(bx)
                     hops.append(Hop("http→http base", f"http://127.0.0.1:{bport}/mcp", bx, up.pid))
+        # Odd runs take the rows in their order, even runs in reverse: this VM's speed drifts by
+        # 10-30% within minutes, and a fixed order would hand that drift to whichever row is last.
+        order = hops if run % 2 else hops[::-1]
         for conc in args.concurrency:
-            for h in hops:
+            for h in order:
                 leg_lua = lua
                 if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind a bridge)
                     leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(h.url))

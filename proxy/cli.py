@@ -183,6 +183,13 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="with --stdio-sessions shared: the most children the sessions share (2)",
     )
     p.add_argument(
+        "--stdio-modern-children",
+        type=int,
+        default=s,
+        help="2026-07-28 requests over a stdio upstream: the most children they spread over (1: one serves all;"
+        " more only for a server that keeps no state between requests)",
+    )
+    p.add_argument(
         "--stdio-spare-starts", type=int, default=s, help="warm-pool children started at once while it refills (2)"
     )
     p.add_argument(

@@ -183,6 +183,13 @@ class Settings(BaseSettings):
     stdio_shared_children: int = Field(
         2, ge=1, le=64, description="`--stdio-sessions shared`: the most stdio children the 2025 sessions share"
     )
+    stdio_modern_children: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="2026-07-28 requests over a stdio upstream: the most children they spread over, started as the "
+        "load asks (1: one child serves them all; more only for a server that keeps no state between requests)",
+    )
     stdio_spare_starts: int = Field(2, ge=1, le=16, description="warm-pool children started at once while it refills")
     stdio_start_timeout_s: float = Field(
         10.0,

@@ -56,6 +56,7 @@ def build_upstream(settings: Settings) -> Upstream:
             stderr_lines_per_s=settings.stderr_lines_per_s,
             shared_sessions=settings.stdio_sessions == "shared",
             shared_children=settings.stdio_shared_children,
+            modern_children=settings.stdio_modern_children,
             handshake_timeout_s=settings.stdio_start_timeout_s,
             max_starting=settings.stdio_max_starting,
             # the children's work waits for the proxy's, not the reverse (docs/reliability.md); one

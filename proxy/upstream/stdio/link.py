@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from proxy.errors import Dispatch, FailureKind, Refusal, UpstreamFailure
-from proxy.jsonrpc import Message, dumps, loads
+from proxy.jsonrpc import Message, RequestId, dumps, loads
 from proxy.upstream.base import (
     Era,
     Exchange,
@@ -125,6 +125,25 @@ class StdioLink(LinkBase):
         timer (proxy/core/relay.py `Relay.forward`)."""
         child = self._child
         return child is None or not child.alive or not child.answered
+
+    @property
+    def ready(self) -> bool:
+        """A child runs and has answered: a request goes to it without a start."""
+        return not self._closed and not self.starting
+
+    @property
+    def in_flight(self) -> int:
+        """Requests written to (or waiting for) this link's child and not answered yet."""
+        return len(self._pending)
+
+    def holds(self, upstream_id: RequestId) -> bool:
+        """Whether a request of this id was sent on this link and is not answered yet."""
+        return self._pending.get(upstream_id) is not None
+
+    async def start(self) -> None:
+        """Start this link's child now, ahead of its first request (a 2026 child: up to its answer to
+        `server/discover`). Raises `UpstreamFailure` as a request's start would."""
+        await self._ensure_child({})
 
     @property
     def next_spawn_at(self) -> float:

@@ -3,7 +3,9 @@
 - One child per legacy (2025) downstream session, and one shared child for all 2026-07-28
   requests: an SDK server fixes its era on the first request it reads, so one child cannot
   serve both. With `shared_sessions` (`--stdio-sessions shared`) at most `shared_children`
-  children serve every 2025 session instead (shared.py); `probe` starts them.
+  children serve every 2025 session instead (shared.py); `probe` starts them. With
+  `modern_children` N > 1 (`--stdio-modern-children`) the 2026 requests spread over up to N
+  children, started as the load asks for them (modern_pool.py).
 - `single_session` (the proxy behind `--listen stdio`, whose one client is one session): exactly
   one child. `prestart()` starts it before the client speaks, and the first link that needs a
   child takes it, whichever era the client's first request opens (its answer is the probe; no
@@ -78,6 +80,7 @@ from proxy.upstream.base import (
 )
 from proxy.upstream.stdio.adopt import adopt
 from proxy.upstream.stdio.link import StdioLink
+from proxy.upstream.stdio.modern_pool import ModernPool
 from proxy.upstream.stdio.process import (
     STOP_BOUND_S,
     TERMINATE_GRACE_S,
@@ -104,7 +107,8 @@ _PROBE_STEP_MARGIN_S = 2 * TERMINATE_GRACE_S + 1.0
 
 
 class StdioUpstream:
-    """A stdio server command; spawns one child per legacy link plus one shared modern child."""
+    """A stdio server command; spawns one child per legacy link plus one shared modern child (or up
+    to `modern_children` of them: modern_pool.py)."""
 
     supervised = True  # a dead child is respawned on demand: readiness follows `health`, no re-probe
 
@@ -127,6 +131,7 @@ class StdioUpstream:
         stderr_lines_per_s: float = LineBudget.RATE,
         shared_sessions: bool = False,
         shared_children: int = 2,
+        modern_children: int = 1,
         max_starting: int = 0,
         nice: int = 0,
     ) -> None:
@@ -143,6 +148,10 @@ class StdioUpstream:
         self.log_budget = (stderr_burst_lines, stderr_lines_per_s)  # each child's own bucket
         self._links: set[StdioLink] = set()
         self._modern: StdioLink | None = None
+        # `--stdio-modern-children N` (N > 1): 2026 requests spread over up to N children
+        # (modern_pool.py), the first of them `_modern`'s
+        self.modern_children = 1 if single_session else max(1, modern_children)
+        self._modern_pool: ModernPool | None = None
         self.single_session = single_session
         # `--stdio-sessions shared`: every 2025 session on a few shared children (shared.py)
         self.shared_sessions = shared_sessions and not single_session
@@ -232,7 +241,9 @@ class StdioUpstream:
         2025 `initialize` (`check`): a command that crashes at once must not read as ready. A probe
         that fails says what each step met."""
         self.probe_step = "server/discover on a new process"
-        link = await self.open(Era.MODERN)
+        if self._modern is None:
+            self._modern = StdioLink(self, Era.MODERN)
+        link = self._modern  # the 2026 link itself, pooled or not (`open`)
         try:
             ex = await link.send_request(discover_request(link.new_id()))
         except UpstreamFailure as failure:
@@ -280,14 +291,28 @@ class StdioUpstream:
 
     async def _drop_modern(self) -> None:
         link, self._modern = self._modern, None
-        if link is not None:
+        pool, self._modern_pool = self._modern_pool, None
+        if pool is not None:
+            await pool.aclose()
+        elif link is not None:
             await link.aclose()
 
-    async def open(self, era: Era) -> StdioLink | SessionLink:
+    def _modern_links(self) -> list[StdioLink]:
+        """The 2026 links: the one, or every link of the pool (its first the same one)."""
+        if self._modern_pool is not None:
+            return list(self._modern_pool.links)
+        return [self._modern] if self._modern is not None else []
+
+    async def open(self, era: Era) -> StdioLink | SessionLink | ModernPool:
         if era is Era.MODERN:
             if self._modern is None:
                 self._modern = StdioLink(self, Era.MODERN)
-            return self._modern
+            if self.modern_children == 1:
+                return self._modern
+            if self._modern_pool is None or self._modern_pool.links[0] is not self._modern:
+                make = lambda: StdioLink(self, Era.MODERN)  # noqa: E731
+                self._modern_pool = ModernPool(self._modern, self.modern_children, make)
+            return self._modern_pool
         if self.shared_sessions:
             return SessionLink(self._shared_sessions())  # bounded by the proxy's --max-sessions, not by children
         if len(self._links) >= self.max_children:
@@ -355,8 +380,7 @@ class StdioUpstream:
 
     def _working_child(self, *, but: Child | None) -> Child | None:
         links = list(self._links)
-        if self._modern is not None:
-            links.append(self._modern)
+        links += self._modern_links()
         if self._shared is not None:
             links += self._shared.links
         for link in links:
@@ -386,9 +410,8 @@ class StdioUpstream:
         self._closed = True
         await self.spare_pool.close()
         links = list(self._links)
-        if self._modern is not None:
-            links.append(self._modern)
-            self._modern = None
+        links += self._modern_links()
+        self._modern = self._modern_pool = None
         if self._shared is not None:
             links += self._shared.links
             self._shared = None
@@ -545,7 +568,7 @@ class StdioUpstream:
     @property
     def children(self) -> int:
         n = sum(1 for link in self._links if link.child is not None and link.child.alive)
-        others = [self._modern, *(self._shared.links if self._shared is not None else ())]
+        others = [*self._modern_links(), *(self._shared.links if self._shared is not None else ())]
         for link in others:
             if link is not None and link.child is not None and link.child.alive:
                 n += 1

@@ -14,8 +14,9 @@ Contract:
   background (one at a time, up to N); requests keep going to the ready children meanwhile, so
   none waits for a start. Before any child is ready, requests go to the first link (which starts
   its child, as the one 2026 link always did).
-- A cancellation reaches the child that runs the request; other notifications reach every running
-  child (one 2026 client's notification concerns whichever child serves it next).
+- A cancellation (`cancel`) reaches the child that runs the request; a client's notifications
+  reach every running child (one 2026 client's notification concerns whichever child serves it
+  next).
 - Each link supervises its own child (respawn with crash backoff, stdio/link.py); the first link
   is the upstream's own 2026 link (its probe, health and catalog use it as before).
 - Children started here stay until the proxy stops or they exit: N is the operator's bound.
@@ -24,7 +25,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -109,13 +109,8 @@ class ModernPool:
         return next((link for link in self.links if link.holds(upstream_id)), None)
 
     async def send_notification(self, message: Message, *, headers: Mapping[str, str] | None = None) -> None:
-        params = message.get("params")
-        if message.get("method") == "notifications/cancelled" and isinstance(params, dict):
-            request_id = params.get("requestId")
-            owner = self._owner(request_id) if isinstance(request_id, (str, int)) else None
-            if owner is not None:
-                await owner.send_notification(message, headers=headers)
-            return
+        # (A client's cancellation does not come this way: the relay cancels the call, which
+        # `cancel`s its exchange on the link that holds it.)
         for link in self.links:
             if link.child is not None:
                 await link.send_notification(message, headers=headers)
@@ -138,10 +133,9 @@ class ModernPool:
         await owner.cancel(exchange, reason)
 
     async def aclose(self) -> None:
+        # A start under way is not cancelled (the process may exist already): its link, closed
+        # here, stops the child it gets (`StdioLink._ensure_child`), and the upstream's own stop
+        # waits for starts under way.
         self._closed = True
-        if self._starting is not None:
-            self._starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._starting
         for link in self.links:
             await link.aclose()

@@ -9,6 +9,8 @@ journal's events, each wait bounded.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -118,5 +120,50 @@ async def test_by_default_one_child_serves_every_2026_call(tmp_path: Path) -> No
                     for k in range(8):
                         tg.start_soon(client.call_tool, "echo", {"text": f"many {k}", "call_id": f"many-{k}"})
         assert len(pids_of(journal, "echo") | pids_of(journal, "hang")) == 1
+    finally:
+        proxy.stop()
+
+
+async def test_a_killed_child_is_passed_over_and_replaced_when_the_load_asks_again(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
+        extra=["--stdio-modern-children", "2"],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+    try:
+        with anyio.fail_after(BOUND_S):
+            async with Client(proxy.url, mode="2026-07-28") as client:
+                await client.call_tool("echo", {"text": "first", "call_id": "first"})
+                (first,) = pids_of(journal, "echo")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "hang", {"seconds": 60, "call_id": "hang-1"})
+                    await journal.await_for(
+                        lambda j: j.events(event="started", call="hang-1"), timeout_s=30, what="hang-1 started"
+                    )
+                    n = 0
+                    while len(pids_of(journal, "echo")) < 2:  # the second child, started for the load
+                        n += 1
+                        await client.call_tool("echo", {"text": "x", "call_id": f"spread-{n}"})
+                    (second,) = pids_of(journal, "echo") - {first}
+                    # The second child dies: the calls after it go to the first, which still runs hang-1.
+                    os.kill(second, signal.SIGKILL)
+                    while pid_alive(second):  # noqa: ASYNC110  (another parent's process: /proc only)
+                        await anyio.sleep(0.02)
+                    for k in range(5):
+                        after = await client.call_tool("echo", {"text": f"after {k}", "call_id": f"after-{k}"})
+                        assert texts(after) == [f"after {k}"]
+                    after_pids = {
+                        e["pid"] for e in journal.events(event="started") if str(e["call"]).startswith("after")
+                    }
+                    assert after_pids and second not in after_pids  # the first's, or the replacement's once it answers
+                    # With the first still busy, the load starts a replacement for the second.
+                    n = 0
+                    while not pids_of(journal, "echo") - {first, second}:
+                        n += 1
+                        await client.call_tool("echo", {"text": "y", "call_id": f"again-{n}"})
+                    tg.cancel_scope.cancel()
+        third = pids_of(journal, "echo") - {first, second}
+        assert len(third) == 1 and pid_alive(third.pop())
     finally:
         proxy.stop()

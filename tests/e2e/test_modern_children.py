@@ -1,6 +1,7 @@
 """`--stdio-modern-children N`: 2026-07-28 requests spread over up to N stdio children, started as
 the load asks for them; one at a time they all go to one child, a cancellation reaches the child
-that runs the call, and the proxy's stop ends every child.
+that runs the call, a killed child is passed over and replaced, and the proxy's stop ends every
+child.
 
 Real processes: the proxy, the scripted SDK server over stdio (its journal names the process that
 ran each call), Python SDK clients in `mode="2026-07-28"`. No timing: the test waits on the

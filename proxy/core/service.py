@@ -598,3 +598,6 @@ class Service:
             reap_shared = getattr(self.upstream, "reap_idle_shared", None)
             if reap_shared is not None:
                 reap_shared()  # shared children (`--stdio-sessions shared`) with no session, as long
+            reap_modern = getattr(self.upstream, "reap_idle_modern", None)
+            if reap_modern is not None:
+                reap_modern()  # 2026 children beyond the first (`--stdio-modern-children`), as long

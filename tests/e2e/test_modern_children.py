@@ -1,7 +1,7 @@
 """`--stdio-modern-children N`: 2026-07-28 requests spread over up to N stdio children, started as
 the load asks for them; one at a time they all go to one child, a cancellation reaches the child
-that runs the call, a killed child is passed over and replaced, and the proxy's stop ends every
-child.
+that runs the call, a killed child is passed over and replaced, one left idle is stopped, and the
+proxy's stop ends every child.
 
 Real processes: the proxy, the scripted SDK server over stdio (its journal names the process that
 ran each call), Python SDK clients in `mode="2026-07-28"`. No timing: the test waits on the
@@ -166,5 +166,42 @@ async def test_a_killed_child_is_passed_over_and_replaced_when_the_load_asks_aga
                     tg.cancel_scope.cancel()
         third = pids_of(journal, "echo") - {first, second}
         assert len(third) == 1 and pid_alive(third.pop())
+    finally:
+        proxy.stop()
+
+
+async def test_a_child_beyond_the_first_left_idle_is_stopped_and_the_first_serves_on(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
+        extra=["--stdio-modern-children", "2", "--session-idle-timeout-s", "2"],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+    try:
+        with anyio.fail_after(BOUND_S):
+            async with Client(proxy.url, mode="2026-07-28") as client:
+                await client.call_tool("echo", {"text": "first", "call_id": "first"})
+                (first,) = pids_of(journal, "echo")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "hang", {"seconds": 60, "call_id": "hang"})
+                    await journal.await_for(
+                        lambda j: j.events(event="started", call="hang"), timeout_s=30, what="the hang started"
+                    )
+                    n = 0
+                    while len(pids_of(journal, "echo")) < 2:
+                        n += 1
+                        await client.call_tool("echo", {"text": "x", "call_id": f"spread-{n}"})
+                    tg.cancel_scope.cancel()
+                (second,) = pids_of(journal, "echo") - {first}
+                # Idle for the idle time (2 s; the reaper looks every second): the second child goes.
+                deadline = time.monotonic() + 30
+                while pid_alive(second):  # (another parent's process: /proc only)
+                    assert time.monotonic() < deadline, "the idle second child still runs after 30 s"
+                    await anyio.sleep(0.1)
+                assert pid_alive(first)
+                later = await client.call_tool("echo", {"text": "later", "call_id": "later"})
+                assert texts(later) == ["later"]
+        assert [e["pid"] for e in journal.events(event="started", call="later")] == [first]
+        assert "stopped 1 2026 upstream children unused for 2 s" in proxy.log_tail(20000)
     finally:
         proxy.stop()

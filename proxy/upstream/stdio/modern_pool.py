@@ -19,7 +19,9 @@ Contract:
   next).
 - Each link supervises its own child (respawn with crash backoff, stdio/link.py); the first link
   is the upstream's own 2026 link (its probe, health and catalog use it as before).
-- Children started here stay until the proxy stops or they exit: N is the operator's bound.
+- A child beyond the first with nothing in flight and no request for the idle time
+  (`--session-idle-timeout-s`) is stopped (`reap_idle`, from the service's idle reaper); the load
+  starts it again when it comes back.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING
 
 from proxy.jsonrpc import Message, RequestId
@@ -52,6 +55,7 @@ class ModernPool:
         self._unsolicited: OnMessage | None = None
         self._starting: asyncio.Task[None] | None = None
         self._closed = False
+        self._used: dict[StdioLink, float] = {}  # when each link last got a request
 
     def new_id(self) -> RequestId:
         # Apart from each link's own ids (integers, for its probes): a request may go to any link.
@@ -68,9 +72,10 @@ class ModernPool:
             if link.ready and (best is None or link.in_flight < best.in_flight):
                 best = link
         if best is None:
-            return self.links[0]
-        if best.in_flight > 0:
+            best = self.links[0]
+        elif best.in_flight > 0:
             self._grow()
+        self._used[best] = time.monotonic()
         return best
 
     def _grow(self) -> None:
@@ -81,11 +86,36 @@ class ModernPool:
         if idle is None:
             if len(self.links) >= self.size:
                 return
-            idle = self._make()
-            if self._unsolicited is not None:
-                idle.set_unsolicited_handler(self._unsolicited)
+            idle = self._new_link()
             self.links.append(idle)
+        self._used[idle] = time.monotonic()
         self._starting = asyncio.get_running_loop().create_task(self._start(idle))
+
+    def _new_link(self) -> StdioLink:
+        link = self._make()
+        if self._unsolicited is not None:
+            link.set_unsolicited_handler(self._unsolicited)
+        return link
+
+    def reap_idle(self, idle_s: float, stop: Callable[[Coroutine[object, None, object]], None]) -> int:
+        """Stop the children beyond the first with nothing in flight and no request for `idle_s`
+        (each link replaced by a fresh one, the old one closed through `stop`, which runs it in
+        the background); returns how many were stopped."""
+        now = time.monotonic()
+        reaped = 0
+        for i in range(len(self.links) - 1, 0, -1):
+            link = self.links[i]
+            if link.child is None or link.in_flight or now - self._used.get(link, 0.0) <= idle_s:
+                continue
+            if self._starting is not None and not self._starting.done():
+                continue  # (this link may be the one starting)
+            self.links[i] = self._new_link()
+            self._used.pop(link, None)
+            stop(link.aclose())
+            reaped += 1
+        if reaped:
+            log.info("stopped %d 2026 upstream children unused for %g s", reaped, idle_s)
+        return reaped
 
     async def _start(self, link: StdioLink) -> None:
         try:

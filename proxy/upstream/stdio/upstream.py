@@ -574,6 +574,12 @@ class StdioUpstream:
                 n += 1
         return n
 
+    def reap_idle_modern(self) -> int:
+        """`--stdio-modern-children N`: stop the 2026 children beyond the first unused for
+        `spare_idle_s` (modern_pool.py). Called by the service's idle reaper."""
+        pool = self._modern_pool
+        return pool.reap_idle(self.spare_idle_s, self._in_background) if pool is not None else 0
+
     def reap_idle_shared(self) -> int:
         """`--stdio-sessions shared`: stop the shared children unused for `spare_idle_s` with no
         session on them, keeping one (shared.py). Called by the service's

@@ -35,15 +35,34 @@ def texts(result: object) -> list[str]:
     return [c.text for c in getattr(result, "content", []) if isinstance(c, TextContent)]
 
 
+def start_proxy(tmp_path: Path, journal: Journal, *extra: str) -> ProxyProcess:
+    return ProxyProcess(
+        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
+        extra=["--stdio-modern-children", "2", *extra],
+        log_path=tmp_path / "proxy.log",
+    ).start(timeout_s=60)
+
+
+async def second_child(client: Client, journal: Journal, tg: anyio.abc.TaskGroup, hang: str) -> tuple[int, int]:
+    """A call on the first child, then `hang` left in flight on it, then calls until a second child
+    (started for the load) answers one: the two pids."""
+    await client.call_tool("echo", {"text": "first", "call_id": f"{hang}-first"})
+    (first,) = pids_of(journal, "echo")
+    tg.start_soon(client.call_tool, "hang", {"seconds": 60, "call_id": hang})
+    await journal.await_for(lambda j: j.events(event="started", call=hang), timeout_s=30, what=f"{hang} started")
+    n = 0
+    while len(pids_of(journal, "echo")) < 2:  # bounded by the caller's fail_after
+        n += 1
+        await client.call_tool("echo", {"text": "x", "call_id": f"{hang}-spread-{n}"})
+    (second,) = pids_of(journal, "echo") - {first}
+    return first, second
+
+
 async def test_calls_spread_over_the_children_the_load_starts_and_a_cancellation_finds_its_child(
     tmp_path: Path,
 ) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
-    proxy = ProxyProcess(
-        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
-        extra=["--stdio-modern-children", "2"],
-        log_path=tmp_path / "proxy.log",
-    ).start(timeout_s=60)
+    proxy = start_proxy(tmp_path, journal)
     pids: set[int] = set()
     try:
         with anyio.fail_after(BOUND_S):
@@ -127,26 +146,12 @@ async def test_by_default_one_child_serves_every_2026_call(tmp_path: Path) -> No
 
 async def test_a_killed_child_is_passed_over_and_replaced_when_the_load_asks_again(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
-    proxy = ProxyProcess(
-        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
-        extra=["--stdio-modern-children", "2"],
-        log_path=tmp_path / "proxy.log",
-    ).start(timeout_s=60)
+    proxy = start_proxy(tmp_path, journal)
     try:
         with anyio.fail_after(BOUND_S):
             async with Client(proxy.url, mode="2026-07-28") as client:
-                await client.call_tool("echo", {"text": "first", "call_id": "first"})
-                (first,) = pids_of(journal, "echo")
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(client.call_tool, "hang", {"seconds": 60, "call_id": "hang-1"})
-                    await journal.await_for(
-                        lambda j: j.events(event="started", call="hang-1"), timeout_s=30, what="hang-1 started"
-                    )
-                    n = 0
-                    while len(pids_of(journal, "echo")) < 2:  # the second child, started for the load
-                        n += 1
-                        await client.call_tool("echo", {"text": "x", "call_id": f"spread-{n}"})
-                    (second,) = pids_of(journal, "echo") - {first}
+                    first, second = await second_child(client, journal, tg, "hang-1")
                     # The second child dies: the calls after it go to the first, which still runs hang-1.
                     os.kill(second, signal.SIGKILL)
                     while pid_alive(second):  # noqa: ASYNC110  (another parent's process: /proc only)
@@ -172,27 +177,13 @@ async def test_a_killed_child_is_passed_over_and_replaced_when_the_load_asks_aga
 
 async def test_a_child_beyond_the_first_left_idle_is_stopped_and_the_first_serves_on(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
-    proxy = ProxyProcess(
-        upstream=scripted_stdio_command(journal.path, tmp_path / "state.json"),
-        extra=["--stdio-modern-children", "2", "--session-idle-timeout-s", "2"],
-        log_path=tmp_path / "proxy.log",
-    ).start(timeout_s=60)
+    proxy = start_proxy(tmp_path, journal, "--session-idle-timeout-s", "2")
     try:
         with anyio.fail_after(BOUND_S):
             async with Client(proxy.url, mode="2026-07-28") as client:
-                await client.call_tool("echo", {"text": "first", "call_id": "first"})
-                (first,) = pids_of(journal, "echo")
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(client.call_tool, "hang", {"seconds": 60, "call_id": "hang"})
-                    await journal.await_for(
-                        lambda j: j.events(event="started", call="hang"), timeout_s=30, what="the hang started"
-                    )
-                    n = 0
-                    while len(pids_of(journal, "echo")) < 2:
-                        n += 1
-                        await client.call_tool("echo", {"text": "x", "call_id": f"spread-{n}"})
+                    first, second = await second_child(client, journal, tg, "hang")
                     tg.cancel_scope.cancel()
-                (second,) = pids_of(journal, "echo") - {first}
                 # Idle for the idle time (2 s; the reaper looks every second): the second child goes.
                 deadline = time.monotonic() + 30
                 while pid_alive(second):  # (another parent's process: /proc only)

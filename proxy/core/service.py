@@ -592,12 +592,9 @@ class Service:
                 if not relay.busy and now - relay.last_activity > idle_s:
                     log.info("closing idle session %s…", sid[:8])
                     await self.close_session(sid)
-            reap_spares = getattr(self.upstream, "reap_idle_spares", None)
-            if reap_spares is not None:
-                reap_spares()  # warm-pool children unused as long (a stdio upstream)
-            reap_shared = getattr(self.upstream, "reap_idle_shared", None)
-            if reap_shared is not None:
-                reap_shared()  # shared children (`--stdio-sessions shared`) with no session, as long
-            reap_modern = getattr(self.upstream, "reap_idle_modern", None)
-            if reap_modern is not None:
-                reap_modern()  # 2026 children beyond the first (`--stdio-modern-children`), as long
+            # A stdio upstream's children unused as long: warm-pool spares, shared children
+            # (`--stdio-sessions shared`) with no session, 2026 children beyond the first.
+            for name in ("reap_idle_spares", "reap_idle_shared", "reap_idle_modern"):
+                reap = getattr(self.upstream, name, None)
+                if reap is not None:
+                    reap()

@@ -51,10 +51,13 @@ def hang(request_id: int, seconds: float, call_id: str) -> Message:
 
 async def test_drain_ends_what_outlives_the_grace_period_and_cancels_it_in_the_running_child(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
+    # The command first: it starts this process's fork server when none runs yet, whose pipes stay
+    # open for the session (tests/fixtures/forkserver.py), and are not the child's.
+    command = scripted_stdio_command(journal.path, tmp_path / "state.json")
     gc.collect()  # an earlier test's garbage (and its descriptors) goes first
     fds_before = len(os.listdir("/proc/self/fd"))
     settings = Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x")
-    upstream = StdioUpstream(scripted_stdio_command(journal.path, tmp_path / "state.json"), spares=0)
+    upstream = StdioUpstream(command, spares=0)
     service = Service(settings, upstream, tool_calls=Engine(policies=lambda: PolicySet(version="t")))
     try:
         _, relay = await service.new_session()

@@ -470,3 +470,57 @@ def test_a_callers_cancellation_reaches_the_v2_server(
     (cancelled,) = leg_.journal.wait_for(k, "cancelled", 1, timeout_s=30.0)  # before the 45 s timeout
     assert str(cancelled["id"]) == str(started["id"])
     assert leg_.journal.count(k, "started") == 1 and leg_.journal.count(k, "executed") == 0
+
+
+def test_2026_calls_spread_over_two_v2_server_children(prereq: Prerequisites, tmp_path: Path) -> None:
+    """`--stdio-modern-children 2` in front of the v2 server over stdio: with a `slow` call in
+    flight on the first node child, the next 2026 calls start and reach a second one; the caller's
+    cancellation of the `slow` call reaches the child that runs it (its pid in the journal)."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    proxy = ProxyProcess(
+        upstream=ts2_stdio_argv(prereq, journal.path),
+        extra=[
+            "--policies",
+            str(write_policies(tmp_path / "policies")),
+            "--stdio-start-timeout-s",
+            "30",
+            "--stdio-modern-children",
+            "2",
+        ],
+        env={"MCP_INTEROP_NODE_MODULES": prereq.node_modules},
+        log_path=tmp_path / "proxy.log",
+    )
+    k = key()
+
+    def echo_pids() -> set[int]:
+        return {e["pid"] for e in journal.entries() if e.get("tool") == "echo"}
+
+    async def run() -> None:
+        from mcp import Client
+
+        with anyio.fail_after(2 * BOUND_S):
+            async with Client(proxy.url, mode="2026-07-28") as client:
+                await client.call_tool("echo", {"text": "first"})
+                async with anyio.create_task_group() as tg:
+                    scope = anyio.CancelScope()
+
+                    async def slow() -> None:
+                        with scope:
+                            await client.call_tool("slow", {"key": k})
+
+                    tg.start_soon(slow)
+                    await anyio.to_thread.run_sync(journal.wait_for, k, "started", 1)
+                    while len(echo_pids()) < 2:  # bounded by fail_after: a second child starts for the load
+                        result = await client.call_tool("echo", {"text": "more"})
+                        assert not result.is_error
+                    scope.cancel()
+
+    proxy.start(timeout_s=PROXY_START_BOUND_S)
+    try:
+        anyio.run(run)
+        (started,) = journal.wait_for(k, "started", 1)
+        (cancelled,) = journal.wait_for(k, "cancelled", 1, timeout_s=30.0)
+        assert cancelled["pid"] == started["pid"] and str(cancelled["id"]) == str(started["id"])
+        assert len(echo_pids()) == 2
+    finally:
+        proxy.stop()

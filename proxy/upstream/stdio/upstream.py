@@ -309,9 +309,8 @@ class StdioUpstream:
                 self._modern = StdioLink(self, Era.MODERN)
             if self.modern_children == 1:
                 return self._modern
-            if self._modern_pool is None or self._modern_pool.links[0] is not self._modern:
-                make = lambda: StdioLink(self, Era.MODERN)  # noqa: E731
-                self._modern_pool = ModernPool(self._modern, self.modern_children, make)
+            if self._modern_pool is None:  # (`_drop_modern` drops it with `_modern`)
+                self._modern_pool = ModernPool(self._modern, self.modern_children, lambda: StdioLink(self, Era.MODERN))
             return self._modern_pool
         if self.shared_sessions:
             return SessionLink(self._shared_sessions())  # bounded by the proxy's --max-sessions, not by children

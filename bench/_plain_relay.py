@@ -2,14 +2,14 @@
 
     .venv/bin/python bench/_plain_relay.py serve --listen ... --admin ... -- UPSTREAM COMMAND
 
-Used only by bench/faults.py as the yardstick of the engine's added CPU per call. It runs the very
-same `proxy.cli.main` (same frontend, sessions, upstream supervision and telemetry wiring) with one
-difference: the service is built with `Service(tool_calls=None)`, which relays every `tools/call`
-as a single attempt exactly like any other request. Nothing under proxy/ is changed; the switch
-lives here, in the bench.
+Used by bench/relay.py (`--relay`) and bench/faults.py as the yardstick of the engine's added
+CPU per call. It runs the very same `proxy.cli.main` (same frontend, sessions, upstream
+supervision and telemetry wiring) with one difference: the service is built with
+`Service(tool_calls=None)`, which relays every `tools/call` as a single attempt exactly like any
+other request. Nothing under proxy/ is changed; the switch lives here, in the bench.
 
-`BENCH_RELAY=engine-quiet` builds the engine with no observers instead (`Engine(telemetry=None)`:
-no call metrics, call log lines or spans), to tell the engine's own cost from its telemetry's;
+`BENCH_RELAY=engine-quiet` builds the proxy as shipped with its engine's observers removed:
+no call metrics, call log lines or spans, to tell the engine's own cost from its telemetry's;
 `BENCH_RELAY=engine` is the proxy as shipped. `BENCH_CPROFILE=FILE` writes a cProfile at exit.
 """
 
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import proxy.server as server
 from proxy.core.engine import Engine
-from proxy.core.service import Service, build_upstream
+from proxy.core.service import Service
+from proxy.core.upstreams import build_upstream
 from proxy.policy.store import PolicyStore
 from proxy.settings import Settings
 from proxy.telemetry.events import Telemetry
@@ -36,16 +37,15 @@ def build_plain_service(settings: Settings, policies: PolicyStore, telemetry: Te
 def build_quiet_engine_service(
     settings: Settings, policies: PolicyStore, telemetry: Telemetry | None = None
 ) -> Service:
-    upstream = build_upstream(settings)
-    engine = Engine(
-        policies=lambda: policies.current,
-        telemetry=None,
-        upstream_name=upstream.description,
-        max_concurrent_calls=settings.max_concurrent_calls,  # as proxy/server.py builds it
-    )
-    return Service(settings, upstream, tool_calls=engine, telemetry=telemetry)
+    """The proxy as shipped (state, re-send answers and all), its engine given a Telemetry with no
+    observers: no call metrics, call log lines or spans."""
+    service = _shipped(settings, policies, telemetry)
+    assert isinstance(service.tool_calls, Engine)
+    service.tool_calls.telemetry = Telemetry()
+    return service
 
 
+_shipped = server.build_service
 _variant = os.environ.get("BENCH_RELAY", "plain")
 if _variant == "engine-quiet":
     server.build_service = build_quiet_engine_service

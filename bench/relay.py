@@ -16,6 +16,8 @@ for the direct and the proxied leg. Legs:
 - `http→http`   wrk → proxy → the very SDK HTTP server of the `direct` row.
 - `nginx`       wrk → nginx (Debian's, one foreground process on a generated loopback config,
                 keep-alive upstream) → that server: what a bare HTTP hop costs.
+- `pyhop`       wrk → a bare TCP byte relay on uvloop (`bench/byte_relay.py`: no HTTP parsed) →
+                that server: what a hop written in Python costs when it only moves the bytes.
 - `http→stdio bridged`  (`--rows bridge`, `--era modern`) wrk → proxy → the same stdio server made
                 2025-only by a wrapper (tests/conformance/everything_stdio_2025_only.py, counted as
                 the server): each 2026 call goes through the proxy's era bridge onto a 2025 session.
@@ -68,7 +70,7 @@ RELAY = "engine"  # engine: the proxy as shipped; plain / engine-quiet: bench/_p
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
-ROWS = ("direct", "nginx", "mcp-proxy", "supergateway", "stdio", "bridge", "http")
+ROWS = ("direct", "nginx", "pyhop", "mcp-proxy", "supergateway", "stdio", "bridge", "http")
 # The same stdio server made 2025-only (a wrapper that refuses 2026-07-28 as such a server does), so
 # that 2026 calls go through the proxy's era bridge: the `bridge` row, beside the native `stdio` one.
 LEGACY_ONLY = REPO / "tests" / "conformance" / "everything_stdio_2025_only.py"
@@ -567,6 +569,15 @@ def start_proxy(
     return proc, port
 
 
+def start_byte_relay(procs: Processes, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """bench/byte_relay.py in front of the upstream: a Python hop that parses nothing."""
+    port = free_port()
+    log = workdir / f"pyhop-{port}.log"
+    proc = procs.start([PYTHON, str(REPO / "bench" / "byte_relay.py"), str(port), str(up_port)], log)
+    wait_until(lambda: port_open(port), "byte relay", proc, log)
+    return proc, port
+
+
 def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -597,6 +608,9 @@ def run_once(
         for row in args.rows:
             if row == "direct":
                 hops.append(Hop("direct", up_url, None, up.pid))
+            elif row == "pyhop":
+                ph, ph_port = start_byte_relay(procs, up_port, workdir)
+                hops.append(Hop("pyhop", f"http://127.0.0.1:{ph_port}/mcp", ph, up.pid))
             elif row == "nginx":
                 nx, nx_port = start_nginx(procs, up_port, workdir)
                 started.append(nx)
@@ -985,7 +999,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=list(ROWS),
         default=list(ROWS),
-        help="which paths to measure (default all): direct, an nginx hop, mcp-proxy and supergateway "
+        help="which paths to measure (default all): direct, an nginx hop, a bare Python byte relay (pyhop), "
+        "mcp-proxy and supergateway "
         "(HTTP→stdio peers, scripts/setup-peers.sh), and the proxy's http→stdio (stdio) and http→http (http)",
     )
     parser.add_argument(

@@ -59,7 +59,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -425,13 +425,16 @@ def measure(
     url: str,
     concurrency: int,
     args: argparse.Namespace,
-    hop_pids: Sequence[int],
-    upstream_pids: Sequence[int],
-) -> tuple[WrkResult, float | None, float, float]:
-    """One leg: warm up, then wrk with CPU read before and after. CPU figures in seconds: the
-    middle hop's processes (None without a hop) and the upstream server's."""
+    processes: Callable[[], tuple[list[int], list[int]]],
+) -> tuple[WrkResult, float | None, float, float, list[int]]:
+    """One leg: warm up, then wrk with CPU read before and after. `processes()` names the middle
+    hop's pids and the upstream server's, read after the warm-up (a hop may start children in it:
+    a 2025 session's, a pool's). CPU figures in seconds: the hop's (None without a hop) and the
+    upstream's; last, the upstream servers that appeared during the measured leg (not counted:
+    their CPU would include their own start)."""
     if args.warmup > 0:
         run_wrk(wrk, lua, url, concurrency, args.warmup, 0)
+    hop_pids, upstream_pids = processes()
     p0 = sum(cpu_s(p) for p in hop_pids)
     u0 = sum(cpu_s(p) for p in upstream_pids)
     m0 = machine_cpu()
@@ -440,7 +443,8 @@ def measure(
     p1 = sum(cpu_s(p) for p in hop_pids)
     u1 = sum(cpu_s(p) for p in upstream_pids)
     busy = 100.0 * (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
-    return res, (p1 - p0) if hop_pids else None, u1 - u0, busy
+    late = [p for p in processes()[1] if p not in upstream_pids]
+    return res, (p1 - p0) if hop_pids else None, u1 - u0, busy, late
 
 
 def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -656,14 +660,18 @@ def run_once(
                 leg_lua = lua
                 if args.era == "legacy":  # one 2025 session per leg (its own stdio child behind a bridge)
                     leg_lua = write_lua(workdir / f"legacy-{run}-{conc}-{len(legs)}.lua", open_session(h.url))
-                tree = descendants(h.hop.pid) if h.hop is not None else []
-                if h.hop is not None:
-                    procs.watch(tree)
-                servers = [h.server_pid] if h.server_pid is not None else stdio_servers(tree)
-                hop_pids = [] if h.hop is None else [h.hop.pid, *(p for p in tree if p not in servers)]
-                res, p_cpu, u_cpu, busy = measure(
-                    wrk, leg_lua, url=h.url, concurrency=conc, args=args, hop_pids=hop_pids, upstream_pids=servers
+
+                def processes(h: Hop = h) -> tuple[list[int], list[int]]:
+                    tree = descendants(h.hop.pid) if h.hop is not None else []
+                    if h.hop is not None:
+                        procs.watch(tree)
+                    servers = [h.server_pid] if h.server_pid is not None else stdio_servers(tree)
+                    return ([] if h.hop is None else [h.hop.pid, *(p for p in tree if p not in servers)]), servers
+
+                res, p_cpu, u_cpu, busy, late = measure(
+                    wrk, leg_lua, url=h.url, concurrency=conc, args=args, processes=processes
                 )
+                servers = processes()[1]
                 calls = res.ok
                 leg = Leg(
                     run=run,
@@ -685,6 +693,8 @@ def run_once(
                     leg.notes.append("no call answered")
                 if not servers:
                     leg.notes.append("no upstream server process found")
+                if late:
+                    leg.notes.append(f"{len(late)} upstream process(es) started during the leg, their CPU not counted")
                 legs.append(leg)
                 print(
                     f"  run {run} wait {wait_ms:g} ms  {h.leg:<15} c={conc:<3} {leg.calls_per_s:8.0f} calls/s "

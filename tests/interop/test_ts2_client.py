@@ -6,7 +6,10 @@ tests/interop/ts2_client.mjs is driven over JSON lines, in each negotiation mode
 is exactly 2026-07-28 with no fallback, `legacy` the plain 2025 handshake), over each path:
 
 - `http>stdio`: Streamable HTTP to the proxy, the scripted server (tests/fixtures) as its stdio
-  child (the usual sidecar); `http>http`: the scripted server over Streamable HTTP behind it;
+  child (the usual sidecar); `http>stdio pool`: the same with `--stdio-modern-children 2`, where
+  2026 requests spread over two children (the cancellation step keeps a call in flight on one
+  and calls until a second serves, then aborts: the cancellation reaches the child that runs it);
+  `http>http`: the scripted server over Streamable HTTP behind it;
 - `stdio>stdio` and `stdio>http`: the client spawns `python -m proxy serve --listen stdio` itself
   with its StdioClientTransport.
 
@@ -63,7 +66,15 @@ SCRIPTED_SERVER = REPO_ROOT / "tests" / "fixtures" / "scripted_server.py"
 MODES = ("auto", "pin", "legacy")
 # the last two: the same server speaking one era only (`--legacy-only`, `--only-2026`), so a client
 # of the other era is served by the proxy's era bridge, input-required rounds and all
-PATHS = ("http>stdio", "http>http", "stdio>stdio", "stdio>http", "http>http 2025-only", "http>http 2026-only")
+PATHS = (
+    "http>stdio",
+    "http>stdio pool",
+    "http>http",
+    "stdio>stdio",
+    "stdio>http",
+    "http>http 2025-only",
+    "http>http 2026-only",
+)
 ERA = {"auto": "modern", "pin": "modern", "legacy": "legacy"}  # against a server speaking both
 JOURNAL_BOUND_S = 30.0
 _ids = itertools.count()
@@ -118,6 +129,17 @@ def http_stdio_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 
 @pytest.fixture(scope="module")
+def http_stdio_pool_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyProcess, Path]]:
+    tmp = tmp_path_factory.mktemp("ts2-http-stdio-pool")
+    journal = tmp / "journal.jsonl"
+    proxy = ProxyProcess(
+        upstream=_scripted_stdio(journal), extra=["--stdio-modern-children", "2"], log_path=tmp / "proxy.log"
+    )
+    with started(proxy):
+        yield proxy, journal
+
+
+@pytest.fixture(scope="module")
 def http_http_proxy(scripted_http: ScriptedHTTP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     tmp = tmp_path_factory.mktemp("ts2-http-http")
     with started(ProxyProcess(upstream_url=scripted_http.url, log_path=tmp / "proxy.log")) as proxy:
@@ -150,8 +172,8 @@ def leg(request: pytest.FixtureRequest, tmp_path: Path, scripted_http: ScriptedH
     if path.endswith("-only"):
         proxy, journal = request.getfixturevalue("legacy_only_proxy" if "2025" in path else "modern_only_proxy")
         return Target(url=proxy.url), journal
-    if path == "http>stdio":
-        proxy, journal = request.getfixturevalue("http_stdio_proxy")
+    if path in ("http>stdio", "http>stdio pool"):
+        proxy, journal = request.getfixturevalue("http_stdio_pool_proxy" if "pool" in path else "http_stdio_proxy")
         return Target(url=proxy.url), Journal(journal)
     if path == "http>http":
         proxy = request.getfixturevalue("http_http_proxy")
@@ -250,10 +272,19 @@ def test_user_session(
         # cancellation: the caller's AbortSignal reaches the upstream attempt
         client.ok({"op": "callTool", "name": "hang", "arguments": {"seconds": 40, "call_id": tag}, "id": "h"})
         _wait_journal(journal, "hang", "started", tag)
+        if "pool" in request.node.callspec.params["leg"] and ERA[mode] == "modern":
+            # with `hang` in flight on one child, the next calls reach another (started for them)
+            (hung,) = journal.events(tool="hang", event="started", call=tag)
+            deadline = time.monotonic() + JOURNAL_BOUND_S
+            while not {e["pid"] for e in journal.events(tool="echo", call=tag)} - {hung["pid"]}:
+                assert time.monotonic() < deadline, "2026 calls did not reach a second child"
+                assert not client.tool("echo", text="spread", call_id=tag)["isError"]
         client.ok({"op": "abort", "id": "h"})
         aborted = client.command({"op": "await", "id": "h"})
         assert not aborted["ok"] and "abort" in aborted["error"]["message"].lower(), aborted
         _wait_journal(journal, "hang", "cancelled", tag)
+        (hung,) = journal.events(tool="hang", event="started", call=tag)
+        assert [e["pid"] for e in journal.events(tool="hang", event="cancelled", call=tag)] == [hung["pid"]]
 
 
 def test_2026_logging_over_shared_stdio_link(

@@ -447,12 +447,15 @@ def measure(
     return res, (p1 - p0) if hop_pids else None, u1 - u0, busy, late
 
 
-def start_upstream_http(procs: Processes, wait_ms: float, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_upstream_http(
+    procs: Processes, wait_ms: float, workdir: Path, json_answers: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The upstream over HTTP; `json_answers`: the SDK server answers a 2025 session's POSTs with
+    a JSON body instead of an event stream (its `json_response` switch)."""
     port = free_port()
     log = workdir / f"upstream-http-{port}.log"
-    proc = procs.start(
-        [PYTHON, str(UPSTREAM), "--transport", "http", "--port", str(port), "--wait-ms", str(wait_ms)], log
-    )
+    argv = [PYTHON, str(UPSTREAM), "--transport", "http", "--port", str(port), "--wait-ms", str(wait_ms)]
+    proc = procs.start([*argv, *(["--json-response"] if json_answers else [])], log)
     wait_until(lambda: port_open(port), "SDK HTTP upstream", proc, log)
     return proc, port
 
@@ -603,7 +606,7 @@ def run_once(
 ) -> list[Leg]:
     legs: list[Leg] = []
     started: list[subprocess.Popen[bytes]] = []
-    up, up_port = start_upstream_http(procs, wait_ms, workdir)
+    up, up_port = start_upstream_http(procs, wait_ms, workdir, args.json_answers)
     started.append(up)
     up_url = f"http://127.0.0.1:{up_port}/mcp"
     stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(wait_ms)]
@@ -818,7 +821,7 @@ def profile(args: argparse.Namespace, wrk: str, lua: Path, procs: Processes, wor
         return
     out_dir = Path(args.profile)
     out_dir.mkdir(parents=True, exist_ok=True)
-    up, up_port = start_upstream_http(procs, args.profile_wait_ms, workdir)
+    up, up_port = start_upstream_http(procs, args.profile_wait_ms, workdir, args.json_answers)
     stdio_cmd = [PYTHON, str(UPSTREAM), "--transport", "stdio", "--wait-ms", str(args.profile_wait_ms)]
     conc = args.profile_concurrency
     try:
@@ -1014,6 +1017,12 @@ def main(argv: list[str] | None = None) -> int:
         "(HTTP→stdio peers, scripts/setup-peers.sh), and the proxy's http→stdio (stdio) and http→http (http)",
     )
     parser.add_argument(
+        "--json-answers",
+        action="store_true",
+        help="the SDK HTTP upstream answers 2025 POSTs with JSON bodies, not event streams (--upstream sdk, "
+        "--era legacy): what an event-stream answer costs each hop",
+    )
+    parser.add_argument(
         "--fill-idle",
         action="store_true",
         help="run one SCHED_IDLE spinner per CPU through the legs: the machine is then 100%% busy in every leg, "
@@ -1022,6 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-concurrency", type=int, default=16, help="concurrency of the py-spy legs")
     parser.add_argument("--profile-wait-ms", type=float, default=0.0, help="upstream wait of the py-spy legs")
     args = parser.parse_args(argv)
+    if args.json_answers and args.upstream != "sdk":
+        parser.error("--json-answers is a switch of the SDK's server: use it with --upstream sdk")
     global UPSTREAM, RELAY
     UPSTREAM = UPSTREAMS[args.upstream]
     RELAY = args.relay

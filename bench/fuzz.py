@@ -10,6 +10,10 @@ Targets (each is what a peer's bytes reach first):
   sse       bytes -> SseParser.feed in chunks cut where the input says; only SseError may escape
   host      bytes -> the Host/Origin allow-list of a loopback listener; no exception
   policy    bytes -> a policy file through the loader (compile_files); only PolicyError may escape
+  h1        bytes -> an upstream's HTTP/1.1 answers through the response reader (fed in chunks,
+            answers one after another on a kept-alive connection) and each body through its
+            decoding and bound (gzip included); nothing may escape, and the events keep their
+            order: one head per request, body pieces after it, at most one end
 
 Each target runs in its own process (libFuzzer ends the process when its time is up) with the
 proxy's modules instrumented for coverage. An exception other than the allowed one is a crash: it
@@ -35,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("jsonrpc", "sse", "host", "policy")
+TARGETS = ("jsonrpc", "sse", "host", "policy", "h1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -114,13 +118,126 @@ def _target_policy() -> Any:
     return one, (PolicyError,)
 
 
+def _target_h1() -> Any:
+    from proxy.upstream.h1.headers import Headers
+    from proxy.upstream.h1.reader import Phase, ResponseReader
+    from proxy.upstream.h1.response import Response
+
+    class _Carrier:
+        """The connection a `Response` sees: no socket; closing it ends the answer."""
+
+        loop = None
+        paused = False
+
+        def __init__(self) -> None:
+            self.closed = False
+
+        def pause(self) -> None:
+            self.paused = True
+
+        def resume(self) -> None:
+            self.paused = False
+
+        def close(self) -> None:
+            self.closed = True
+
+        def response_done(self, reusable: bool) -> None:
+            if not reusable:
+                self.closed = True
+
+    class _Events:
+        """The connection's side of the reader. What goes wrong in a callback is kept and raised
+        after `feed` returns: the reader turns a callback's exception into a `ProtocolError`
+        for the peer, which would hide it from the fuzzer."""
+
+        def __init__(self, carrier: _Carrier, max_body: int | None) -> None:
+            self.carrier = carrier
+            self.max_body = max_body
+            self.problem: Exception | None = None
+            self.next_request()
+
+        def next_request(self) -> None:
+            self.response: Response | None = None
+            self.ended = False
+            self.keep_alive = False
+
+        def check(self) -> None:
+            if self.problem is not None:
+                raise self.problem
+
+        def _keep(self, exc: Exception) -> None:
+            if self.problem is None:
+                self.problem = exc
+
+        def on_head(self, status: int, reason: str, headers: Headers) -> None:
+            try:
+                if self.response is not None:
+                    raise AssertionError("a second head for one request")
+                if not 200 <= status <= 999:
+                    raise AssertionError(f"a head with status {status}")
+                self.response = Response(self.carrier, status, reason, headers)  # type: ignore[arg-type]
+                self.response.max_body = self.max_body
+            except Exception as exc:
+                self._keep(exc)
+
+        def on_body(self, data: bytes) -> None:
+            try:
+                if self.response is None or self.ended:
+                    raise AssertionError("a body piece outside an answer")
+                if not (self.response.complete or self.response.error is not None):
+                    self.response.feed(data)
+            except Exception as exc:
+                self._keep(exc)
+
+        def on_end(self, keep_alive: bool) -> None:
+            try:
+                if self.response is None or self.ended:
+                    raise AssertionError("an end without a head, or a second one")
+                self.ended, self.keep_alive = True, keep_alive
+                if not (self.response.complete or self.response.error is not None):
+                    self.response.finish()
+            except Exception as exc:
+                self._keep(exc)
+
+    def one(data: bytes) -> None:
+        # Byte 0: the read size (1-64); byte 1: bit 0 a HEAD request, bit 1 a 256-byte body bound.
+        if len(data) < 2:
+            return
+        size, flags, stream = (data[0] % 64) + 1, data[1], data[2:]
+        carrier = _Carrier()
+        events = _Events(carrier, 256 if flags & 2 else None)
+        reader = ResponseReader(events)
+        reader.expect(head_only=bool(flags & 1))
+        for i in range(0, len(stream), size):
+            if reader.phase is Phase.DONE:
+                if not events.keep_alive or carrier.closed:
+                    return  # the connection is not reused: the rest would never be read
+                events.next_request()  # the next request's answer, on the same connection
+                reader.expect()
+            error = reader.feed(stream[i : i + size])
+            events.check()
+            if error is not None:
+                return  # the peer's error, returned (never raised): the connection is dropped
+        reader.feed_eof()
+        events.check()
+
+    return one, ()
+
+
 _INSTRUMENT = {
     "jsonrpc": ["proxy.jsonrpc", "proxy.frontend.http", "mcp.shared.inbound"],
     "sse": ["proxy.upstream.sse.parse"],
     "host": ["proxy.frontend.http"],
     "policy": ["proxy.policy", "yaml"],
+    "h1": ["proxy.upstream.h1"],
 }
-_BUILDERS = {"jsonrpc": _target_jsonrpc, "sse": _target_sse, "host": _target_host, "policy": _target_policy}
+_BUILDERS = {
+    "jsonrpc": _target_jsonrpc,
+    "sse": _target_sse,
+    "host": _target_host,
+    "policy": _target_policy,
+    "h1": _target_h1,
+}
 _SEEDS: dict[str, list[bytes]] = {
     "jsonrpc": [
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","_meta":'
@@ -135,6 +252,15 @@ _SEEDS: dict[str, list[bytes]] = {
         b"tools: [refund]\nside_effect: state_changing\nattempts: 2\ndeadline: 6s\n",
         b"tools: [x]\nrules:\n  - {name: r, category: transient, text: 'busy'}\nbackoff: {initial: 1s}\n",
         b"a: &a [x, x]\nb: [*a, *a]\n",
+    ],
+    "h1": [
+        b"\x07\x00HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"\x05\x02HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n"
+        b"content-type: text/event-stream\r\n\r\n5\r\ndata:\r\n0\r\nx-trailer: 1\r\n\r\n",
+        b"\x3f\x00HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\n\r\n"
+        + bytes.fromhex("1f8b0800000000000003abae050043bfa6a302000000"),
+        b"\x01\x01HTTP/1.0 404 Not Found\r\ncontent-length: 3\r\n\r\nabc",
     ],
 }
 

@@ -2,7 +2,8 @@
 
 Each target runs a fixed number of inputs with a fixed seed (`--runs`, `-seed=1`), so a run finds
 the same things every time; `--seconds` only bounds it. The property is the fuzzer's own: no
-exception other than the target's documented one (`SseError`, `PolicyError`), no hang.
+exception other than the target's documented one (`SseError`, `PolicyError`), no hang; the h1
+target adds the order of the response reader's events.
 The long run is by hand: `bench/fuzz.py --seconds 300`.
 """
 
@@ -28,7 +29,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("target", ["jsonrpc", "sse", "host", "policy"])
+@pytest.mark.parametrize("target", ["jsonrpc", "sse", "host", "policy", "h1"])
 def test_a_short_coverage_guided_run_finds_no_crash(target: str, tmp_path: Path) -> None:
     args = ["--target", target, "--runs", str(RUNS), "--seconds", "30", "--json", "--crash-dir", str(tmp_path)]
     proc = subprocess.run(

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Final, Protocol
 
-from proxy.upstream.h1.errors import BodyTooLarge, ClientError
+from proxy.upstream.h1.errors import BodyTooLarge, ClientError, ProtocolError, printable
 from proxy.upstream.h1.headers import Headers
 
 __all__ = ["HIGH_WATER", "LOW_WATER", "MAX_INFLATE_PER_READ", "Carrier", "Response", "Sink"]
@@ -287,13 +287,17 @@ class Response:
             # most one byte past the limit is produced (then the response fails below). A body
             # without a limit (an event stream, bounded per event by its reader) may expand to at
             # most MAX_INFLATE_PER_READ per read, past which it is a bomb, not an answer.
-            if limit is None:
-                data = decoder.decompress(data, MAX_INFLATE_PER_READ + 1)
-                if len(data) > MAX_INFLATE_PER_READ:
-                    self._too_large(MAX_INFLATE_PER_READ)
-                    return
-            else:
-                data = decoder.decompress(data, limit - self._received + 1)
+            try:
+                if limit is None:
+                    data = decoder.decompress(data, MAX_INFLATE_PER_READ + 1)
+                    if len(data) > MAX_INFLATE_PER_READ:
+                        self._too_large(MAX_INFLATE_PER_READ)
+                        return
+                else:
+                    data = decoder.decompress(data, limit - self._received + 1)
+            except zlib.error as exc:
+                self._undecodable(exc)
+                return
             if not data:
                 return
         received = self._received = self._received + len(data)
@@ -315,7 +319,11 @@ class Response:
         """The body ended: the response is complete (or fails, if its decoded tail is too large)."""
         decoder = self._decoder
         if decoder is not None:
-            tail = decoder.flush()
+            try:
+                tail = decoder.flush()
+            except zlib.error as exc:
+                self._undecodable(exc)
+                return
             limit = self.max_body
             if tail and limit is not None and self._received + len(tail) > limit:
                 self._too_large(limit)
@@ -354,6 +362,17 @@ class Response:
         self._chunks.clear()
         self._buffered = 0
         self.fail(BodyTooLarge(limit))
+        conn = self._conn
+        if conn is not None:
+            conn.close()
+
+    def _undecodable(self, exc: zlib.error) -> None:
+        """The body does not decode as its `Content-Encoding` says: fail the response and close
+        the connection, as for a body past its bound (the peer's bytes never raise out of `feed`)."""
+        self._chunks.clear()
+        self._buffered = 0
+        encoding = printable(self.headers.first.get("content-encoding", "").strip().lower(), 16)
+        self.fail(ProtocolError(f"the upstream's answer body does not decode as {encoding} ({printable(str(exc))})"))
         conn = self._conn
         if conn is not None:
             conn.close()

@@ -1260,6 +1260,32 @@ async def test_a_compressed_answer_is_never_decoded_past_its_bound() -> None:
         assert sink.heads[0]._received == 1024 * 1024 + 1
 
 
+async def test_a_body_that_does_not_decode_fails_its_response_clearly_and_the_next_request_is_served() -> None:
+    """Found by bench/fuzz.py's h1 target: a body that is not the gzip its Content-Encoding names
+    raised zlib's error out of `Response.feed`, inside the parser's callback, where the reader
+    turned it into "an invalid HTTP response (callback error)". It fails the response with what
+    went wrong, on both ways of reading it, and closes the connection; the next request is served."""
+    corrupt = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 40  # a gzip header, then no deflate stream
+
+    def respond(req: Req) -> bytes:
+        if "x-plain" in req.headers:
+            return answer(body=b"plain")
+        return answer(body=corrupt, headers=(("Content-Encoding", "gzip"),))
+
+    async with raw_server(keep_alive(respond)) as raw, client_for(raw) as client, asyncio.timeout(WAIT):
+        resp = await client.request("GET")
+        with pytest.raises(ProtocolError, match="does not decode as gzip") as info:
+            await resp.read()
+        assert not isinstance(info.value, BodyTooLarge)
+        assert await (await client.request("GET", headers={"x-plain": "1"})).read() == b"plain"
+        sink = RecordingSink()
+        assert client.send_now("GET", sink=sink) is not None
+        await sink.finished.wait()
+        assert sink.calls == ["head", "failed"] and "does not decode as gzip" in str(sink.errors[0])
+        assert await (await client.request("GET", headers={"x-plain": "1"})).read() == b"plain"
+        assert len(raw.ports) == 3, "each undecodable answer's connection was closed, the plain one's kept"
+
+
 async def test_a_dedicated_request_takes_no_place_in_the_pool_and_its_connection_is_not_reused() -> None:
     """A session's listen stream lasts as long as the session: on a pooled connection, 100 idle
     sessions held all 100 places and no request could be sent. A dedicated request has a

@@ -118,7 +118,11 @@ def metadata_urls(issuer: str) -> list[str]:
 
 def check_fetch_url(url: str, what: str) -> None:
     """https, or http to a loopback host; anything else is refused (keys over plain HTTP can be swapped)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number
+    except ValueError:
+        raise AuthConfigError(f"{what} is not a URL: {url[:200]}") from None
     if parts.scheme == "https" and parts.hostname:
         return
     if parts.scheme == "http" and parts.hostname in LOOPBACK:

@@ -108,6 +108,22 @@ def test_jwt_refuses_a_plain_http_issuer_that_is_not_loopback() -> None:
         build_authenticator(settings)
 
 
+@pytest.mark.parametrize("url", ["http://[", "https://issuer.example.com:port/"])
+def test_a_fetch_url_that_is_not_a_url_is_refused_as_such(url: str) -> None:
+    """The issuer's metadata names the JWKS URL: one that urlsplit cannot read (an unclosed IPv6
+    bracket, a port that is not a number) raised ValueError past the check, which the key refresh
+    logged as "unexpected error" with a traceback; it is a problem with that URL, said so."""
+    from proxy.auth.jwt import check_fetch_url
+
+    with pytest.raises(AuthConfigError, match="the issuer's jwks_uri is not a URL"):
+        check_fetch_url(url, "the issuer's jwks_uri")
+    settings = _settings(
+        auth="jwt", upstream="http://127.0.0.1:1/mcp", public_url="http://127.0.0.1:2/mcp", auth_issuer=url
+    )
+    with pytest.raises(AuthConfigError, match="--auth-issuer is not a URL"):
+        build_authenticator(settings)
+
+
 def test_none_builds_no_authenticator() -> None:
     assert build_authenticator(_settings()) is None
 

@@ -11,6 +11,9 @@
 - The 2026 header shortcut (`plainly_routable`) against the SDK's own ladder
   (`classify_inbound_request`) on generated messages and headers: the shortcut never routes what
   the ladder rejects (extends the table test in tests/frontend/http/test_checks.py).
+- An upstream's error answer (`status_failure_of`): whatever its status, reason, `Location`,
+  `Retry-After`, `WWW-Authenticate` and body, it is described as the status failure it is, never
+  an exception, its detail bounded, its wait a finite number of seconds or none.
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from hypothesis import strategies as st
 from mcp.shared.inbound import InboundLadderRejection, InboundModernRoute, classify_inbound_request
 
 from proxy import jsonrpc
+from proxy.errors import FailureKind
 from proxy.frontend.hostcheck import HostAllowList, OriginAllowList
 from proxy.frontend.http.checks import plainly_routable
+from proxy.upstream.h1.headers import Headers
+from proxy.upstream.h1.response import Response
 from proxy.upstream.sse.parse import SseError, SseEvent, SseParser
+from proxy.upstream.streamable.failures import MAX_DETAIL, status_failure_of
 from tests.fuzz.strategies import JSON, jsonrpc_shaped, modern_request
 
 # ---------------------------------------------------------------------------------------------- SSE
@@ -240,3 +247,70 @@ def test_regression_a_retry_field_longer_than_int_parsing_allows_is_not_a_crash(
     events = parser.feed(b"retry: " + b"7" * 5000 + b"\ndata: x\n\n")
     assert [e.data for e in events] == [b"x"]
     assert parser.retry is not None and parser.retry >= 10**18
+
+
+# ----------------------------------------------------------------------- an upstream's error answer
+
+
+class _NoConnection:
+    """The connection a `Response` is built on; these tests read only its head."""
+
+    loop = None
+    paused = False
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def response_done(self, reusable: bool) -> None: ...
+
+
+_URLISH = st.one_of(
+    _HEADER_TEXT,
+    st.from_regex(r"\A[a-z]{0,6}://(\[[0-9a-f:]{0,8}\]?|[a-z.]{0,12})(:[0-9a-z]{0,7})?(/[^\s]{0,12})?\Z"),
+)
+_RETRY_AFTER = st.one_of(
+    _HEADER_TEXT,
+    st.from_regex(r"\A[+-]?[0-9]{0,30}(\.[0-9]{0,5})?\Z"),
+    st.from_regex(
+        r"\A[A-Z][a-z]{2}, [0-9]{1,3} [A-Z][a-z]{2} [0-9]{1,6} [0-9]{1,2}:[0-9]{2}:[0-9]{2} [A-Z+0-9-]{0,5}\Z"
+    ),
+)
+
+
+@given(
+    status=st.integers(min_value=100, max_value=999),
+    reason=_HEADER_TEXT,
+    location=st.one_of(st.none(), _URLISH),
+    retry_after=st.one_of(st.none(), _RETRY_AFTER),
+    challenge=st.one_of(st.none(), _HEADER_TEXT),
+    body=st.one_of(
+        st.binary(max_size=200),
+        JSON.map(jsonrpc.dumps),
+        st.fixed_dictionaries(
+            {"jsonrpc": st.just("2.0"), "id": JSON, "error": st.fixed_dictionaries({"code": JSON, "message": JSON})}
+        ).map(jsonrpc.dumps),
+    ),
+    request_id=st.one_of(st.none(), st.integers(), st.text(max_size=5)),
+)
+@example(status=307, reason="", location="http://[", retry_after=None, challenge=None, body=b"", request_id=1)
+@example(status=302, reason="", location="http://h:port/x", retry_after="-1", challenge=None, body=b"", request_id=1)
+def test_an_upstream_error_answer_is_described_never_raised(
+    status: int,
+    reason: str,
+    location: str | None,
+    retry_after: str | None,
+    challenge: str | None,
+    body: bytes,
+    request_id: int | str | None,
+) -> None:
+    items = [("location", location), ("retry-after", retry_after), ("www-authenticate", challenge)]
+    headers = Headers([(name, value) for name, value in items if value is not None])
+    response = Response(_NoConnection(), status, reason, headers)  # type: ignore[arg-type]
+    failure = status_failure_of(response, body, request_id)
+    assert failure.kind is FailureKind.HTTP_STATUS and failure.http_status == status
+    assert len(failure.detail) <= MAX_DETAIL + 1
+    wait = failure.retry_after_s
+    assert wait is None or 0.0 <= wait < float("inf")

@@ -261,6 +261,28 @@ async def test_a_child_that_closes_its_stdout_and_ignores_sigterm_fails_the_call
         await upstream.aclose()
 
 
+async def test_a_redirect_to_an_address_that_is_not_a_url_is_a_redirect_not_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A `Location: http://[` made the failure's own description raise (urlsplit's ValueError):
+    the call failed as "internal error while relaying" with a traceback in the log. It is the
+    redirect it is: not run there, nothing logged as a failure of the proxy's."""
+    async with hostile_http() as base:
+        upstream = HttpUpstream(f"{base}/bad-redirect/mcp")
+        try:
+            link = await upstream.open(Era.LEGACY)
+            with caplog.at_level(logging.ERROR, logger="proxy"):
+                ex = await link.send_request(_call(link.new_id()))
+                with pytest.raises(UpstreamFailure) as info:
+                    await asyncio.wait_for(ex.response, WAIT_S)
+        finally:
+            await upstream.aclose()
+    assert info.value.kind is FailureKind.HTTP_STATUS and info.value.http_status == 307
+    assert info.value.dispatched is Dispatch.NO
+    assert "redirected the request to an address that is not a URL" in info.value.detail
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 async def test_a_200_with_an_html_page_is_a_protocol_failure_not_an_answer() -> None:
     """Held already (no test said so): the request fails, its effect unknown, the page not echoed."""
     async with hostile_http() as base:

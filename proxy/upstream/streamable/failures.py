@@ -109,13 +109,19 @@ def redirect_note(location: str | None) -> str:
     query or user part may hold a secret)."""
     target = ""
     if location:
-        parts = urlsplit(location)
         try:
-            port = f":{parts.port}" if parts.port is not None else ""
+            parts = urlsplit(location)  # raises for an unclosed "[" (an IPv6 literal)
         except ValueError:
-            port = ""
-        host = f"{parts.scheme + '://' if parts.scheme else ''}{parts.hostname or ''}{port}"
-        target = f" to {host}{parts.path}"[:200]
+            parts = None
+        if parts is None:
+            target = " to an address that is not a URL"
+        else:
+            try:
+                port = f":{parts.port}" if parts.port is not None else ""
+            except ValueError:
+                port = ""
+            host = f"{parts.scheme + '://' if parts.scheme else ''}{parts.hostname or ''}{port}"
+            target = f" to {host}{parts.path}"[:200]
     return (
         f": the upstream redirected the request{target}; it was not run there, and the proxy follows no"
         " redirects (point --upstream at the new URL)"

@@ -10,6 +10,11 @@ Targets (each is what a peer's bytes reach first):
   sse       bytes -> SseParser.feed in chunks cut where the input says; only SseError may escape
   host      bytes -> the Host/Origin allow-list of a loopback listener; no exception
   policy    bytes -> a policy file through the loader (compile_files); only PolicyError may escape
+  http      bytes -> a caller's HTTP/1.1 requests into the frontend's protocol
+            (LimitedHttpToolsProtocol, as the proxy's uvicorn config sets it up, in-process on a
+            recording transport, fed in chunks, an ASGI app that reads each body and answers):
+            nothing may escape the protocol or be logged as an error, and once the connection
+            is lost it is no longer counted against its client address
   h1        bytes -> an upstream's HTTP/1.1 answers through the response reader (fed in chunks,
             answers one after another on a kept-alive connection) and each body through its
             decoding and bound (gzip included); nothing may escape, and the events keep their
@@ -39,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("jsonrpc", "sse", "host", "policy", "h1")
+TARGETS = ("jsonrpc", "sse", "host", "policy", "h1", "http")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -224,12 +229,129 @@ def _target_h1() -> Any:
     return one, ()
 
 
+def _target_http() -> Any:
+    import asyncio
+    import logging
+
+    from uvicorn.server import ServerState
+
+    from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
+    from proxy.server import _uvicorn_config
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = str(size).encode()
+        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    limits = HttpLimits(max_head_bytes=2048, max_connections=8, max_connections_per_client=2)
+    config = _uvicorn_config(app, "127.0.0.1", 8080, lifespan="off", limits=limits)  # the proxy's own
+    config.load()
+    protocol_class = config.http_protocol_class
+    assert issubclass(protocol_class, LimitedHttpToolsProtocol)
+    loop = asyncio.new_event_loop()
+    errors: list[str] = []
+
+    class _Errors(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                errors.append(record.getMessage()[:200])
+
+    logging.getLogger().addHandler(_Errors())
+    logging.getLogger().setLevel(logging.WARNING)
+
+    class _Transport:
+        """What uvicorn writes to, recorded; closing it reaches the protocol as a lost connection."""
+
+        def __init__(self) -> None:
+            self.out: list[bytes] = []
+            self.closing = False
+            self.protocol: Any = None
+
+        def write(self, data: bytes) -> None:
+            self.out.append(bytes(data))
+
+        def writelines(self, lines: Any) -> None:
+            self.write(b"".join(lines))
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def close(self) -> None:
+            if not self.closing:
+                self.closing = True
+                loop.call_soon(self.protocol.connection_lost, None)
+
+        abort = close
+
+        def write_eof(self) -> None: ...
+
+        def pause_reading(self) -> None: ...
+
+        def resume_reading(self) -> None: ...
+
+        def set_protocol(self, protocol: Any) -> None:
+            self.protocol = protocol
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return {"peername": ("127.0.0.1", 4242), "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+    async def run(data: bytes) -> None:
+        # Byte 0: the read size (1-64); bytes 1..: what the caller sends.
+        size, stream = (data[0] % 64) + 1, data[1:]
+        state = ServerState()
+        transport = _Transport()
+        protocol = protocol_class(config=config, server_state=state, app_state={}, _loop=loop)
+        transport.protocol = protocol
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        for i in range(0, len(stream), size):
+            if transport.closing:
+                break
+            protocol.data_received(stream[i : i + size])
+            for _ in range(3):
+                await asyncio.sleep(0)
+        if not transport.closing:
+            transport.closing = True
+            protocol.connection_lost(None)
+        for _ in range(5):  # the request tasks see the disconnect and end
+            await asyncio.sleep(0)
+        for task in state.tasks:
+            task.cancel()
+        if state.tasks:
+            await asyncio.wait(set(state.tasks), timeout=1.0)
+
+    def one(data: bytes) -> None:
+        if not data:
+            return
+        errors.clear()
+        loop.run_until_complete(run(data))
+        if errors:
+            raise AssertionError(f"logged as an error: {errors[0]}")
+        if protocol_class._by_client:
+            counted = dict(protocol_class._by_client)
+            protocol_class._by_client.clear()
+            raise AssertionError(f"a lost connection still counted against its client: {counted}")
+
+    return one, ()
+
+
 _INSTRUMENT = {
     "jsonrpc": ["proxy.jsonrpc", "proxy.frontend.http", "mcp.shared.inbound"],
     "sse": ["proxy.upstream.sse.parse"],
     "host": ["proxy.frontend.http"],
     "policy": ["proxy.policy", "yaml"],
     "h1": ["proxy.upstream.h1"],
+    "http": ["proxy.frontend.uvicorn_h1", "uvicorn.protocols.http.httptools_impl"],
 }
 _BUILDERS = {
     "jsonrpc": _target_jsonrpc,
@@ -237,6 +359,7 @@ _BUILDERS = {
     "host": _target_host,
     "policy": _target_policy,
     "h1": _target_h1,
+    "http": _target_http,
 }
 _SEEDS: dict[str, list[bytes]] = {
     "jsonrpc": [
@@ -252,6 +375,12 @@ _SEEDS: dict[str, list[bytes]] = {
         b"tools: [refund]\nside_effect: state_changing\nattempts: 2\ndeadline: 6s\n",
         b"tools: [x]\nrules:\n  - {name: r, category: transient, text: 'busy'}\nbackoff: {initial: 1s}\n",
         b"a: &a [x, x]\nb: [*a, *a]\n",
+    ],
+    "http": [
+        b"\x09POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:8080\r\ncontent-length: 2\r\n\r\n{}"
+        b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n",
+        b"\x03POST /mcp HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        b"\x3fGET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\nexpect: 100-continue\r\n\r\n",
     ],
     "h1": [
         b"\x07\x00HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

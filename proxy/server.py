@@ -144,6 +144,12 @@ def _uvicorn_config(
         # uvicorn's httptools protocol with the response head and body in one write, and bounds on
         # request heads, slow peers and connections (see there).
         http=LimitedHttpToolsProtocol.with_limits(limits),
+        # No WebSockets: MCP has no WebSocket transport, and with uvicorn's default ("auto", which
+        # uvicorn[standard]'s `websockets` turns on) an upgrade request left the protocol above
+        # for uvicorn's WebSocket one: outside the connection bounds, still counted against its
+        # client address once gone (`--max-connections-per-client` upgrades refused the address
+        # for good), and answered 500 with an error line. Refused, it is an ordinary request.
+        ws="none",
         # Per-client limits count the client's address (proxy.frontend.clients). X-Forwarded-For is read
         # only from the proxies `--forwarded-allow-ips` names, by uvicorn's ProxyHeadersMiddleware;
         # with none named it is not read at all (uvicorn would otherwise trust 127.0.0.1 and ::1,

@@ -198,6 +198,12 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self._body_at = 0.0
         self._waiting_since = 0.0  # since when it waits for a request head (`_reclaim`)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn warns of every request that asks to upgrade when it serves no WebSockets,
+        advising to install a WebSocket library: the proxy serves none on purpose (its config's
+        `ws="none"`) and answers such a request as an ordinary one, so a caller's header is not
+        worth two log lines, nor the advice."""
+
     @classmethod
     def with_limits(cls, limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
         """A protocol class for uvicorn's `http` setting, bound to `limits`."""

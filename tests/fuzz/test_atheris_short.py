@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("target", ["jsonrpc", "sse", "host", "policy", "h1"])
+@pytest.mark.parametrize("target", ["jsonrpc", "sse", "host", "policy", "h1", "http"])
 def test_a_short_coverage_guided_run_finds_no_crash(target: str, tmp_path: Path) -> None:
     args = ["--target", target, "--runs", str(RUNS), "--seconds", "30", "--json", "--crash-dir", str(tmp_path)]
     proc = subprocess.run(

@@ -367,6 +367,39 @@ def test_one_address_holding_connections_leaves_the_port_to_other_callers(tmp_pa
                     sock.close()
 
 
+def test_a_websocket_upgrade_is_an_ordinary_request_and_holds_no_place_of_its_address(tmp_path: Path) -> None:
+    """uvicorn's default served WebSockets (uvicorn[standard] brings `websockets`): an upgrade
+    request left the proxy's bounded protocol for uvicorn's WebSocket one, was answered 500 with
+    an error line ("ASGI callable returned without completing handshake"), and stayed counted
+    against its address once closed, so `--max-connections-per-client` upgrades had every later
+    request from that address refused 503. MCP has no WebSocket transport: on both ports an
+    upgrade is an ordinary request, answered and closed, and the address is served after many."""
+    cap = 2
+    extra = ["--max-connections-per-client", str(cap)]
+    log = tmp_path / "proxy.log"
+    with ProxyProcess(upstream=scripted_stdio_command(tmp_path / "journal.jsonl"), extra=extra, log_path=log) as proxy:
+        for port, target, expected in (
+            (proxy.port, b"/mcp", b"HTTP/1.1 406"),
+            (proxy.admin_port, b"/healthz", b"HTTP/1.1 200"),
+        ):
+            upgrade = (
+                b"GET " + target + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+            )
+            for _ in range(3 * cap):
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                    sock.sendall(upgrade)
+                    answer = sock.recv(65536)
+                assert answer.startswith(expected), answer[:200]
+                assert b"101 Switching Protocols" not in answer
+        with httpx.Client(timeout=30) as http:
+            assert http.post(proxy.url, json=INIT, headers=HEADERS).status_code == 200
+            assert http.get(proxy.admin + "/healthz").status_code == 200
+    text = log.read_text()
+    assert "ERROR" not in text and "handshake" not in text, text[-2000:]
+    assert "Unsupported upgrade request" not in text and "WebSocket library" not in text
+
+
 # -- what a caller's text does to the log -----------------------------------------------------------
 
 

@@ -68,6 +68,42 @@ class SecretScrubbingFormatter(logging.Formatter):
         return SECRETS.scrub(self.inner.format(record))
 
 
+class WarningBudget(logging.Filter):
+    """A token bucket for a logger's WARNING records: `burst` at once, then `rate` a second; the
+    next line let through after a drop says how many were not logged. Other levels pass.
+
+    On uvicorn's error logger: its warnings come one per request or connection a peer got wrong
+    ("Invalid HTTP request received."), with no text of the peer's but at the peer's pace: 500
+    malformed requests were 500 lines in a third of a second. Its errors (an exception in the
+    app, a port it cannot bind) are not limited."""
+
+    def __init__(self, burst: int = 100, rate: float = 20.0) -> None:
+        super().__init__()
+        self.burst = float(burst)
+        self.rate = rate
+        self.tokens = self.burst
+        self.at = time.monotonic()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            self.dropped += 1
+            return False
+        self.tokens -= 1.0
+        if self.dropped:
+            record.msg = f"{record.msg} ({self.dropped} more warnings of this logger were not logged before this one)"
+            self.dropped = 0
+        return True
+
+
+UVICORN_WARNINGS = WarningBudget()
+
+
 def configure(*, level: str = "info", json_lines: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     inner = JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -82,6 +118,8 @@ def configure(*, level: str = "info", json_lines: bool = False) -> None:
         uvicorn_logger = logging.getLogger(name)
         uvicorn_logger.handlers[:] = []
         uvicorn_logger.propagate = True
+    if UVICORN_WARNINGS not in logging.getLogger("uvicorn.error").filters:
+        logging.getLogger("uvicorn.error").addFilter(UVICORN_WARNINGS)
     # The upstream's stderr is its own log: keep it, but one level quieter than ours by default.
     logging.getLogger("proxy.upstream.stderr").setLevel(max(root.level, logging.INFO))
     # httpx (the JWKS and issuer metadata fetches of --auth jwt) logs every request at INFO: a line

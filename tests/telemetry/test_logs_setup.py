@@ -107,3 +107,50 @@ def test_the_policy_reload_hook_emits_policy_reloaded() -> None:
     assert bundle.registry.get_sample_value("mcp_recovery_policy_reloads_total", {"result": "error"}) == 1
     bundle.telemetry.emit(PolicyReloaded("ok", "v2"))
     assert bundle.registry.get_sample_value("mcp_recovery_policy_info", {"version": "v2"}) == 1
+
+
+def test_a_loggers_warnings_are_bounded_and_the_next_line_counts_what_was_dropped() -> None:
+    """uvicorn writes a warning per malformed request (no text of the caller's, but at its pace):
+    a bucket lets `burst` through, then `rate` a second; errors always pass."""
+    from proxy.telemetry.logsetup import WarningBudget
+
+    budget = WarningBudget(burst=5, rate=0.0)
+    logger = logging.getLogger("tests.warning-budget")
+    logger.propagate = False
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    logger.addFilter(budget)
+    try:
+        for _ in range(1000):
+            logger.warning("Invalid HTTP request received.")
+        logger.error("an error is never held back")
+        invalid = "Invalid HTTP request received."
+        assert [r.getMessage() for r in seen] == [invalid] * 5 + ["an error is never held back"]
+        budget.tokens = 1.0  # as if time had refilled one
+        logger.warning("Invalid HTTP request received.")
+        assert seen[-1].getMessage() == (
+            "Invalid HTTP request received. (995 more warnings of this logger were not logged before this one)"
+        )
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(budget)
+
+
+def test_configure_bounds_uvicorns_warnings_once_however_often_it_runs() -> None:
+    from proxy.telemetry.logsetup import UVICORN_WARNINGS, configure
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure(level="info")
+        configure(level="info")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert logging.getLogger("uvicorn.error").filters.count(UVICORN_WARNINGS) == 1

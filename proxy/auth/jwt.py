@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -318,7 +319,11 @@ class JwtAuthenticator:
         if not isinstance(sub, str) or not sub or len(sub) > MAX_SUB_CHARS or not sub.isprintable():
             raise AuthRefused(401, "invalid_token", "the token's subject is missing or unusable")
         principal = Principal(f"jwt:{iss}#{sub}", scopes_of(claims))
-        return principal, float(claims["exp"]) + self.leeway_s
+        try:
+            until = float(claims["exp"]) + self.leeway_s
+        except OverflowError:  # an integer past a float's range (PyJWT took it): no end in sight
+            until = math.inf
+        return principal, until
 
     def _decode(self, token: str, alg: str, candidates: tuple[Key, ...]) -> dict[str, Any]:
         bad_signature = False

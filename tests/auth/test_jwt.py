@@ -62,6 +62,17 @@ async def test_a_valid_token_gives_the_issuer_and_subject_principal_with_its_sco
     assert principal == Principal(f"jwt:{auth.issuer}#user-1", frozenset({"tools.read", "tools.write"}))
 
 
+async def test_an_expiry_past_a_floats_range_is_a_token_that_does_not_expire_not_a_500(
+    auth: AuthServer, verifier: JwtAuthenticator
+) -> None:
+    """PyJWT takes any integer `exp`; the cache's deadline was `float(exp)`, which raised
+    OverflowError past the verifier's error handling for an exp of 10**400 (one only the issuer
+    can sign)."""
+    token = auth.issue(aud=AUDIENCE, exp=10**400)
+    assert (await verifier.authenticate(bearer(token))).id.endswith("#user-1")
+    assert (await verifier.authenticate(bearer(token))).id.endswith("#user-1")  # from the cache
+
+
 async def test_an_audience_list_that_contains_the_resource_is_accepted(
     auth: AuthServer, verifier: JwtAuthenticator
 ) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
 from tests import cpu_report
@@ -10,6 +13,22 @@ from tests import cpu_report
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_left_on_a_closed_stream() -> Iterator[None]:
+    """A test that runs the command in-process (`proxy.cli.main(["serve", ...])`) has the proxy's
+    `configure()` put a handler on the root logger writing to that test's stderr, which pytest
+    captures and closes after it: every later log line of that worker then failed with "--- Logging
+    error --- ValueError: I/O operation on closed file". Such a handler (the proxy's formatter on a
+    stream) is taken off the root after each test."""
+    yield
+    from proxy.telemetry.logsetup import SecretScrubbingFormatter
+
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if isinstance(handler, logging.StreamHandler) and isinstance(handler.formatter, SecretScrubbingFormatter):
+            root.removeHandler(handler)
 
 
 def _compile_bytecode(config: pytest.Config) -> None:

@@ -12,7 +12,7 @@ everything else passes straight through.
 
 `LimitedHttpToolsProtocol` (what both of the proxy's ports run) adds the bounds on what a peer
 can hold before its request runs: head size (431), head and body read time (408), connections
-in all and per client address (503); see there.
+in all and per client address (503), requests pipelined behind a running one; see there.
 
 Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
 (true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
@@ -121,6 +121,15 @@ class HttpLimits:
     trusted_peers: tuple[str, ...] = ()
 
 
+# Requests a connection may have parsed and waiting behind the one it runs (HTTP/1.1 pipelining).
+# uvicorn parses every request of a read at once and queues each as a request cycle (its scope,
+# headers and state, about 7 KB): 0.8 MB of minimal pipelined requests on one connection held
+# 48 MB, and a client that reads its answers kept the queue growing. No MCP client pipelines;
+# past this many, the connection takes no further request from the peer, answers those queued,
+# and closes (a pipelining client retries the unanswered ones on a new connection, RFC 9112 9.3.2).
+MAX_PIPELINED = 32
+
+
 def _refusal(status: int, reason: bytes, text: bytes) -> bytes:
     return b"".join(
         (
@@ -160,6 +169,9 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
       `timeout_keep_alive` (closed silently).
     - **Body time**: while a body is being received, `body_timeout_s` without a byte (and not
       because the app has not read what it has) answers 408 and closes; the app sees a disconnect.
+    - **Pipelining**: at most `MAX_PIPELINED` requests parsed and waiting behind a running one;
+      past that, the rest of what the peer sends on the connection is not parsed, and the
+      connection is closed once the queued requests are answered.
     - **Connections**: past `max_connections` open connections on this server, a new one is
       answered 503 and closed at once (uvicorn's `limit_concurrency` also counts running requests,
       event streams included, and keeps the refused connection open). Past
@@ -197,6 +209,7 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_at = 0.0
         self._waiting_since = 0.0  # since when it waits for a request head (`_reclaim`)
+        self._overrun = False  # past MAX_PIPELINED: nothing more is parsed; closed once answered
 
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn warns of every request that asks to upgrade when it serves no WebSockets,
@@ -291,6 +304,8 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
                 del self._by_client[key]
 
     def data_received(self, data: bytes) -> None:
+        if self._overrun:
+            return  # taking no further request: what comes is not parsed
         if self._in_head:
             limit = self.limits.max_head_bytes
             seen = self._head_bytes + len(data)
@@ -313,6 +328,9 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         elif self._in_body:
             self._body_at = self.loop.time()
         super().data_received(data)
+        if self._overrun:
+            self._cancel_timers()  # no head or body it still waits for: it only answers
+            return
         if self._in_head and self._head_started and self._head_timer is None and not self.transport.is_closing():
             self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
         elif self._in_body and self._body_timer is None and not self.transport.is_closing():
@@ -328,9 +346,28 @@ class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         if timer is not None:
             self._head_timer = None
             timer.cancel()
+        if not self._overrun and len(self.pipeline) >= MAX_PIPELINED:
+            self._overrun = True
+            SHED.count("http_refused", "pipelined")
+        if self._overrun:
+            return  # no request cycle for it (nor, through the parser's callbacks, for its body)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self._overrun:
+            super().on_body(body)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle  # the last request taken (no more are, once overrun)
+        if self._overrun and not self.pipeline and cycle is not None and cycle.response_complete:
+            if not self.transport.is_closing():
+                self.transport.close()  # every request it took is answered
+
     def on_message_complete(self) -> None:
+        if self._overrun:
+            self._in_body = False
+            return
         self._in_body = False
         self._in_head = True
         self._waiting_since = self.loop.time()

@@ -21,9 +21,11 @@ Contract:
     complete head), `body_timeout` (408 on a stalled body), `connections` (503, the port's
     connection cap, every connection running a request), `connections_per_client` (503, the
     port's cap per client address), `head_pending` (a connection without a complete request head,
-    or idle between requests, closed to make room for a new one at a connection cap),
-    `sessions` (503: `initialize` refused, the proxy holds its maximum of sessions and every one
-    is busy), `sessions_per_client` (429: the client holds its share and every one is busy),
+    or idle between requests, closed to make room for a new one at a connection cap), `pipelined`
+    (a connection closed once it answered the requests queued behind a running one, past
+    `MAX_PIPELINED` of them: proxy/frontend/uvicorn_h1.py), `sessions` (503: `initialize`
+    refused, the proxy holds its maximum of sessions and every one is busy),
+    `sessions_per_client` (429: the client holds its share and every one is busy),
     `session_starts` (503: `initialize` refused, its own stdio child did not start within the start
     wait, or the queue of child starts made no progress for as long), `upstream_share` (a
     request refused at once: its client has its whole share of the upstream in flight and as
@@ -80,6 +82,7 @@ _METRICS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
             "connections",
             "connections_per_client",
             "head_pending",
+            "pipelined",
             "sessions",
             "sessions_per_client",
             "session_starts",

@@ -26,6 +26,7 @@ import pytest
 
 from proxy import jsonrpc
 from proxy.frontend.stdio import STDOUT_BUFFER_BYTES, StdioFrontend
+from proxy.frontend.uvicorn_h1 import MAX_PIPELINED
 from tests.fixtures.helpers import PYTHON, REPO_ROOT
 from tests.fuzz.rig import Rig, proxy_rig
 from tests.proxy_process import ProxyProcess, scripted_stdio_command
@@ -468,15 +469,15 @@ def test_batches_and_ids_that_are_not_ids_get_a_json_rpc_error_in_both_eras(prox
 def test_pipelined_requests_http_1_0_and_a_body_cut_short_are_handled_and_others_served(proxy: ProxyProcess) -> None:
     sid = _session(proxy).encode()
     one = _post(PING, b"mcp-session-id: " + sid + b"\r\n").replace(b"connection: close\r\n", b"")
-    # 100 requests in one write on one keep-alive connection: 100 answers, in order
+    # 30 requests in one write on one keep-alive connection: 30 answers, in order
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
-        sock.sendall(one * 100)
+        sock.sendall(one * 30)
         data = b""
-        while data.count(b"HTTP/1.1 200 ") < 100:
+        while data.count(b"HTTP/1.1 200 ") < 30:
             chunk = sock.recv(65536)
             assert chunk, data[-300:]
             data += chunk
-    assert data.count(b'{"jsonrpc":"2.0","id":2,"result":{}}') == 100
+    assert data.count(b'{"jsonrpc":"2.0","id":2,"result":{}}') == 30
     # HTTP/1.0
     answer = _raw(
         proxy.port, _post(PING, b"mcp-session-id: " + sid + b"\r\n").replace(b"HTTP/1.1\r\n", b"HTTP/1.0\r\n", 1)
@@ -492,6 +493,30 @@ def test_pipelined_requests_http_1_0_and_a_body_cut_short_are_handled_and_others
         assert _read_until_closed(sock) == b""
     with httpx.Client(timeout=30) as http:
         assert http.post(proxy.url, json=INIT, headers=HEADERS).status_code == 200
+
+
+@pytest.mark.timeout(120)
+def test_requests_pipelined_past_the_bound_are_not_taken_and_the_connection_closes_once_the_rest_are_answered(
+    proxy: ProxyProcess,
+) -> None:
+    """uvicorn parses every request of a read at once and queues each behind the running one (a
+    request cycle of about 7 KB): 0.8 MB of minimal pipelined requests held 48 MB on one
+    connection, and a client reading its answers kept the queue growing. At most MAX_PIPELINED
+    wait; past that nothing more is parsed from the connection, and it closes once the requests it
+    took (the running one and those queued) are answered, in order. A client that pipelines
+    retries the rest on a new connection (RFC 9112 9.3.2)."""
+    sid = _session(proxy).encode()
+    one = _post(PING, b"mcp-session-id: " + sid + b"\r\n").replace(b"connection: close\r\n", b"")
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+        sock.sendall(one * 2000)
+        data = _read_until_closed(sock)
+    taken = MAX_PIPELINED + 1
+    assert data.count(b"HTTP/1.1 200 ") == taken, data.count(b"HTTP/1.1 200 ")
+    assert data.count(b'{"jsonrpc":"2.0","id":2,"result":{}}') == taken
+    with httpx.Client(timeout=30) as http:
+        assert http.post(proxy.url, json=INIT, headers=HEADERS).status_code == 200
+        metrics = http.get(proxy.admin + "/metrics").text
+    assert 'mcp_recovery_http_refused_total{reason="pipelined"} 1.0' in metrics
 
 
 @pytest.mark.anyio

@@ -16,6 +16,9 @@ attack and the RSS left once it is over (what the proxy still holds), in MiB.
   never ends), as fast as the proxy takes them, until the proxy answers or closes.
 - `halfheads` (request heads): `--half-heads` connections each send half a request head and stay open;
   the attack ends when the proxy has closed all of them (head timeout, `--head-timeout-s`).
+- `pipelined` (requests queued on a connection): `--pipelined-conns` connections each send
+  `--pipelined` minimal requests (`GET /mcp`, 39 bytes) in one write and read nothing for 3 s,
+  then read what comes until the proxy closes or 5 s pass.
 - `inits` (session slots): `--inits` unauthenticated `initialize` calls at once from one address, never
   followed by anything; the attack ends when the proxy has closed every session it accepted
   (`--session-init-timeout-s`). The "tree" columns add the stdio children each session starts.
@@ -384,6 +387,29 @@ def attack_halfheads(proxy: Proxy, count: int, wait_s: float) -> str:
     return ", ".join(f"{n} x {a}" for a, n in sorted(answers.items()))
 
 
+def attack_pipelined(proxy: Proxy, per_conn: int, conns: int) -> str:
+    one = f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\n\r\n".encode()
+    socks = []
+    for _ in range(conns):
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a caller that does not read (yet)
+        sock.sendall(one * per_conn)
+        socks.append(sock)
+    time.sleep(3.0)  # nobody reads: what the proxy holds meanwhile is the peak
+    answered = 0
+    closed = 0
+    for sock in socks:
+        sock.settimeout(5.0)
+        try:
+            while chunk := sock.recv(1 << 20):
+                answered += chunk.count(b"HTTP/1.1 ")
+            closed += 1
+        except OSError:
+            pass
+        sock.close()
+    return f"{answered} answers to {per_conn * conns} requests; {closed} of {conns} connections closed by the proxy"
+
+
 INIT = {
     "jsonrpc": "2.0",
     "id": 0,
@@ -643,7 +669,7 @@ class HttpUpstream:
                 self.proc.wait(10)
 
 
-ATTACKS = ("listen", "resume", "heads", "halfheads", "inits", "reads", "stalled")
+ATTACKS = ("listen", "resume", "heads", "halfheads", "pipelined", "inits", "reads", "stalled")
 
 
 def main() -> None:
@@ -655,6 +681,8 @@ def main() -> None:
     parser.add_argument("--head-mib", type=float, default=1024.0, help="header bytes of the `heads` attack")
     parser.add_argument("--half-heads", type=int, default=1000)
     parser.add_argument("--head-timeout-s", type=float, default=10.0, help="the proxy's, for `halfheads`")
+    parser.add_argument("--pipelined", type=int, default=20000, help="requests per connection of `pipelined`")
+    parser.add_argument("--pipelined-conns", type=int, default=4)
     parser.add_argument("--inits", type=int, default=64)
     parser.add_argument("--session-init-timeout-s", type=float, default=10.0, help="the proxy's, for `inits`")
     parser.add_argument("--reads", type=int, default=100)
@@ -689,6 +717,10 @@ def main() -> None:
                 "halfheads",
                 lambda p: attack_halfheads(p, args.half_heads, 3 * args.head_timeout_s + 10),
                 ["--head-timeout-s", str(args.head_timeout_s)],
+            )
+        if "pipelined" in chosen:
+            results["pipelined"] = measure(
+                args.repo, upstream, "pipelined", lambda p: attack_pipelined(p, args.pipelined, args.pipelined_conns)
             )
         if "inits" in chosen:
             results["inits"] = measure(

@@ -18,7 +18,7 @@ attack and the RSS left once it is over (what the proxy still holds), in MiB.
   the attack ends when the proxy has closed all of them (head timeout, `--head-timeout-s`).
 - `pipelined` (requests queued on a connection): `--pipelined-conns` connections each send
   `--pipelined` minimal requests (`GET /mcp`, 39 bytes) in one write and read nothing for 3 s,
-  then read what comes until the proxy closes or 5 s pass.
+  then read what comes until the proxy closes or 15 s pass without a byte.
 - `inits` (session slots): `--inits` unauthenticated `initialize` calls at once from one address, never
   followed by anything; the attack ends when the proxy has closed every session it accepted
   (`--session-init-timeout-s`). The "tree" columns add the stdio children each session starts.
@@ -399,7 +399,9 @@ def attack_pipelined(proxy: Proxy, per_conn: int, conns: int) -> str:
     answered = 0
     closed = 0
     for sock in socks:
-        sock.settimeout(5.0)
+        # 15 s: after seconds of a zero receive window, the proxy's TCP probes it at growing
+        # intervals (its persist timer), so the answers of the last socket read can take seconds.
+        sock.settimeout(15.0)
         try:
             while chunk := sock.recv(1 << 20):
                 answered += chunk.count(b"HTTP/1.1 ")

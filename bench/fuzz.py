@@ -237,22 +237,7 @@ def _target_http() -> Any:
 
     from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
     from proxy.server import _uvicorn_config
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            size += len(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = str(size).encode()
-        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    from tests.fixtures.echo_asgi import echo_app as app
 
     limits = HttpLimits(max_head_bytes=2048, max_connections=8, max_connections_per_client=2)
     config = _uvicorn_config(app, "127.0.0.1", 8080, lifespan="off", limits=limits)  # the proxy's own

@@ -13,35 +13,17 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import uvicorn
 
 from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
 from proxy.telemetry.shed import SHED
+from tests.fixtures.echo_asgi import echo_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 LIMITS = HttpLimits(max_head_bytes=4096, head_timeout_s=0.3, body_timeout_s=0.3, max_connections=4)
-
-
-async def echo_app(scope: Any, receive: Any, send: Any) -> None:
-    """Reads the whole body, answers its length."""
-    if scope["type"] != "http":
-        return
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        size += len(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = str(size).encode()
-    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _serve(limits: HttpLimits) -> AsyncIterator[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final, Protocol
 
 from proxy.upstream.h1.errors import BodyTooLarge, ClientError, ProtocolError, printable
@@ -38,7 +38,9 @@ class Sink(Protocol):
 
     def head(self, response: Response) -> bool:
         """The status line and headers arrived. True: call `done` once the whole body is in (read
-        it with `Response.take`); False: the response is read the usual way by whoever took it."""
+        it with `Response.take`), or, if it set `response.on_chunk`, hand that each piece of the
+        body as it arrives instead of buffering it (a stream read in the callbacks); False: the
+        response is read the usual way by whoever took it."""
         ...
 
     def done(self, response: Response) -> None:
@@ -90,7 +92,9 @@ class Response:
     reader may change it once it has the head): past it the response fails with BodyTooLarge and
     the connection is closed. A compressed answer is never decoded beyond it. None: no bound (an
     event stream is bounded per event by its reader instead). `sink`: who hears `done` or
-    `failed` for this body (`HttpClient.send_now`), if anybody."""
+    `failed` for this body (`HttpClient.send_now`), if anybody; `on_chunk`: who takes each piece
+    of the body (decoded and bounded) as it arrives instead of the buffer, if anybody. It is called
+    from the connection's callbacks and must not raise."""
 
     __slots__ = (
         "_buffered",
@@ -106,6 +110,7 @@ class Response:
         "complete",
         "headers",
         "max_body",
+        "on_chunk",
         "reason",
         "sink",
         "status",
@@ -129,6 +134,7 @@ class Response:
         if encoding is not None and encoding.strip().lower() in _DECODED_ENCODINGS:
             self._decoder = zlib.decompressobj(wbits=47)  # zlib or gzip framing, auto-detected
         self.sink: Sink | None = None
+        self.on_chunk: Callable[[bytes], None] | None = None
         self._received = 0  # body bytes so far, decoded
         self.max_body: int | None = None
 
@@ -306,6 +312,10 @@ class Response:
             return
         if self._linger is not None:
             return  # released at its end: nobody reads it
+        on_chunk = self.on_chunk
+        if on_chunk is not None:
+            on_chunk(data)
+            return
         self._chunks.append(data)
         buffered = self._buffered = self._buffered + len(data)
         if self._waiter is not None and buffered >= self._want:
@@ -328,9 +338,12 @@ class Response:
             if tail and limit is not None and self._received + len(tail) > limit:
                 self._too_large(limit)
                 return
-            if tail:
-                self._chunks.append(tail)
-                self._buffered += len(tail)
+            if tail and self._linger is None:
+                if self.on_chunk is not None:
+                    self.on_chunk(tail)
+                else:
+                    self._chunks.append(tail)
+                    self._buffered += len(tail)
         self.complete = True
         if self._linger is not None:
             self._chunks.clear()

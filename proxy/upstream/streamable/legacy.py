@@ -101,7 +101,7 @@ class HttpLegacyLink(HttpLink):
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return SESSION_HEADER in headers
 
-    def _accepted(self, headers: Mapping[str, str]) -> None:
+    def accepted(self, headers: Mapping[str, str]) -> None:
         credential = headers.get("authorization")
         if credential is not None and credential != self.caller_authorization:
             self.caller_authorization = credential  # a token refreshed mid-session, now accepted
@@ -183,7 +183,7 @@ class HttpLegacyLink(HttpLink):
             replay = {**init, "id": self.new_id()}
             try:
                 response_headers, answer = await rpc_once(
-                    self._upstream, replay, self._own_headers(True), on_other=self._deliver_unsolicited
+                    self.owner, replay, self._own_headers(True), on_other=self._deliver_unsolicited
                 )
             except UpstreamFailure as f:
                 raise UpstreamFailure(
@@ -235,7 +235,7 @@ class HttpLegacyLink(HttpLink):
         response = await self._post_small(message, h, "notification")
         status = response.status_code
         if 200 <= status < 300:
-            self._accepted(h)
+            self.accepted(h)
             return
         if status == 404 and SESSION_HEADER in h:
             if self._foreign(h):
@@ -276,7 +276,7 @@ class HttpLegacyLink(HttpLink):
     async def _until_heard(self, exchange: Exchange) -> None:
         """Wait (bounded by the connect timeout) until the upstream answered the head of the
         request's POST, or its exchange ended."""
-        await wait_heard(exchange, self._upstream.connect_timeout_s)
+        await wait_heard(exchange, self.owner.connect_timeout_s)
 
     async def _close_session(self) -> None:
         self._stop_get_stream()
@@ -289,7 +289,7 @@ class HttpLegacyLink(HttpLink):
         if self.caller_authorization is not None:
             h["authorization"] = self.caller_authorization
         try:
-            async with asyncio.timeout(self._upstream.connect_timeout_s * 2):
+            async with asyncio.timeout(self.owner.connect_timeout_s * 2):
                 async with await self._client.request("DELETE", headers=h) as response:
                     status = response.status
             if status not in (200, 202, 204, 404, 405):
@@ -312,8 +312,8 @@ class HttpLegacyLink(HttpLink):
                         failures += 1
                         continue
                     failures = 0
-                    async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
-                        if self._route_stream_message(ex, response, msg):
+                    async for msg in iter_sse_messages(response, state, self.owner.max_event_bytes):
+                        if self.route_stream_message(ex, response, msg):
                             return True
             except (*CLIENT_ERRORS, SseError) as exc:
                 untraced(exc)
@@ -358,7 +358,7 @@ class HttpLegacyLink(HttpLink):
                         failures += 1
                     else:
                         failures = 0
-                        async for msg in iter_sse_messages(response, state, self._upstream.max_event_bytes):
+                        async for msg in iter_sse_messages(response, state, self.owner.max_event_bytes):
                             self._deliver_unsolicited(msg)
             except (*CLIENT_ERRORS, SseError) as exc:
                 untraced(exc)  # a response keeps its error, and the error's frames the response

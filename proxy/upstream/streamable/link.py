@@ -8,10 +8,11 @@ the JSON-RPC message level.
   going out, it calls the caller's `on_write` and cancels the request itself (the caller has no
   exchange to cancel). Two ways through, the same outcome:
   * When a pooled connection is idle, the request is written at once (`h1.HttpClient.send_now`)
-    and a 2xx `application/json` answer is delivered from the connection's own callbacks
-    (`Flight`, an `h1.Sink`): no task per request. Any other answer (an event stream, an error
-    status, a forgotten session) is handed to an exchange task, which continues exactly where it
-    would be after its own POST.
+    and a 2xx answer, `application/json` or an event stream, is read and delivered from the
+    connection's own callbacks (`Flight`, an `h1.Sink`): no task per request. Any other answer
+    (an error status, a forgotten session) is handed to an exchange task, which continues
+    exactly where it would be after its own POST; a stream that breaks before its response is
+    resumed in a task.
   * Otherwise an exchange task (`_run_exchange`) POSTs, reads the answer (JSON or an event
     stream, `messages.py`), and delivers what it carries: the response resolves the exchange,
     the server's requests and notifications on the request's stream go to its `on_message`, and
@@ -39,8 +40,8 @@ from collections.abc import Callable, Mapping
 
 from proxy.errors import Dispatch, FailureKind, UpstreamFailure, untraced
 from proxy.jsonrpc import Message, dumps, is_response
-from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, mark_heard, ours
-from proxy.upstream.h1 import ClientError, Connection, Response
+from proxy.upstream.base import Era, Exchange, Health, LinkBase, OnMessage, PendingTable, ours
+from proxy.upstream.h1 import Response
 from proxy.upstream.sse.parse import SseError
 from proxy.upstream.streamable.failures import (
     CLIENT_ERRORS,
@@ -49,18 +50,20 @@ from proxy.upstream.streamable.failures import (
     read_bounded,
     status_failure_of,
 )
+from proxy.upstream.streamable.flight import (
+    STREAM_TAIL_BYTES,
+    STREAM_TAIL_S,
+    Flight,
+    heard,
+    no_answer,
+    unanswered,
+)
 from proxy.upstream.streamable.headers import post_headers
-from proxy.upstream.streamable.messages import StreamState, answer_messages, content_type, json_messages
+from proxy.upstream.streamable.messages import StreamState, answer_messages
 from proxy.upstream.streamable.owner import HttpClientOwner
 from proxy.upstream.streamable.posts import SmallAnswer, post_small
 
 log = logging.getLogger(__name__)
-
-# What is left of a POST's event stream once its response came, read so that its connection is
-# reused: its end comes at once from a server that closes the stream after the response; a
-# server that keeps it open loses the connection after this long, as if it were closed at once.
-STREAM_TAIL_BYTES = 16 * 1024
-STREAM_TAIL_S = 1.0
 
 
 class Expired(Exception):
@@ -74,7 +77,7 @@ class HttpLink(LinkBase):
     era: Era
 
     def __init__(self, upstream: HttpClientOwner, prefix: str) -> None:
-        self._upstream = upstream
+        self.owner = upstream
         self._health = upstream.health
         self._client = upstream.client
         self._pending = PendingTable(prefix=prefix)
@@ -112,7 +115,7 @@ class HttpLink(LinkBase):
             flight = Flight(self, ex, message, h, headers)
             try:
                 flight.conn = self._client.send_now(
-                    "POST", headers=h, body=dumps(message), sink=flight, max_body=self._upstream.max_event_bytes
+                    "POST", headers=h, body=dumps(message), sink=flight, max_body=self.owner.max_event_bytes
                 )
             except ValueError:
                 self._pending.discard(ex)
@@ -190,7 +193,7 @@ class HttpLink(LinkBase):
             await asyncio.wait(set(self._tasks), timeout=2.0)
         self._pending.fail_all(FailureKind.CLOSED, "the proxy closed the upstream link")
         await self._close_session()
-        self._upstream.forget(self)
+        self.owner.forget(self)
 
     def _spawn_exchange(
         self,
@@ -214,12 +217,53 @@ class HttpLink(LinkBase):
         if ex.transport_state is task:
             ex.transport_state = None
 
+    # -- for an answer read in the connection's callbacks (`Flight`) ---------------------------
+    def continue_in_task(
+        self, ex: Exchange, message: Message, extra: Mapping[str, str] | None, first: FirstAnswer
+    ) -> None:
+        """An answer that is not read in the callbacks (an error status, an expired session):
+        an exchange task takes it, where `_post_exchange` is after its POST (already sent)."""
+        sent: asyncio.Future[None] = ex.response.get_loop().create_future()
+        sent.set_result(None)
+        self._spawn_exchange(ex, message, dict(extra or {}), sent, first)
+
+    def fail(self, ex: Exchange, failure: UpstreamFailure) -> None:
+        """`ex` ends with `failure` (its answer will not come)."""
+        self._pending.fail(ex, failure)
+
+    def resume_in_task(self, ex: Exchange, state: StreamState, failure: UpstreamFailure) -> None:
+        """A POST stream read in the callbacks (`Flight`) broke or ended before its response,
+        with an event id to resume from: resumed in a task of the link's (`_resume_or_fail`)."""
+        task = ex.response.get_loop().create_task(self._resume_or_fail(ex, state, failure))
+        ex.transport_state = task
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._exchange_ended, ex))
+
+    async def _resume_or_fail(self, ex: Exchange, state: StreamState, failure: UpstreamFailure) -> None:
+        """What `_post_exchange` does once its stream broke or ended unanswered: resume it, and
+        fail the exchange with `failure` if that brings no response."""
+        try:
+            if await self._resume(ex, state):
+                return
+        except asyncio.CancelledError as cancelled:
+            untraced(cancelled)
+            raise
+        except Exception as exc:  # a bug here must not leave the caller waiting forever
+            log.exception("resuming an upstream stream failed")
+            failure = UpstreamFailure(
+                FailureKind.PROTOCOL,
+                Dispatch.UNKNOWN,
+                bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
+            )
+        if unanswered(ex):
+            self._pending.fail(ex, untraced(failure))
+
     async def _opened(self) -> None:
         """Requests wait (bounded) until the standalone GET stream is open: a server sends what is
         not tied to a request there, and drops it if the stream is not open yet."""
         opening = self._opening
         if opening is not None and not opening.done():
-            await asyncio.wait({opening}, timeout=self._upstream.connect_timeout_s)
+            await asyncio.wait({opening}, timeout=self.owner.connect_timeout_s)
         if self._opening is opening:
             self._opening = None
 
@@ -239,7 +283,7 @@ class HttpLink(LinkBase):
     def _on_response(self, ex: Exchange, response: Response, message: Message) -> None:
         return None
 
-    def _accepted(self, headers: Mapping[str, str]) -> None:
+    def accepted(self, headers: Mapping[str, str]) -> None:
         """The upstream answered 2xx to a request sent with `headers`."""
         return None
 
@@ -329,7 +373,7 @@ class HttpLink(LinkBase):
                         headers=headers,
                         body=dumps(message),
                         on_write=on_write,
-                        max_body=self._upstream.max_event_bytes,
+                        max_body=self.owner.max_event_bytes,
                     )
                 except ValueError:
                     if ex.written:
@@ -339,7 +383,7 @@ class HttpLink(LinkBase):
                 response = first[0]
             async with response:
                 ex.written = True  # an answer came: the request reached the peer
-                _heard(ex)
+                heard(ex)
                 if not sent.done():
                     sent.set_result(None)
                 status = response.status
@@ -357,15 +401,15 @@ class HttpLink(LinkBase):
                         ex.written = ex.heard = False
                         raise self._forgotten(headers)
                     raise status_failure_of(response, raw, ex.upstream_id)
-                self._accepted(headers)
+                self.accepted(headers)
                 if status == 202:
                     raise UpstreamFailure(
                         FailureKind.PROTOCOL,
                         Dispatch.UNKNOWN,
                         "upstream answered a request with 202 Accepted and no response",
                     )
-                async for msg in answer_messages(response, state, self._upstream.max_event_bytes):
-                    if self._route_stream_message(ex, response, msg):
+                async for msg in answer_messages(response, state, self.owner.max_event_bytes):
+                    if self.route_stream_message(ex, response, msg):
                         # The server ends a POST's stream after its response: read that end
                         # (bounded), so that the connection carries the next request.
                         response.release_at_end(STREAM_TAIL_BYTES, STREAM_TAIL_S)
@@ -378,12 +422,12 @@ class HttpLink(LinkBase):
                 return
             if state.last_event_id is not None and await self._resume(ex, state):
                 return
-            raise self._upstream.translate(exc, ex.written) from None
-        if not _unanswered(ex):
+            raise self.owner.translate(exc, ex.written) from None
+        if not unanswered(ex):
             return
         if state.last_event_id is not None and await self._resume(ex, state):
             return
-        raise _no_answer()
+        raise no_answer()
 
     def _post_headers(self, message: Message, extra: Mapping[str, str] | None) -> dict[str, str]:
         """The headers of `message`'s POST, on either path: the caller's `extra`, then the era's."""
@@ -392,7 +436,7 @@ class HttpLink(LinkBase):
     def _sent_session(self, headers: Mapping[str, str]) -> bool:
         return False
 
-    def _route_stream_message(self, ex: Exchange, response: Response, msg: Message) -> bool:
+    def route_stream_message(self, ex: Exchange, response: Response, msg: Message) -> bool:
         """Deliver one message read from `ex`'s own response stream. True once `ex` is answered."""
         if is_response(msg) or ("id" in msg and "method" not in msg):
             msg_id = msg.get("id")
@@ -427,7 +471,7 @@ class HttpLink(LinkBase):
 
     async def _post_small(self, message: Message, headers: Mapping[str, str], what: str) -> SmallAnswer:
         """POST a notification or response; the answer's body is read (it should be empty)."""
-        return await post_small(self._upstream, self._client, message, headers, what)
+        return await post_small(self.owner, self._client, message, headers, what)
 
 
 # An answer `send_request` already has in hand when it hands the exchange to a task: the response
@@ -435,100 +479,9 @@ class HttpLink(LinkBase):
 FirstAnswer = tuple[Response, dict[str, str]]
 
 
-def _no_answer() -> UpstreamFailure:
-    """The failure of an exchange whose answer ended without its response (either path)."""
-    return UpstreamFailure(
-        FailureKind.CLOSED, Dispatch.UNKNOWN, "the upstream closed the response stream before the response arrived"
-    )
-
-
-def _unanswered(ex: Exchange) -> bool:
-    """Whether `ex` still waits for its response (not answered, failed or cancelled meanwhile)."""
-    return not (ex.cancelled or ex.response.done())
-
-
 def _invalid_header() -> UpstreamFailure:
     """A request the HTTP client refused to write (a header it cannot send): nothing was sent."""
     return UpstreamFailure(FailureKind.PROTOCOL, Dispatch.NO, "a request header is not valid")
-
-
-class Flight:
-    """An exchange whose POST `send_request` wrote at once on an idle pooled connection (the
-    `h1.Sink` of that request): a 2xx `application/json` answer is delivered from the
-    connection's own callbacks, with no task; any other answer (an SSE stream, an error status, a
-    404 of an expired session) goes to an exchange task that continues exactly where
-    `_post_exchange` would be after its POST. `abort()` (cancel, close) closes the connection
-    while the answer is still coming."""
-
-    __slots__ = ("conn", "ex", "extra", "headers", "link", "message")
-
-    def __init__(
-        self,
-        link: HttpLink,
-        ex: Exchange,
-        message: Message,
-        headers: dict[str, str],
-        extra: Mapping[str, str] | None,
-    ) -> None:
-        self.link = link
-        self.ex = ex
-        self.message = message
-        self.headers = headers  # as sent
-        self.extra = extra  # the caller's own, for a POST sent again (an expired 2025 session)
-        self.conn: Connection | None = None  # while the answer is coming on it
-
-    def head(self, response: Response) -> bool:
-        _heard(self.ex)
-        status = response.status
-        if 200 <= status < 300 and status != 202 and content_type(response) == "application/json":
-            self.link._accepted(self.headers)
-            return True
-        self.conn = None  # the task owns the response now: cancelling it closes the connection
-        sent: asyncio.Future[None] = self.ex.response.get_loop().create_future()
-        sent.set_result(None)  # the request went out in `send_request`
-        self.link._spawn_exchange(self.ex, self.message, dict(self.extra or {}), sent, (response, self.headers))
-        return False
-
-    def done(self, response: Response) -> None:
-        self.conn = None
-        ex = self.ex
-        if ex.transport_state is self:
-            ex.transport_state = None  # flight <-> exchange: a cycle, once the answer is in
-        link = self.link
-        try:
-            messages = json_messages(response.take())
-        except UpstreamFailure as failure:
-            if not ex.cancelled:
-                link._pending.fail(ex, failure)
-            return
-        for msg in messages:
-            if link._route_stream_message(ex, response, msg):
-                return
-        if _unanswered(ex):
-            link._pending.fail(ex, _no_answer())
-
-    def failed(self, error: ClientError) -> None:
-        self.conn = None
-        if self.ex.transport_state is self:
-            self.ex.transport_state = None
-        _wake(self.ex)
-        if not self.ex.cancelled:
-            self.link._pending.fail(self.ex, self.link._upstream.translate(error, True))
-
-    def abort(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.close()  # the connection's loss reaches `failed`, which a cancelled exchange ignores
-
-
-def _heard(ex: Exchange) -> None:
-    mark_heard(ex)
-
-
-def _wake(ex: Exchange) -> None:
-    waiter = ex.on_heard
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
 
 
 def _drop(message: Message) -> None:

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from proxy.secret_values import SECRETS
+from proxy.telemetry.budget import TokenBucket
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -79,25 +80,17 @@ class WarningBudget(logging.Filter):
 
     def __init__(self, burst: int = 100, rate: float = 20.0) -> None:
         super().__init__()
-        self.burst = float(burst)
-        self.rate = rate
-        self.tokens = self.burst
-        self.at = time.monotonic()
-        self.dropped = 0
+        self.bucket = TokenBucket(burst, rate)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.WARNING:
             return True
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            self.dropped += 1
+        bucket = self.bucket
+        if not bucket.allow():
             return False
-        self.tokens -= 1.0
-        if self.dropped:
-            record.msg = f"{record.msg} ({self.dropped} more warnings of this logger were not logged before this one)"
-            self.dropped = 0
+        dropped = bucket.take_dropped()
+        if dropped:
+            record.msg = f"{record.msg} ({dropped} more warnings of this logger were not logged before this one)"
         return True
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -47,6 +46,7 @@ from proxy.jsonrpc import (
     Message,
     RequestId,
 )
+from proxy.telemetry.budget import TokenBucket
 
 OnMessage = Callable[[Message], None]
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
@@ -242,34 +242,25 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
-class NoticeBudget:
+class NoticeBudget(TokenBucket):
     """A token bucket for the log lines an upstream's messages cause one by one (an event that is
     not JSON, a server request with an invalid id): `burst` lines at once, then `rate` a second;
     what it refuses is summed up in one line when logging resumes, so that an upstream writing
     100,000 such events in one response cannot make 100,000 warnings. (A stdio child's stderr and
     non-JSON stdout have a bucket per child: proxy/upstream/stdio/process.py.)"""
 
-    __slots__ = ("at", "burst", "dropped", "rate", "tokens")
+    __slots__ = ()
 
     def __init__(self, burst: int = 100, rate: float = 20.0) -> None:
-        self.burst = float(burst)
-        self.rate = rate
-        self.tokens = self.burst
-        self.at = time.monotonic()
-        self.dropped = 0
+        super().__init__(burst, rate)
 
     def log(self, logger: logging.Logger, level: int, text: str) -> None:
         """Log `text` (a fixed message: nothing the upstream chose) if the bucket allows it."""
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            self.dropped += 1
+        if not self.allow():
             return
-        self.tokens -= 1.0
-        if self.dropped:
-            logger.log(level, "%d more upstream messages like the next were not logged", self.dropped)
-            self.dropped = 0
+        dropped = self.take_dropped()
+        if dropped:
+            logger.log(level, "%d more upstream messages like the next were not logged", dropped)
         logger.log(level, text)
 
 

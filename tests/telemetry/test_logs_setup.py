@@ -132,7 +132,7 @@ def test_a_loggers_warnings_are_bounded_and_the_next_line_counts_what_was_droppe
         logger.error("an error is never held back")
         invalid = "Invalid HTTP request received."
         assert [r.getMessage() for r in seen] == [invalid] * 5 + ["an error is never held back"]
-        budget.tokens = 1.0  # as if time had refilled one
+        budget.bucket.tokens = 1.0  # as if time had refilled one
         logger.warning("Invalid HTTP request received.")
         assert seen[-1].getMessage() == (
             "Invalid HTTP request received. (995 more warnings of this logger were not logged before this one)"

@@ -27,6 +27,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
+from proxy.telemetry.budget import TokenBucket
 from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.upstream.stdio")
@@ -46,46 +47,37 @@ STOP_REPORT_S = 0.5  # for the exits to be reported (`stop_children`)
 STOP_BOUND_S = STOP_STDIN_S + STOP_TERM_S + STOP_KILL_S + STOP_REPORT_S
 
 
-class LineBudget:
+class LineBudget(TokenBucket):
     """A token bucket for the log lines one child can cause (its stderr, its non-JSON stdout):
     `burst` lines at once, then `rate` a second, so that a child writing lines as fast as it can
     cannot flood the proxy's log; what the bucket refuses is counted
     (`mcp_recovery_stderr_lines_dropped_total`) and summed up in one line when logging resumes or
     the child's stderr ends."""
 
-    __slots__ = ("at", "burst", "dropped", "rate", "tokens")
+    __slots__ = ()
     BURST = 100  # the defaults of --stderr-burst-lines and --stderr-lines-per-s
     RATE = 20.0
 
     def __init__(self, burst: int = BURST, rate: float = RATE) -> None:
-        self.burst = float(burst)
-        self.rate = rate
-        self.tokens = self.burst
-        self.at = time.monotonic()
-        self.dropped = 0
+        super().__init__(burst, rate)
 
     def take(self, name: str) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            self.dropped += 1
+        if not self.allow():
             SHED.count("stderr_lines_dropped")
             return False
-        self.tokens -= 1.0
         self.summarize(name)
         return True
 
     def summarize(self, name: str) -> None:
-        if self.dropped:
+        dropped = self.take_dropped()
+        if dropped:
             stderr_log.warning(
                 "%s: %d output lines not logged (at most %g a second, bursts of %d)",
                 name,
-                self.dropped,
+                dropped,
                 self.rate,
                 int(self.burst),
             )
-            self.dropped = 0
 
 
 class ChildProtocol(asyncio.SubprocessProtocol):

@@ -250,11 +250,7 @@ class HttpLink(LinkBase):
             raise
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             log.exception("resuming an upstream stream failed")
-            failure = UpstreamFailure(
-                FailureKind.PROTOCOL,
-                Dispatch.UNKNOWN,
-                bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
-            )
+            failure = _internal_error(exc, Dispatch.UNKNOWN)
         if unanswered(ex):
             self._pending.fail(ex, untraced(failure))
 
@@ -324,11 +320,7 @@ class HttpLink(LinkBase):
             raise
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             log.exception("upstream exchange task failed")
-            internal = UpstreamFailure(
-                FailureKind.PROTOCOL,
-                Dispatch.UNKNOWN if ex.written else Dispatch.NO,
-                bounded_detail(f"internal error while relaying: {type(exc).__name__}"),
-            )
+            internal = _internal_error(exc, Dispatch.UNKNOWN if ex.written else Dispatch.NO)
             if not sent.done():
                 sent.set_exception(untraced(internal))
                 sent.exception()
@@ -477,6 +469,13 @@ class HttpLink(LinkBase):
 # An answer `send_request` already has in hand when it hands the exchange to a task: the response
 # and the headers its request was sent with.
 FirstAnswer = tuple[Response, dict[str, str]]
+
+
+def _internal_error(exc: Exception, dispatched: Dispatch) -> UpstreamFailure:
+    """The failure of an exchange whose relaying code failed (a bug): its caller must not wait."""
+    return UpstreamFailure(
+        FailureKind.PROTOCOL, dispatched, bounded_detail(f"internal error while relaying: {type(exc).__name__}")
+    )
 
 
 def _invalid_header() -> UpstreamFailure:

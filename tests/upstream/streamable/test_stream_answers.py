@@ -146,10 +146,12 @@ async def session(path: str) -> AsyncIterator[tuple[HttpLegacyLink, Upstream]]:
             "jsonrpc": "2.0",
             "id": link.new_id(),
             "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}},
         }
         await asyncio.wait_for((await link.send_request(init)).response, WAIT)
         await link.send_notification({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if path == "callbacks":
+            await echo(link)  # a connection answered and kept: the pool has one idle
         yield link, server_side
     finally:
         server_side.release.set()
@@ -162,7 +164,7 @@ async def send(
     link: HttpLegacyLink, path: str, name: str, on_message: Callable[[Message], None] | None = None
 ) -> Exchange:
     """Send a call of `name` and check it took `path`."""
-    message = {"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/call", "params": {"name": name, "arguments": {}}}
+    message = call_of(link, name)
     for _ in range(50):  # the listen stream's GET may hold the idle connection for a moment
         ex = await link.send_request(message, on_message=on_message)
         took = "callbacks" if isinstance(ex.transport_state, Flight) else "task"
@@ -194,57 +196,46 @@ async def test_messages_before_the_response_are_delivered_as_they_come(path: str
         def on_message(msg: Message) -> None:
             seen.append((msg["params"]["data"], holder[0].response.done()))
 
-        if path == "callbacks":
-            await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)
         ex = await send(link, path, "note_then_answer", on_message)
         holder.append(ex)
         assert text(await asyncio.wait_for(ex.response, WAIT)) == "done"
         assert seen == [("working", False)], "the notification, once, before the response"
-        assert text(await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)) == "echoed"
+        assert await echo(link) == "echoed", "the link goes on"
 
 
+@pytest.mark.parametrize(
+    ("tool", "kind", "detail"),
+    [
+        ("big", FailureKind.PROTOCOL, f"exceeds {BOUND} bytes"),
+        ("silent_end", FailureKind.CLOSED, "closed the response stream before the response arrived"),
+    ],
+    ids=["an-event-over-the-bound", "a-stream-that-ends-unanswered"],
+)
 @pytest.mark.parametrize("path", PATHS)
-async def test_an_event_over_the_bound_fails_the_call_and_the_link_goes_on(path: str) -> None:
+async def test_a_stream_that_cannot_answer_fails_dispatch_unknown_and_the_link_goes_on(
+    path: str, tool: str, kind: FailureKind, detail: str
+) -> None:
     async with session(path) as (link, _):
-        if path == "callbacks":
-            await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)
-        ex = await send(link, path, "big")
-        f = await failure(ex.response)
-        assert f.kind is FailureKind.PROTOCOL and f.dispatched is Dispatch.UNKNOWN, f
-        assert f"exceeds {BOUND} bytes" in f.detail
-        assert text(await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)) == "echoed"
-
-
-@pytest.mark.parametrize("path", PATHS)
-async def test_a_stream_that_ends_without_its_response_fails_dispatch_unknown(path: str) -> None:
-    async with session(path) as (link, _):
-        if path == "callbacks":
-            await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)
-        ex = await send(link, path, "silent_end")
-        f = await failure(ex.response)
-        assert f.kind is FailureKind.CLOSED and f.dispatched is Dispatch.UNKNOWN, f
-        assert "closed the response stream before the response arrived" in f.detail
-        assert text(await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)) == "echoed"
+        f = await failure((await send(link, path, tool)).response)
+        assert f.kind is kind and f.dispatched is Dispatch.UNKNOWN, f
+        assert detail in f.detail
+        assert await echo(link) == "echoed", "the link goes on"
 
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_a_stream_broken_before_its_response_is_resumed_from_its_last_event_id(path: str) -> None:
     async with session(path) as (link, server_side):
-        if path == "callbacks":
-            await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)
         seen: list[Message] = []
         ex = await send(link, path, "break", seen.append)
         assert text(await asyncio.wait_for(ex.response, WAIT)) == "resumed"
         assert [m["params"]["data"] for m in seen] == ["before the break"]
         assert "ev1" in server_side.gets, server_side.gets
-        assert text(await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)) == "echoed"
+        assert await echo(link) == "echoed", "the link goes on"
 
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_a_call_cancelled_while_its_stream_is_open_ends_and_the_link_goes_on(path: str) -> None:
     async with session(path) as (link, _):
-        if path == "callbacks":
-            await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)
         started = asyncio.Event()
         ex = await send(link, path, "hang", lambda _msg: started.set())
         await asyncio.wait_for(started.wait(), WAIT)
@@ -252,7 +243,7 @@ async def test_a_call_cancelled_while_its_stream_is_open_ends_and_the_link_goes_
         f = await failure(ex.response)
         assert f.kind is FailureKind.CLOSED and "cancelled" in f.detail, f
         assert ex.transport_state is None or not isinstance(ex.transport_state, Flight)
-        assert text(await asyncio.wait_for((await link.send_request(_echo(link))).response, WAIT)) == "echoed"
+        assert await echo(link) == "echoed", "the link goes on"
 
 
 async def test_a_stream_read_in_the_callbacks_leaves_its_connection_to_the_next_call() -> None:
@@ -268,5 +259,9 @@ async def test_a_stream_read_in_the_callbacks_leaves_its_connection_to_the_next_
         assert server_side.connections == opened, "the calls went out on the connections already open"
 
 
-def _echo(link: HttpLegacyLink) -> Message:
-    return {"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/call", "params": {"name": "echo", "arguments": {}}}
+def call_of(link: HttpLegacyLink, name: str) -> Message:
+    return {"jsonrpc": "2.0", "id": link.new_id(), "method": "tools/call", "params": {"name": name, "arguments": {}}}
+
+
+async def echo(link: HttpLegacyLink) -> str:
+    return text(await asyncio.wait_for((await link.send_request(call_of(link, "echo"))).response, WAIT))

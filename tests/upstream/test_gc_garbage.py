@@ -25,6 +25,7 @@ import pytest
 from proxy.errors import UpstreamFailure, untraced
 from proxy.upstream.base import Era
 from proxy.upstream.h1 import ClientError, HttpClient
+from proxy.upstream.streamable.flight import Flight
 from proxy.upstream.streamable.upstream import HttpUpstream
 from tests.fixtures.helpers import free_port
 
@@ -289,6 +290,62 @@ async def test_a_listen_stream_that_breaks_leaves_no_cyclic_garbage(anyio_backen
             await asyncio.wait_for(gets.get(), 10)  # a GET came: the one before it broke and was handled
 
         found = await cyclic_garbage(once, n=4)
+    finally:
+        await up.aclose()
+        server.close()
+    assert sum(found.values()) < BOUND, str(sorted(found.items()))
+
+
+async def test_a_stream_cancelled_while_read_in_the_callbacks_leaves_no_cyclic_garbage(
+    anyio_backend: tuple[str, dict[str, bool]],
+) -> None:
+    """A POST answered with an event stream that stays open (one notification, then nothing), read
+    in the pooled connection's callbacks (`Flight`, which holds the response that holds it back
+    while the stream is read), then cancelled: the flight lets go of the stream, the connection
+    closes, nothing is left for the collector."""
+    uvloop_only(anyio_backend)
+    note = b'data: {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}\n\n'
+    streams: asyncio.Queue[None] = asyncio.Queue()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                _, request = await read_request(reader)
+                message = json.loads(request)
+                if message["params"]["name"] == "warm":
+                    answer = b'{"jsonrpc":"2.0","id":"%s","result":{}}' % message["id"].encode()
+                    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                    writer.write(head % len(answer) + answer)
+                    continue
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
+                writer.write(b"%x\r\n%s\r\n" % (len(note), note))
+                streams.put_nowait(None)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    up = HttpUpstream(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp", connect_timeout_s=5)
+    try:
+        link = await up.open(Era.MODERN)
+
+        async def once(i: int) -> None:
+            warm = {"jsonrpc": "2.0", "id": f"w{i}", "method": "tools/call", "params": {"name": "warm"}}
+            await asyncio.wait_for((await link.send_request(warm)).response, 10)  # a pooled connection idle
+            heard = asyncio.Event()
+            ex = await link.send_request(_call(i), on_message=lambda _m: heard.set())
+            assert isinstance(ex.transport_state, Flight), "the answer is read in the callbacks"
+            await asyncio.wait_for(heard.wait(), 10)  # the stream is being read
+            await asyncio.wait_for(streams.get(), 10)
+            await link.cancel(ex)
+            try:
+                await ex.response
+            except UpstreamFailure as failure:
+                untraced(failure)  # what the engine does with a failed attempt
+
+        found = await cyclic_garbage(once)
     finally:
         await up.aclose()
         server.close()

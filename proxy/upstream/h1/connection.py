@@ -269,6 +269,7 @@ class Connection(asyncio.Protocol):
         if reader is not None:
             reader.close()
         self._reader = None
+        self.response = None  # a dead connection holds no response: the two would be a cycle
 
     def pause_writing(self) -> None:
         """Requests are written whole and small: there is nothing to stop producing."""

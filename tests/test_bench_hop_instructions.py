@@ -1,6 +1,6 @@
 """bench/hop_instructions.py: its load generator against the real proxy in both eras (every
 answer checked, chunked and sized bodies read), and, where valgrind is installed, one short run
-of the whole script."""
+of the whole script; bench/frontend_floor.py's servers answering that generator."""
 
 from __future__ import annotations
 
@@ -50,3 +50,25 @@ def test_a_short_run_prints_instructions_per_call() -> None:
     found = re.search(r"http→http\s+this checkout\s+([\d,]+) instructions/call", done.stdout)
     assert found, done.stdout
     assert 50_000 < int(found.group(1).replace(",", "")) < 50_000_000, done.stdout
+
+
+@pytest.mark.parametrize("kind", ["asgi", "asgi-plain", "raw"])
+def test_each_frontend_floor_server_answers_every_call(kind: str) -> None:
+    """bench/frontend_floor.py's servers (natively here; the script counts them under callgrind)."""
+    procs = R.Processes()
+    with tempfile.TemporaryDirectory(prefix="floor-test-") as tmp:
+        try:
+            port = R.free_port()
+            argv = [
+                sys.executable,
+                str(REPO_ROOT / "bench" / "frontend_floor.py"),
+                "--serve",
+                kind,
+                "--port",
+                str(port),
+            ]
+            server = procs.start(argv, Path(tmp) / "server.log")
+            R.wait_until(lambda: R.port_open(port), kind, server, Path(tmp) / "server.log", timeout_s=60)
+            asyncio.run(asyncio.wait_for(H.drive(port, "modern", None, 40, 4, 1), 60))
+        finally:
+            procs.stop_all()

@@ -142,13 +142,7 @@ def measure(kind: str, calls: int, warmup: int) -> float:
                 asyncio.run(asyncio.wait_for(H.drive(port, "modern", None, n, 16, first), timeout=600))
 
             run(warmup, 1)
-            totals = []
-            for n, first in ((calls, 10**6), (3 * calls, 2 * 10**6)):
-                H.callgrind(server.pid, "-z")
-                H.callgrind(server.pid, "-i", "on")
-                run(n, first)
-                totals.append(H.section_total(server.pid, workdir))
-            return (totals[1] - totals[0]) / (2 * calls)
+            return H.per_call(server.pid, workdir, run, calls)
         finally:
             procs.stop_all()
 

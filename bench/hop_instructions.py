@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,18 @@ def section_total(pid: int, workdir: Path) -> float:
     raise RuntimeError(f"no total in {dumps[-1]}")
 
 
+def per_call(pid: int, workdir: Path, run: Callable[[int, int], None], calls: int) -> float:
+    """Instructions per call of process `pid` between a section of `calls` calls and one of three
+    times as many (`run(n, first_id)` sends them); what the two share cancels out."""
+    totals = []
+    for n, first in ((calls, 10**6), (3 * calls, 2 * 10**6)):
+        callgrind(pid, "-z")
+        callgrind(pid, "-i", "on")
+        run(n, first)
+        totals.append(section_total(pid, workdir))
+    return (totals[1] - totals[0]) / (2 * calls)
+
+
 def leg(tree: Path, path: str, args: argparse.Namespace, workdir: Path) -> Leg:
     procs = R.Processes()
     try:
@@ -145,13 +158,7 @@ def leg(tree: Path, path: str, args: argparse.Namespace, workdir: Path) -> Leg:
             )
 
         run(args.warmup, 1)
-        totals = []
-        for n, first in ((args.calls, 10**6), (3 * args.calls, 2 * 10**6)):
-            callgrind(proxy.pid, "-z")
-            callgrind(proxy.pid, "-i", "on")
-            run(n, first)
-            totals.append(section_total(proxy.pid, workdir))
-        return Leg(tree, path, (totals[1] - totals[0]) / (2 * args.calls), 2 * args.calls)
+        return Leg(tree, path, per_call(proxy.pid, workdir, run, args.calls), 2 * args.calls)
     finally:
         procs.stop_all()
 

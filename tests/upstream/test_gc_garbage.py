@@ -192,6 +192,20 @@ async def test_an_answered_exchange_leaves_no_cyclic_garbage(
 
 
 @contextlib.asynccontextmanager
+async def upstream_of(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[HttpUpstream]:
+    """An HTTP upstream on a raw server on 127.0.0.1 whose connections `handle` serves."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    up = HttpUpstream(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp", connect_timeout_s=5)
+    try:
+        yield up
+    finally:
+        await up.aclose()
+        server.close()
+
+
+@contextlib.asynccontextmanager
 async def hanging() -> AsyncIterator[tuple[int, asyncio.Queue[None]]]:
     """A server that reads each request and never answers; each request read is put on the queue."""
     seen: asyncio.Queue[None] = asyncio.Queue()
@@ -277,9 +291,7 @@ async def test_a_listen_stream_that_breaks_leaves_no_cyclic_garbage(anyio_backen
             pass
         writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    up = HttpUpstream(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp", connect_timeout_s=5)
-    try:
+    async with upstream_of(handle) as up:
         link = await up.open(Era.LEGACY)
         link.set_unsolicited_handler(lambda message: None)
         init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}}
@@ -290,9 +302,6 @@ async def test_a_listen_stream_that_breaks_leaves_no_cyclic_garbage(anyio_backen
             await asyncio.wait_for(gets.get(), 10)  # a GET came: the one before it broke and was handled
 
         found = await cyclic_garbage(once, n=4)
-    finally:
-        await up.aclose()
-        server.close()
     assert sum(found.values()) < BOUND, str(sorted(found.items()))
 
 
@@ -326,9 +335,7 @@ async def test_a_stream_cancelled_while_read_in_the_callbacks_leaves_no_cyclic_g
             pass
         writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    up = HttpUpstream(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp", connect_timeout_s=5)
-    try:
+    async with upstream_of(handle) as up:
         link = await up.open(Era.MODERN)
 
         async def once(i: int) -> None:
@@ -346,7 +353,4 @@ async def test_a_stream_cancelled_while_read_in_the_callbacks_leaves_no_cyclic_g
                 untraced(failure)  # what the engine does with a failed attempt
 
         found = await cyclic_garbage(once)
-    finally:
-        await up.aclose()
-        server.close()
     assert sum(found.values()) < BOUND, str(sorted(found.items()))

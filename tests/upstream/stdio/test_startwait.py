@@ -18,7 +18,6 @@ Outcomes only: no duration is asserted (a busy start is busy for as long as the 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import textwrap
 import time
@@ -30,6 +29,7 @@ from proxy.core.service import Service
 from proxy.errors import UpstreamFailure
 from proxy.settings import Settings
 from proxy.upstream.stdio import STRETCH, StdioUpstream
+from tests.proxy_process import pid_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -62,14 +62,6 @@ SLEEP_THEN_INITIALIZE = textwrap.dedent(
 )
 
 SETTINGS = Settings(listen="http://127.0.0.1:1/mcp", upstream_command="x")
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 async def test_a_child_busy_starting_past_the_start_timeout_is_waited_for_and_served(tmp_path: Path) -> None:
@@ -110,7 +102,7 @@ async def test_a_child_busy_for_ever_is_stopped_at_the_stretch_and_says_so(tmp_p
         assert "--stdio-start-timeout-s 0.5" in detail, detail
         pid = int(pid_file.read_text())
         bound_at = time.monotonic() + 30
-        while not gone(pid):
+        while pid_alive(pid):  # (a zombie whose guard was killed first is re-parented to init)
             assert time.monotonic() < bound_at, f"the busy child {pid} still runs"
             await asyncio.sleep(0.05)
     finally:

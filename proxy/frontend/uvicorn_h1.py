@@ -1,22 +1,9 @@
-"""uvicorn's httptools protocol, writing a response's head and body in one system call.
+"""The bounds of the proxy's HTTP ports: `LimitedHttpToolsProtocol`, what both of them run.
 
-uvicorn writes the status line and headers when the app sends `http.response.start`, and the body
-with `http.response.body`: two `send()` calls per answer, and on loopback each one runs the
-receiver's half of TCP in the sender's system call too, which makes two writes per answer the
-largest single share of the frontend's CPU (bench/relay.py). This protocol gives uvicorn a
-transport that holds a response head until the next write (the body, in the same event-loop step
-for every JSON answer) and writes both at once. A head with a `content-length` waits for its body
-(a client cannot use one without the other); any other head (a stream that starts before its
-first event) goes out at the loop's next iteration at the latest. A close flushes what is held;
-everything else passes straight through.
-
-`LimitedHttpToolsProtocol` (what both of the proxy's ports run) adds the bounds on what a peer
-can hold before its request runs: head size (431), head and body read time (408), connections
-in all and per client address (503), requests pipelined behind a running one; see there.
-
-Depends on uvicorn's `HttpToolsProtocol` keeping the transport it is given in `connection_made`
-(true of every uvicorn release with this protocol); `tests/e2e` and the conformance suite run the
-proxy with it.
+It is uvicorn's httptools protocol with the proxy's own request cycle (`CycleHttpToolsProtocol`,
+proxy/frontend/h1_cycle.py: a response's head and body in one write), and bounds on what a peer
+can hold before its request runs: head size (431), head and body read time (408), connections in
+all and per client address (503), requests pipelined behind a running one; see there.
 """
 
 from __future__ import annotations
@@ -26,85 +13,9 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from proxy.frontend.clients import address_key
+from proxy.frontend.h1_cycle import CycleHttpToolsProtocol
 from proxy.telemetry.shed import SHED
-
-
-class _HeadHolding:
-    """A transport wrapper: a write that starts a response is held until the next write, a close,
-    or the next loop iteration, whichever comes first."""
-
-    __slots__ = ("_held", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held + bytes(data))
-        elif data[:7] == b"HTTP/1." and not self._transport.is_closing():
-            self._held = bytes(data)
-            # A head with a length waits for its body (the client cannot use one without the
-            # other; uvicorn writes header names in lower case); a streamed one goes out at the
-            # next loop step at the latest.
-            if b"\r\ncontent-length: " not in data:
-                self._loop.call_soon(self.flush)
-        else:
-            self._transport.write(data)
-
-    def flush(self) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held)
-
-    def writelines(self, lines: Any) -> None:
-        self.write(b"".join(lines))
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held = None
-        self._transport.abort()
-
-    # What uvicorn calls on its transport, passed on directly (a `__getattr__` fallback would raise
-    # and catch an AttributeError on every call first).
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def __getattr__(self, name: str) -> Any:  # anything else: the real transport's
-        return getattr(self._transport, name)
-
-
-class OneWriteHttpToolsProtocol(HttpToolsProtocol):
-    """`HttpToolsProtocol` on a `_HeadHolding` transport (see the module docstring)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_HeadHolding(transport, self.loop))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -157,8 +68,8 @@ _HEAD_TIMEOUT = (_refusal(408, b"Request Timeout", b"request head not received i
 _BODY_TIMEOUT = (_refusal(408, b"Request Timeout", b"request body stalled"), "body_timeout")
 
 
-class LimitedHttpToolsProtocol(OneWriteHttpToolsProtocol):
-    """`OneWriteHttpToolsProtocol` with bounds on what a peer can hold before its request runs.
+class LimitedHttpToolsProtocol(CycleHttpToolsProtocol):
+    """`CycleHttpToolsProtocol` with bounds on what a peer can hold before its request runs.
 
     - **Head size**: the bytes of a request head (request line and headers) are counted as they
       arrive, before the parser sees them; past `max_head_bytes` the connection is answered 431

@@ -174,6 +174,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="legs per checkout and path, interleaved")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound of each section, seconds")
     parser.add_argument("--baseline-tree", type=Path, help="another checkout, measured the same way")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each leg's callgrind files in a folder under this one (`callgrind_annotate` reads the last dump)",
+    )
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
@@ -187,8 +192,13 @@ def main() -> int:
         for path in args.paths:
             order = trees if run % 2 == 0 else trees[::-1]
             for tree in order:
-                with tempfile.TemporaryDirectory(prefix="hop-instructions-") as tmp:
-                    one = leg(tree, path, args, Path(tmp))
+                if args.keep is not None:
+                    kept = args.keep / f"run{run + 1}-{path}-{'this' if tree == R.REPO else 'base'}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    one = leg(tree, path, args, kept)
+                else:
+                    with tempfile.TemporaryDirectory(prefix="hop-instructions-") as tmp:
+                        one = leg(tree, path, args, Path(tmp))
                 legs.append(one)
                 name = "this checkout" if tree == R.REPO else str(tree)
                 per_call = f"{one.instructions_per_call:>11,.0f}"

@@ -11,8 +11,9 @@ Targets (each is what a peer's bytes reach first):
   host      bytes -> the Host/Origin allow-list of a loopback listener; no exception
   policy    bytes -> a policy file through the loader (compile_files); only PolicyError may escape
   http      bytes -> a caller's HTTP/1.1 requests into the frontend's protocol
-            (LimitedHttpToolsProtocol, as the proxy's uvicorn config sets it up, in-process on a
-            recording transport, fed in chunks, an ASGI app that reads each body and answers):
+            (LimitedHttpToolsProtocol and its request cycle, as the proxy's uvicorn config sets it
+            up, in-process on a recording transport, fed in chunks, an ASGI app that reads each
+            body and answers):
             nothing may escape the protocol or be logged as an error, and once the connection
             is lost it is no longer counted against its client address
   h1        bytes -> an upstream's HTTP/1.1 answers through the response reader (fed in chunks,
@@ -336,7 +337,7 @@ _INSTRUMENT = {
     "host": ["proxy.frontend.http"],
     "policy": ["proxy.policy", "yaml"],
     "h1": ["proxy.upstream.h1"],
-    "http": ["proxy.frontend.uvicorn_h1", "uvicorn.protocols.http.httptools_impl"],
+    "http": ["proxy.frontend.uvicorn_h1", "proxy.frontend.h1_cycle", "uvicorn.protocols.http.httptools_impl"],
 }
 _BUILDERS = {
     "jsonrpc": _target_jsonrpc,

@@ -72,3 +72,17 @@ def test_ensure_loaded_runs_the_ladder_and_mcp_types_off_the_event_loops_thread(
         "print(json.dumps([where, sdk.inbound.MCP_METHOD_HEADER]))\n"
     )
     assert seen == [[False], "mcp-method"]
+
+
+def test_what_the_load_built_is_out_of_the_collectors_reach() -> None:
+    """The SDK's models live as long as the process: frozen once loaded, a full collection does
+    not walk them (before: some 10,000 objects, 2 ms per full collection, every call stopped)."""
+    tracked = run(
+        "import asyncio, gc, json; import proxy.server; from proxy import sdk; gc.collect(); gc.freeze(); "
+        "asyncio.run(sdk.ensure_loaded()); "
+        "print(json.dumps([len(gc.get_objects()), gc.get_freeze_count(), "
+        "any(type(o).__module__.startswith('mcp_types') for o in gc.get_objects())]))"
+    )
+    assert isinstance(tracked, list)
+    left, frozen, models_tracked = tracked
+    assert left < 1000 and frozen > 10_000 and not models_tracked, tracked

@@ -14,7 +14,6 @@ Pure functions of their arguments; no I/O.
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Mapping
 from typing import Final
 
@@ -27,8 +26,8 @@ NAME_HEADER: Final = "mcp-name"
 LAST_EVENT_ID_HEADER: Final = "last-event-id"
 ACCEPT_BOTH: Final = "application/json, text/event-stream"
 
-_HEADER_SAFE = re.compile(r"[\x20-\x7e]*")
-_B64_SENTINEL = re.compile(r"=\?base64\?.*\?=", re.DOTALL)
+_SENTINEL_START: Final = "=?base64?"
+_SENTINEL_END: Final = "?="
 
 
 def post_headers(extra: Mapping[str, str]) -> dict[str, str]:
@@ -41,9 +40,19 @@ def encode_header_value(value: str) -> str:
     """The 2026 header value rule: visible ASCII without edge whitespace passes verbatim; anything
     else (non-ASCII, controls, edge whitespace, or a value that looks like the sentinel itself) is
     sent as `=?base64?<standard base64 of the UTF-8 bytes>?=`."""
-    if _HEADER_SAFE.fullmatch(value) and value == value.strip() and not _B64_SENTINEL.fullmatch(value):
+    # visible ASCII: 0x20-0x7e (string methods, not a regular expression: this runs on every 2026 request)
+    if value.isascii() and value.isprintable() and value == value.strip() and not _is_sentinel(value):
         return value
     return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
+
+
+def _is_sentinel(value: str) -> bool:
+    """`=?base64?...?=`, the encoded form: a value that reads like one is itself encoded."""
+    return (
+        len(value) >= len(_SENTINEL_START) + len(_SENTINEL_END)
+        and value.startswith(_SENTINEL_START)
+        and value.endswith(_SENTINEL_END)
+    )
 
 
 _NAME_PARAM: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}

@@ -347,6 +347,10 @@ def test_header_value_rule() -> None:
     assert encode_header_value(" padded") == "=?base64?IHBhZGRlZA==?="
     assert encode_header_value("=?base64?abc?=").startswith("=?base64?PT9")
     assert encode_header_value("a\r\nb") == "=?base64?YQ0KYg==?="
+    assert encode_header_value("=?base64?=") == "=?base64?=", "too short to be the encoded form"
+    assert encode_header_value("=?base64??=").startswith("=?base64?PT9")
+    assert encode_header_value("tab\there").startswith("=?base64?") and encode_header_value("\x7f") == "=?base64?fw==?="
+    assert encode_header_value("météo") == "=?base64?bcOpdMOpbw==?=" and encode_header_value("") == ""
 
 
 # --- failures --------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ for the direct and the proxied leg. Legs:
                 keep-alive upstream) → that server: what a bare HTTP hop costs.
 - `pyhop`       wrk → a bare TCP byte relay on uvloop (`bench/byte_relay.py`: no HTTP parsed) →
                 that server: what a hop written in Python costs when it only moves the bytes.
+- `pyterm`      wrk → a minimal terminating relay on uvloop (`bench/term_relay.py`: each request
+                and answer parsed, HTTP and JSON, in the protocols' callbacks, nothing else) →
+                that server: the least a Python hop that reads each MCP message can spend.
 - `http→stdio bridged`  (`--rows bridge`, `--era modern`) wrk → proxy → the same stdio server made
                 2025-only by a wrapper (tests/conformance/everything_stdio_2025_only.py, counted as
                 the server): each 2026 call goes through the proxy's era bridge onto a 2025 session.
@@ -70,7 +73,7 @@ RELAY = "engine"  # engine: the proxy as shipped; plain / engine-quiet: bench/_p
 PYTHON = sys.executable
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CPU_TARGET_MS = {"http→stdio": 1.0, "http→http": 1.5}
-ROWS = ("direct", "nginx", "pyhop", "mcp-proxy", "supergateway", "stdio", "bridge", "http")
+ROWS = ("direct", "nginx", "pyhop", "pyterm", "mcp-proxy", "supergateway", "stdio", "bridge", "http")
 # The same stdio server made 2025-only (a wrapper that refuses 2026-07-28 as such a server does), so
 # that 2026 calls go through the proxy's era bridge: the `bridge` row, beside the native `stdio` one.
 LEGACY_ONLY = REPO / "tests" / "conformance" / "everything_stdio_2025_only.py"
@@ -585,6 +588,15 @@ def start_byte_relay(procs: Processes, up_port: int, workdir: Path) -> tuple[sub
     return proc, port
 
 
+def start_term_relay(procs: Processes, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """bench/term_relay.py in front of the upstream: a Python hop that parses each message, no more."""
+    port = free_port()
+    log = workdir / f"pyterm-{port}.log"
+    proc = procs.start([PYTHON, str(REPO / "bench" / "term_relay.py"), str(port), str(up_port)], log)
+    wait_until(lambda: port_open(port), "terminating relay", proc, log)
+    return proc, port
+
+
 def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -618,6 +630,9 @@ def run_once(
             elif row == "pyhop":
                 ph, ph_port = start_byte_relay(procs, up_port, workdir)
                 hops.append(Hop("pyhop", f"http://127.0.0.1:{ph_port}/mcp", ph, up.pid))
+            elif row == "pyterm":
+                pt, pt_port = start_term_relay(procs, up_port, workdir)
+                hops.append(Hop("pyterm", f"http://127.0.0.1:{pt_port}/mcp", pt, up.pid))
             elif row == "nginx":
                 nx, nx_port = start_nginx(procs, up_port, workdir)
                 started.append(nx)
@@ -1013,6 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(ROWS),
         default=list(ROWS),
         help="which paths to measure (default all): direct, an nginx hop, a bare Python byte relay (pyhop), "
+        "a minimal terminating Python relay (pyterm), "
         "mcp-proxy and supergateway "
         "(HTTP→stdio peers, scripts/setup-peers.sh), and the proxy's http→stdio (stdio) and http→http (http)",
     )

@@ -579,21 +579,14 @@ def start_proxy(
     return proc, port
 
 
-def start_byte_relay(procs: Processes, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """bench/byte_relay.py in front of the upstream: a Python hop that parses nothing."""
+def start_python_relay(procs: Processes, row: str, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A Python yardstick hop in front of the upstream: `pyhop`, bench/byte_relay.py (parses
+    nothing), or `pyterm`, bench/term_relay.py (parses each message, no more)."""
+    script = {"pyhop": "byte_relay.py", "pyterm": "term_relay.py"}[row]
     port = free_port()
-    log = workdir / f"pyhop-{port}.log"
-    proc = procs.start([PYTHON, str(REPO / "bench" / "byte_relay.py"), str(port), str(up_port)], log)
-    wait_until(lambda: port_open(port), "byte relay", proc, log)
-    return proc, port
-
-
-def start_term_relay(procs: Processes, up_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """bench/term_relay.py in front of the upstream: a Python hop that parses each message, no more."""
-    port = free_port()
-    log = workdir / f"pyterm-{port}.log"
-    proc = procs.start([PYTHON, str(REPO / "bench" / "term_relay.py"), str(port), str(up_port)], log)
-    wait_until(lambda: port_open(port), "terminating relay", proc, log)
+    log = workdir / f"{row}-{port}.log"
+    proc = procs.start([PYTHON, str(REPO / "bench" / script), str(port), str(up_port)], log)
+    wait_until(lambda: port_open(port), script, proc, log)
     return proc, port
 
 
@@ -627,12 +620,9 @@ def run_once(
         for row in args.rows:
             if row == "direct":
                 hops.append(Hop("direct", up_url, None, up.pid))
-            elif row == "pyhop":
-                ph, ph_port = start_byte_relay(procs, up_port, workdir)
-                hops.append(Hop("pyhop", f"http://127.0.0.1:{ph_port}/mcp", ph, up.pid))
-            elif row == "pyterm":
-                pt, pt_port = start_term_relay(procs, up_port, workdir)
-                hops.append(Hop("pyterm", f"http://127.0.0.1:{pt_port}/mcp", pt, up.pid))
+            elif row in ("pyhop", "pyterm"):
+                py, py_port = start_python_relay(procs, row, up_port, workdir)
+                hops.append(Hop(row, f"http://127.0.0.1:{py_port}/mcp", py, up.pid))
             elif row == "nginx":
                 nx, nx_port = start_nginx(procs, up_port, workdir)
                 started.append(nx)

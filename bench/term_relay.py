@@ -143,23 +143,17 @@ class _Client(asyncio.Protocol):
             if value is not None:
                 head += (name, b": ", value, b"\r\n")
         head.append(b"content-length: %d\r\n\r\n" % len(body))
-        request = b"".join(head) + body
-        upstream = self.upstream
-        if upstream is None or upstream.transport is None:
-            self.waiting = request
-            asyncio.get_running_loop().call_later(0.01, self._retry)
-        else:
-            upstream.transport.write(request)
+        self.waiting = b"".join(head) + body
+        self._send()
 
-    def _retry(self) -> None:
-        request, self.waiting = self.waiting, None
-        if request is None:
-            return
+    def _send(self) -> None:
+        """The waiting request upstream, once the upstream connection is open."""
         upstream = self.upstream
         if upstream is None or upstream.transport is None:
-            self.waiting = request
-            asyncio.get_running_loop().call_later(0.01, self._retry)
-        else:
+            asyncio.get_running_loop().call_later(0.01, self._send)
+            return
+        request, self.waiting = self.waiting, None
+        if request is not None:
             upstream.transport.write(request)
 
     def answer(self, status: int, session_id: bytes | None, body: bytes) -> None:

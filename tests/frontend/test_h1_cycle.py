@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-import uvicorn
 
 from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
+from tests.fixtures.uvicorn_serving import serving as serving_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -43,23 +42,8 @@ async def serving(app: App, sends: list[int] | None = None) -> AsyncIterator[int
                 transport.write = write  # type: ignore[method-assign]
             super().connection_made(transport)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    # log_config=None, as the proxy runs it: uvicorn's own configuration would replace the uvicorn
-    # loggers' handlers for every later test.
-    config = uvicorn.Config(app, http=Counting, lifespan="off", log_level="warning", log_config=None, access_log=False)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:  # noqa: ASYNC110 (uvicorn offers a flag, not an event)
-                await asyncio.sleep(0.01)
+    async with serving_with(app, Counting) as port:
         yield port
-    finally:
-        server.should_exit = True
-        server.force_exit = True
-        await task
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:

@@ -11,15 +11,14 @@ or closes.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 
 from proxy.frontend.uvicorn_h1 import HttpLimits, LimitedHttpToolsProtocol
 from proxy.telemetry.shed import SHED
 from tests.fixtures.echo_asgi import echo_app
+from tests.fixtures.uvicorn_serving import serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -27,30 +26,8 @@ LIMITS = HttpLimits(max_head_bytes=4096, head_timeout_s=0.3, body_timeout_s=0.3,
 
 
 async def _serve(limits: HttpLimits) -> AsyncIterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        echo_app,
-        http=LimitedHttpToolsProtocol.with_limits(limits),
-        lifespan="off",
-        log_level="warning",
-        # As the proxy runs it: uvicorn's own logging configuration would replace the process's
-        # logger handlers for every later test.
-        log_config=None,
-        access_log=False,
-    )
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not srv.started:  # noqa: ASYNC110 (uvicorn offers a flag, not an event)
-                await asyncio.sleep(0.01)
+    async with serving(echo_app, LimitedHttpToolsProtocol.with_limits(limits)) as port:
         yield port
-    finally:
-        srv.should_exit = True
-        srv.force_exit = True
-        await task
 
 
 @pytest.fixture

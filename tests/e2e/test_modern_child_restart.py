@@ -89,6 +89,12 @@ async def test_a_listing_on_the_2026_child_as_it_is_killed_is_answered_by_its_re
         proxy.stop()
 
 
+def evidence(tmp_path: Path, results: dict[str, Any]) -> str:
+    """What a failed assertion shows: the calls' results, the proxy's log and the server's journal."""
+    log, journal = ((tmp_path / name).read_text(errors="replace")[-4000:] for name in ("proxy.log", "journal.jsonl"))
+    return f"\nresults: {results!r:.3000}\nproxy log (tail):\n{log}\njournal (tail):\n{journal}"
+
+
 def others(journal: Journal, *known: int) -> list[int]:
     """The server processes past their imports (a `boot` line each), in order, but `known`."""
     return [e["pid"] for e in journal.events(event="boot") if e["pid"] not in known]
@@ -137,8 +143,10 @@ async def test_a_killed_2026_child_is_replaced_by_the_warm_spare_and_the_recover
                     release.touch()
                 after = await client.call_tool("echo", {"text": "after", "call_id": "after"})
         read_pids = [e["pid"] for e in journal.events(tool="hang", event="started", call="read")]
-        assert read_pids == [killed, spare], "the read was retried once, on the spare that was warm before the kill"
-        assert not results["read"].is_error, results["read"]
+        assert read_pids == [killed, spare], (
+            f"the read was retried once, on the spare that was warm before the kill{evidence(tmp_path, results)}"
+        )
+        assert not results["read"].is_error, evidence(tmp_path, results)
         assert [e["pid"] for e in journal.events(tool="echo", event="started", call="after")] == [spare]
         assert [c.text for c in after.content if isinstance(c, TextContent)] == ["after"]
         charge = results["charge"]

@@ -68,12 +68,19 @@ _ERROR_HEAD = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-lengt
 class Cycle:
     """One request and its response, as the ASGI app sees them (`receive`, `send`), on `protocol`'s
     connection. The attributes uvicorn's protocol reads of its cycle keep their names and meaning:
-    `response_started`, `response_complete`, `disconnected`, `keep_alive`, `message_event`."""
+    `response_started`, `response_complete`, `disconnected`, `keep_alive`, `message_event`.
+
+    It keeps no reference to the protocol but its `on_response_complete`, and that one only until
+    the app returns: the protocol holds its cycle, and a reference back would leave the two (with
+    the scope, the parser and the connection's state) as cyclic garbage for the collector once
+    the connection closes, as uvicorn's own cycle does not."""
 
     __slots__ = (
         "_chunked",
+        "_date",
         "_head",
         "_left",
+        "_loop",
         "_no_body",
         "_on_response",
         "body",
@@ -83,7 +90,6 @@ class Cycle:
         "keep_alive",
         "message_event",
         "more_body",
-        "protocol",
         "response_complete",
         "response_started",
         "scope",
@@ -92,7 +98,6 @@ class Cycle:
     )
 
     def __init__(self, protocol: CycleHttpToolsProtocol, scope: dict[str, Any], keep_alive: bool, expect: bool) -> None:
-        self.protocol = protocol
         self.scope = scope
         self.transport = protocol.transport
         self.flow = protocol.flow
@@ -113,6 +118,8 @@ class Cycle:
         # the protocol's `on_response_complete`, until the app returns (a send after that, from a
         # task the app left behind, does not start the next pipelined request)
         self._on_response: Callable[[], None] | None = protocol.on_response_complete
+        self._loop = protocol.loop
+        self._date = protocol.server_state.default_headers  # uvicorn's `date` header, renewed each second
 
     async def run_asgi(self, app: Any) -> None:
         try:
@@ -206,7 +213,7 @@ class Cycle:
         """Build the response head; it is written with the body's first bytes, or (a stream: no
         content-length) at the next loop step if those have not come by then."""
         content = [STATUS_LINES[status]]
-        for name, value in self.protocol.server_state.default_headers:  # uvicorn's `date`
+        for name, value in self._date:
             content += (name, b": ", value, b"\r\n")
         names: list[bytes] = []
         values: list[bytes] = []
@@ -242,7 +249,7 @@ class Cycle:
         self.response_started = True
         self.waiting_for_100_continue = False
         if self._chunked:
-            self.protocol.loop.call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         head = self._head

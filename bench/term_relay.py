@@ -150,6 +150,12 @@ class _Client(asyncio.Protocol):
         """The waiting request upstream, once the upstream connection is open."""
         upstream = self.upstream
         if upstream is None or upstream.transport is None:
+            connecting = self.connecting
+            if connecting is not None and connecting.done():  # the connection failed: no wait for ever
+                if not connecting.cancelled():
+                    connecting.exception()  # retrieved: it is the reason, and the client is closed
+                self.close()
+                return
             asyncio.get_running_loop().call_later(0.01, self._send)
             return
         request, self.waiting = self.waiting, None

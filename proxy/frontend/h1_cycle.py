@@ -33,34 +33,20 @@ that asks for one is an ordinary request).
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
-import re
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 log = logging.getLogger("uvicorn.error")  # where uvicorn logs an app's exception
 
-# What a response header may not contain (uvicorn's checks): a name is an RFC 9110 token; a value
-# has no control character but tab.
-_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-
-
-STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+# uvicorn's own status lines (`STATUS_LINE`) and response-header checks (`HEADER_RE`: a name is an
+# RFC 9110 token; `HEADER_VALUE_RE`: a value has no control character but tab) are used as they
+# are: the cycle refuses exactly what uvicorn's refuses.
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ERROR_HEAD = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")]
 
@@ -212,7 +198,7 @@ class Cycle:
     def _start(self, status: int, headers: Any) -> None:
         """Build the response head; it is written with the body's first bytes, or (a stream: no
         content-length) at the next loop step if those have not come by then."""
-        content = [STATUS_LINES[status]]
+        content = [STATUS_LINE[status]]
         for name, value in self._date:
             content += (name, b": ", value, b"\r\n")
         names: list[bytes] = []
@@ -233,9 +219,9 @@ class Cycle:
                 self.keep_alive = False
                 close = True
             content += (name, b": ", value, b"\r\n")
-        if _BAD_NAME.search(b"".join(names)):
+        if HEADER_RE.search(b"".join(names)):
             raise RuntimeError("Invalid HTTP header name.")
-        if _BAD_VALUE.search(b"\t".join(values)):
+        if HEADER_VALUE_RE.search(b"\t".join(values)):
             raise RuntimeError("Invalid HTTP header value.")
         if not self.keep_alive and not close:
             content.append(b"connection: close\r\n")

@@ -16,6 +16,11 @@ request (`bench/frontend_floor.py` counts the instructions):
   refuses, searched for in all names, then in all values), not with two searches per header;
   a response whose head is refused is an app error answered 500 (nothing was written yet).
 - The scope is built in one step per request, its `asgi` entry one dict per connection.
+- The keep-alive timeout (uvicorn's `timeout_keep_alive`: an idle connection is closed that long
+  after its last answer) is one timer per connection, re-armed only when it comes due early,
+  instead of a timer armed at each answer and cancelled at the next request (about 6,000
+  instructions a request under uvloop). The connection is closed as uvicorn closes it: when no
+  byte has come for the timeout since its last answer.
 
 Kept as uvicorn has it: a body longer or shorter than its `content-length` is an app error;
 `HEAD`, 204 and 304 carry no body; a response without a length is chunked; `connection: close`
@@ -251,6 +256,47 @@ class CycleHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
+        self._idle_since = -1.0  # when its last answer completed, if no byte came since; else -1
+
+    # -- keep-alive: one timer per connection (module docstring) -------------------------------
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this as bytes arrive (and as an answer completes, or the connection is
+        # lost): the connection is not idle. Its timer, if armed, finds that when it comes due.
+        self._idle_since = -1.0
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request runs now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self._arm_keep_alive(self._idle_since + self.timeout_keep_alive)
+
+    def _arm_keep_alive(self, due: float) -> None:
+        self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since < 0 or self.transport.is_closing():
+            return  # a request came: the timer is armed again when its answer completes
+        due = since + self.timeout_keep_alive
+        if due > self.loop.time() + 0.001:  # (the loop's timers are of milliseconds)
+            self._arm_keep_alive(due)  # answered again since the timer was armed
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        timer = self.timeout_keep_alive_task
+        if timer is not None:  # (it would hold the protocol until it came due)
+            self.timeout_keep_alive_task = None
+            timer.cancel()
 
     def on_message_begin(self) -> None:
         self.url = b""

@@ -25,9 +25,9 @@ BOUND_S = 5.0
 
 
 @asynccontextmanager
-async def serving(app: App, sends: list[int] | None = None) -> AsyncIterator[int]:
+async def serving(app: App, sends: list[int] | None = None, **settings: Any) -> AsyncIterator[int]:
     """`app` behind the proxy's protocol on a free loopback port; `sends` gets the size of every
-    write the server makes to its real socket transport."""
+    write the server makes to its real socket transport; `settings` are uvicorn's."""
     base = LimitedHttpToolsProtocol.with_limits(HttpLimits())
 
     class Counting(base):  # type: ignore[valid-type,misc]
@@ -42,7 +42,7 @@ async def serving(app: App, sends: list[int] | None = None) -> AsyncIterator[int
                 transport.write = write  # type: ignore[method-assign]
             super().connection_made(transport)
 
-    async with serving_with(app, Counting) as port:
+    async with serving_with(app, Counting, **settings) as port:
         yield port
 
 
@@ -291,3 +291,58 @@ async def test_a_body_that_breaks_its_length_closes_the_connection(case: str, ca
         writer.close()
     assert b"12345" not in data
     assert any("Exception in ASGI application" in r.getMessage() for r in caplog.records)
+
+
+# Keep-alive: an idle connection is closed `timeout_keep_alive` after its last answer, by one
+# timer per connection (h1_cycle's module docstring). The waits are of the timeout itself; what is
+# asserted is an order (closed, not closed before), never a speed.
+KEEP_ALIVE_S = 1.0
+
+
+async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+    """`json_app`, answering `?sleep=S` seconds late."""
+    if scope["type"] == "http" and scope["query_string"].startswith(b"sleep="):
+        await asyncio.sleep(float(scope["query_string"][6:]))
+    await json_app(scope, receive, send)
+
+
+async def ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: str = "/mcp") -> float:
+    """One request on the connection, answered 200: the time its answer was read."""
+    writer.write(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}" % target.encode())
+    head, _ = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+    return asyncio.get_running_loop().time()
+
+
+async def closed_at(reader: asyncio.StreamReader) -> float:
+    assert await read_to_end(reader) == b""  # closed silently
+    return asyncio.get_running_loop().time()
+
+
+async def test_an_idle_connection_is_closed_the_keep_alive_timeout_after_its_answer() -> None:
+    async with serving(slow_app, timeout_keep_alive=KEEP_ALIVE_S) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answered = await ask(reader, writer)
+        assert await closed_at(reader) - answered >= KEEP_ALIVE_S * 0.9
+        writer.close()
+
+
+async def test_a_connection_answered_again_is_closed_the_timeout_after_its_last_answer() -> None:
+    """The timer armed at the first answer comes due while the connection has been answered
+    again since: it is armed again for the last answer, not the connection closed."""
+    async with serving(slow_app, timeout_keep_alive=KEEP_ALIVE_S) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await ask(reader, writer)
+        await asyncio.sleep(KEEP_ALIVE_S / 2)
+        last = await ask(reader, writer)
+        assert await closed_at(reader) - last >= KEEP_ALIVE_S * 0.9
+        writer.close()
+
+
+async def test_a_request_running_past_the_timeout_is_answered_and_then_timed_from_its_answer() -> None:
+    async with serving(slow_app, timeout_keep_alive=KEEP_ALIVE_S) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await ask(reader, writer)
+        last = await ask(reader, writer, f"/mcp?sleep={KEEP_ALIVE_S * 1.5}")  # runs past the first timer
+        assert await closed_at(reader) - last >= KEEP_ALIVE_S * 0.9
+        writer.close()

@@ -185,7 +185,8 @@ async def test_a_dead_primary_keeps_the_store_down_though_the_other_slots_answer
         await until(state, lambda: not state.up)
         syncs = state.budget_syncs
         await state.sync_budget()  # answered by a live primary
-        assert state.budget_syncs == syncs + 1
+        # (the state's own syncs, every 50 ms here, may complete beside this one on a busy machine)
+        assert state.budget_syncs > syncs
         assert not state.up, "a slot still has no primary: the store is not back"
         reconciles = state.reconciles
         await anyio.to_thread.run_sync(victim.start)  # back on its port, with its nodes.conf

@@ -485,7 +485,7 @@ def _print_demo_banner(settings: Settings) -> None:
         "--tool-name lookup_customer --tool-arg customer_id=c-42",
         "",
         "  lookup_customer  fails twice, then answers: recovered within one call",
-        "  search_archive   the archive is down: an unresolved result with every attempt",
+        "  search_archive   the archive is down: an unresolved result with every attempt and what it found",
         "  refund           state-changing and slow: reported as outcome unknown, never repeated",
         "  refund_status    the status check a refund's result points to",
         "  slow_report      progress notifications relayed through the proxy",

@@ -88,6 +88,7 @@ async def test_search_archive_always_transient_with_partial_note() -> None:
         assert result.is_error and result.structured_content is not None
         assert result.structured_content["errorCategory"] == "transient"
         assert any("partial result" in getattr(block, "text", "") for block in result.content)
+        assert result.structured_content["partialResults"] == {"searched": "recent orders only", "matches": 0}
 
 
 @pytest.mark.parametrize("era", ["legacy", "2026-07-28"])

@@ -13,7 +13,8 @@ What each tool demonstrates:
   answers. With the shipped policy (3 attempts) one proxied call succeeds.
 - `search_archive(query)` (read-only): a failure retrying cannot fix. The archive is always
   down, so the proxy spends its budget and returns a structured unresolved result that keeps
-  the partial note the server sent.
+  the partial result the server sent (`partialResults` in its error, beside `errorCategory`: the
+  report lists it under its own `partialResults` and suggests `accept_partial`).
 - `refund(order_id, amount)` (no annotations, so state-changing): an outcome the proxy must not
   guess. The refund is recorded first, then the tool hangs (`DEMO_REFUND_HANG_S`, default 30 s).
   When the proxy's attempt times out the refund may have happened, so it does not retry and
@@ -159,7 +160,7 @@ async def search_archive(query: str) -> CallToolResult:
     """Search archived orders older than a year. The archive is currently down."""
     note = f"recent orders matching {query!r} were checked; archived orders could not be searched"
     result = _transient_error(
-        "order archive unavailable", partialResult={"searched": "recent orders only", "matches": 0}
+        "order archive unavailable", partialResults={"searched": "recent orders only", "matches": 0}
     )
     result.content.append(TextContent(type="text", text=f"partial result: {note}"))
     return result

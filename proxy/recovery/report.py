@@ -37,6 +37,12 @@ Contract:
   so a model can correct itself (the engine skips it when `jsonrpc_errors_as_results` is off); in
   an unresolved result the error itself is kept in the report as `jsonrpcError`, without the
   call's argument values (`redact.scrub_arguments`).
+- `partialResults` lists what was obtained on the way: what the engine passes (progress notes),
+  then the upstream's own partial results (a failed attempt's `structuredContent` key
+  `partialResults` or `partial_results`, the error convention's field beside `errorCategory`;
+  each distinct value once, with the latest attempt that carried it; bounded), then the text of
+  earlier failed attempts that differs from the last one's. Either of the first two adds
+  `accept_partial` to the suggested actions.
 - Suggested actions are deterministic: by stop reason, then category, then the policy's status
   check tool and alternatives, then partial results.
 """
@@ -55,6 +61,7 @@ from proxy.jsonrpc import (
     META_UNREACHABLE_MS,
     META_UNRESOLVED,
     bounded,
+    dumps,
 )
 from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery.classify import tool_error_text
@@ -76,6 +83,13 @@ from proxy.recovery.redact import ArgumentValues, argument_values, redact, scrub
 from proxy.recovery.wording import redirected, suggested_actions, unresolved_message
 
 PARTIAL_TEXT_LIMIT: Final = 1000
+# An upstream's own partial result (`UPSTREAM_PARTIAL_KEYS` of a failed attempt's
+# `structuredContent`) is copied as it came up to this many characters of compact JSON; a larger
+# one as the first `PARTIAL_TEXT_LIMIT` characters of that JSON, in a text block.
+UPSTREAM_PARTIAL_LIMIT: Final = 4000
+# Where an error in the errorCategory/isRetryable convention carries what it obtained before it
+# failed: the report's own key, and the snake_case spelling of the same convention.
+UPSTREAM_PARTIAL_KEYS: Final = ("partialResults", "partial_results")
 SUMMARY_KEYS: Final = ("errorCategory", "stopReason", "attemptCount", "maxAttempts", "elapsedMs")
 LAST_ERROR_LIMIT: Final = 300
 
@@ -124,7 +138,8 @@ class AttemptRecord:
 
 @dataclass(frozen=True, slots=True)
 class PartialResult:
-    """Something obtained on the way: `source` is e.g. "upstream", "progress" or "failed_attempt"."""
+    """Something obtained on the way, passed in by the engine (`source` "progress"); the report adds
+    the upstream's own ("upstream") and the text of earlier failed attempts ("failed_attempt")."""
 
     source: str
     attempt: int | None
@@ -239,6 +254,39 @@ def report_of(result: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 # --- the unresolved result -----------------------------------------------------------------------
+
+
+def _upstream_partial(result: Mapping[str, Any]) -> Any:
+    """What an `isError` result says it obtained before it failed, bounded (see
+    `UPSTREAM_PARTIAL_LIMIT`); `_MISSING` when it says nothing (no such key, or an empty value)."""
+    structured = result.get("structuredContent")
+    if not isinstance(structured, dict):
+        return _MISSING
+    for key in UPSTREAM_PARTIAL_KEYS:
+        value = structured.get(key)
+        if value is None or value == [] or value == {} or value == "":
+            continue
+        try:
+            encoded = dumps(value).decode()
+        except TypeError:  # nested deeper than orjson writes (a parsed value holds nothing else it cannot)
+            return _MISSING
+        if len(encoded) <= UPSTREAM_PARTIAL_LIMIT:
+            return value
+        return [{"type": "text", "text": bounded(encoded, PARTIAL_TEXT_LIMIT)}]
+    return _MISSING
+
+
+def _upstream_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str, Any]]:
+    """The upstream's own partial results of the failed attempts, each value once, attributed to
+    the latest attempt that carried it (attempts that obtained the same thing list it once)."""
+    found: list[tuple[int, Any]] = []
+    for record in attempts:
+        if isinstance(record.outcome, ToolError):
+            value = _upstream_partial(record.outcome.result)
+            if value is not _MISSING:
+                found = [(number, seen) for number, seen in found if seen != value]
+                found.append((record.number, value))
+    return [{"source": "upstream", "attempt": number, "content": value} for number, value in found]
 
 
 def _failed_attempt_partials(attempts: Sequence[AttemptRecord]) -> list[dict[str, Any]]:
@@ -386,6 +434,8 @@ def unresolved_result(
         stop.reason is StopReason.STILL_RUNNING and policy.side_effect is SideEffect.STATE_CHANGING
     )
     partials = [{"source": bounded(p.source, 100), "attempt": p.attempt, "content": p.content} for p in partial_results]
+    upstream_partials = _upstream_partials(attempts)
+    partials.extend(upstream_partials)
     partials.extend(_failed_attempt_partials(attempts))
     actions = suggested_actions(
         policy,
@@ -395,7 +445,7 @@ def unresolved_result(
         outcome_unknown=outcome_unknown,
         budget_id=budget_id,
         retry_after_ms=retry_after_ms,
-        has_partials=bool(partial_results),
+        has_partials=bool(partial_results or upstream_partials),
         redirected=redirected(evidence),
     )
     report: dict[str, Any] = {

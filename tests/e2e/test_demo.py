@@ -73,6 +73,11 @@ async def test_the_demo_recovers_reports_refuses_and_approves(demo: str) -> None
     report = exhausted.meta["io.mcp-recovery-proxy/unresolved"]
     assert exhausted.is_error and report["stopReason"] == "attempts_exhausted" and report["attemptCount"] == 3
     assert report["suggestedActions"]
+    # what the archive search obtained before it failed, as the server said it, once for 3 attempts
+    assert report["partialResults"] == [
+        {"source": "upstream", "attempt": 3, "content": {"searched": "recent orders only", "matches": 0}}
+    ]
+    assert "accept_partial" in [action["action"] for action in report["suggestedActions"]]
 
     refused = await call(demo, "search_archive", {"query": "invoices 2019"})
     assert refused.meta["io.mcp-recovery-proxy/unresolved"]["stopReason"] == "ledger_exhausted"

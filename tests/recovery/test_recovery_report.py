@@ -15,6 +15,7 @@ from proxy.recovery.ledger import ExhaustedEntry, InMemoryLedger, operation_dige
 from proxy.recovery.outcome import Outcome, RpcError, Success, ToolError, TransportError
 from proxy.recovery.redact import redact
 from proxy.recovery.report import (
+    PARTIAL_TEXT_LIMIT,
     RESERVED_KEYS,
     AttemptRecord,
     PartialResult,
@@ -320,6 +321,62 @@ def test_partial_results_and_unresolved_sources(assert_schema_valid):
     assert META_APPROVE_BUDGET in s["suggestedActions"][1]["description"]
     assert "2 partial result" not in summary(result)  # three are reported
     assert "3 partial result(s)" in summary(result)
+
+
+def test_the_upstreams_own_partial_results_are_listed_once_per_value(assert_schema_valid):
+    """An error in the errorCategory convention says what it obtained before failing
+    (`partialResults`, or `partial_results`): the report lists each distinct value once, with the
+    latest attempt that carried it, and suggests accepting it."""
+    p = policy()
+    first = {"searched": ["2024"], "missing": ["2019", "2020"]}
+    later = {"searched": ["2024", "2023"], "missing": ["2019"]}
+    result = build(
+        p,
+        StopReason.ATTEMPTS_EXHAUSTED,
+        tool_error("archive down", {"errorCategory": "transient", "partialResults": first}),
+        tool_error("archive down", {"errorCategory": "transient", "partial_results": later}),
+        tool_error("archive down", {"errorCategory": "transient", "partialResults": dict(first)}),
+    )
+    assert_schema_valid(result)
+    report = result["_meta"][META_UNRESOLVED]
+    assert report["partialResults"] == [
+        {"source": "upstream", "attempt": 2, "content": later},
+        {"source": "upstream", "attempt": 3, "content": first},
+    ]
+    assert [a["action"] for a in report["suggestedActions"]][-1] == "accept_partial"
+    assert "2 partial result(s) in partialResults" in summary(result)
+    # the upstream's own structuredContent is still kept whole, the colliding key moved under `upstream`
+    assert result["structuredContent"]["upstream"]["partialResults"] == first
+
+
+@pytest.mark.parametrize("value", [None, [], {}, ""])
+def test_an_empty_upstream_partial_is_no_partial(value: Any):
+    result = build(
+        policy(),
+        StopReason.ATTEMPTS_EXHAUSTED,
+        tool_error("down", {"errorCategory": "transient", "partialResults": value}),
+    )
+    report = result["_meta"][META_UNRESOLVED]
+    assert report["partialResults"] == []
+    assert "accept_partial" not in [a["action"] for a in report["suggestedActions"]]
+    assert "partial result" not in summary(result)
+
+
+def test_a_large_upstream_partial_is_bounded_in_the_report():
+    rows = [{"order": f"o-{i}", "total": i} for i in range(2000)]
+    result = build(
+        policy(),
+        StopReason.ATTEMPTS_EXHAUSTED,
+        tool_error("down", {"errorCategory": "transient", "partialResults": rows}),
+        structured=False,
+    )
+    [partial] = result["_meta"][META_UNRESOLVED]["partialResults"]
+    assert partial["source"] == "upstream" and partial["attempt"] == 1
+    [block] = partial["content"]
+    assert block["type"] == "text" and len(block["text"]) == PARTIAL_TEXT_LIMIT
+    assert block["text"].startswith('[{"order":"o-0","total":0}') and block["text"].endswith("…")
+    # the tool declares an output schema (structured=False): its own structuredContent is untouched
+    assert result["structuredContent"]["partialResults"] == rows
 
 
 @pytest.mark.parametrize(

@@ -119,14 +119,16 @@ def suggested_actions(
         case StopReason.UPSTREAM_DECLINED:
             actions.append(_action("do_not_repeat", "The upstream said repeating this call will not help."))
         case StopReason.STILL_RUNNING:
-            actions.append(
+            # The one next step: an alternative tool or a partial result would act beside an
+            # execution that goes on (a state-changing one could apply its change twice).
+            return [
                 _action(
                     "resend",
                     "The call still runs upstream: send this identical call again (the same arguments, and"
                     " the same idempotency key if it had one) to receive its answer. The proxy answers it"
                     " with that execution and does not run the tool again while it keeps the answer.",
                 )
-            )
+            ]
         case _:
             pass
     if defaulted:

@@ -450,8 +450,11 @@ def test_outcome_unknown_for_state_changing_tools(outcome, unknown):
 
 @pytest.mark.parametrize("side_effect", list(SideEffect))
 def test_a_re_send_past_its_own_deadline_says_the_execution_runs_on_and_to_ask_again(assert_schema_valid, side_effect):
-    p = policy(side_effect=side_effect, status_check_tool="refund_status")
-    result = build(p, StopReason.STILL_RUNNING)
+    # alternatives configured: none is offered while the execution runs on (one beside it could
+    # apply a change twice), nor a partial result
+    p = policy(side_effect=side_effect, status_check_tool="refund_status", alternatives=("refund_manual",))
+    progress = PartialResult("progress", 1, {"progress": 1, "total": 2, "message": "half"})
+    result = build(p, StopReason.STILL_RUNNING, partial_results=[progress])
     assert_schema_valid(result)
     s = result["structuredContent"]
     assert (s["stopReason"], s["attemptCount"], s["budgetExhausted"]) == ("still_running", 0, False)
@@ -461,6 +464,7 @@ def test_a_re_send_past_its_own_deadline_says_the_execution_runs_on_and_to_ask_a
     assert [a["action"] for a in s["suggestedActions"]] == ["resend"]
     text = summary(result)
     assert "was not run again" in text and "still running" in text
+    assert "refund_manual" not in text
 
 
 def test_ledger_exhausted_points_at_the_earlier_budget(assert_schema_valid):

@@ -14,6 +14,7 @@ import hashlib
 import os
 import uuid
 from collections.abc import Awaitable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from proxy.auth.base import Principal
@@ -36,7 +37,7 @@ from proxy.jsonrpc import (
     STRUCTURED_CONTENT_VERSIONS,
     Message,
 )
-from proxy.policy.compiled import SideEffect, ToolPolicy
+from proxy.policy.compiled import Category, SideEffect, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
     AttemptRecord,
@@ -60,7 +61,7 @@ from proxy.recovery import (
     with_attempts_meta,
 )
 from proxy.recovery.classify import SUCCESS as _SUCCESS
-from proxy.recovery.outcome import Outcome
+from proxy.recovery.outcome import Classified, Outcome
 from proxy.recovery.report import report_of, unreachable_s
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -315,7 +316,7 @@ class ToolCall:
                     now = e.clock()
                     self.in_flight = 0
                 duration = now - started
-                classified = classify(outcome, policy)
+                classified = self._classify(outcome)
                 self.state = state = state.attempted()
                 e.antistorm.record(label, policy, classified.category, now)
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
@@ -553,6 +554,28 @@ class ToolCall:
             return True
         return self.relay.protocol_version in STRUCTURED_CONTENT_VERSIONS
 
+    def _classify(self, outcome: Outcome) -> Classified:
+        """The policy's classification of a failed attempt, but for a JSON-RPC error answering an
+        input-required continuation: validation, never retried (see `_keep_rpc_error`); its
+        dispatch and evidence stay as classified."""
+        classified = classify(outcome, self.policy)
+        if (
+            classified.category is not None
+            and classified.category is not Category.VALIDATION
+            and self._continues()
+            and rpc_error_of(outcome) is not None
+        ):
+            return replace(
+                classified, category=Category.VALIDATION, defaulted=False, retryable_hint=None, rule_retryable=None
+            )
+        return classified
+
+    def _continues(self) -> bool:
+        """Whether the request answers an input-required round (it carries `requestState` or
+        `inputResponses`)."""
+        params = self.request.get("params") or {}
+        return "requestState" in params or "inputResponses" in params
+
     def _keep_rpc_error(self, error: dict[str, Any]) -> bool:
         """Whether a JSON-RPC error of tools/call goes back as it came instead of as an isError result.
 
@@ -568,8 +591,7 @@ class ToolCall:
         code = error.get("code")
         if isinstance(code, int) and -32022 <= code <= -32020:
             return True
-        params = self.request.get("params") or {}
-        return "requestState" in params or "inputResponses" in params
+        return self._continues()
 
     def _finished(
         self, outcome: str, reason: StopReason | None, category: Any, unknown: bool, *, attempts: int | None = None

@@ -408,6 +408,29 @@ async def test_jsonrpc_errors_as_results_off_forwards_the_error_as_it_came_whate
         )
 
 
+@pytest.mark.parametrize("code", [-32603, -32000, -32602])
+@pytest.mark.parametrize("continuation", [{"requestState": "opaque"}, {"inputResponses": {"ask": {"ok": True}}}])
+async def test_a_jsonrpc_error_answering_an_input_required_continuation_is_neither_retried_nor_wrapped(
+    code: int, continuation: dict[str, Any]
+) -> None:
+    """The continuation's error is the client's protocol machinery's (restart the rounds): it comes
+    back as it came, after one attempt, even for a code that is transient elsewhere (a read-only
+    tool, the shipped policy: -32603 alone would be retried three times and wrapped)."""
+    link = ErrorLink(code)
+    request = {**REQUEST, "params": {**REQUEST["params"], **continuation}}
+    outbox = Outbox()
+    await relay_for(link).handle_request(request, outbox)  # type: ignore[arg-type]
+    assert len(link.sent) == 1
+    assert [m["params"].keys() & continuation.keys() for m in link.sent] == [continuation.keys()]
+    assert outbox.messages == [{"jsonrpc": "2.0", "id": 9, "error": {"code": code, "message": "upstream broke"}}]
+    # the same error without a continuation: transient codes retried and wrapped, as the policy says
+    plain = ErrorLink(code)
+    outbox = Outbox()
+    await relay_for(plain).handle_request(REQUEST, outbox)  # type: ignore[arg-type]
+    assert len(plain.sent) == (1 if code == -32602 else 3)
+    assert outbox.messages[0]["result"]["isError"] is True
+
+
 class SilentListLink(ScriptedLink):
     """Never answers tools/list (an upstream that hangs on it); tools/call as scripted, or never
     (`results` empty)."""

@@ -39,7 +39,7 @@ from typing import Any
 from proxy.auth.base import Principal
 from proxy.core.attempt_end import TRACE_KEYS, timed_out, uncancel
 from proxy.core.call import ToolCall, new_event
-from proxy.core.outbox import Outbox
+from proxy.core.outbox import CallProgress, Outbox
 from proxy.core.relay import Relay
 from proxy.core.resend import Abandoned, Flight, Resends, SharedRecord, as_resent
 from proxy.errors import UpstreamFailure, untraced
@@ -235,10 +235,14 @@ class Engine:
             self.antistorm.count_call(label, started)
             # attempt_timeout_s() and the send bound of `_attempt`, for a call that starts now
             timeout_s = policy.first_timeout_s
+            # With an idle timer the upstream gets a progress token (the caller sent none): what it
+            # reports is kept as the call's partial results, as `ToolCall.run` keeps it.
+            idle_s = policy.idle_timeout_s
+            progress = CallProgress(None, started) if idle_s is not None else None
             try:
                 # positional: the interpreter does not specialize a call with keywords (see Relay.attempt)
                 response = await relay.attempt(
-                    request, outbox, headers, timeout_s, policy.first_send_s, None, None, None, policy.idle_timeout_s
+                    request, outbox, headers, timeout_s, policy.first_send_s, progress, None, None, idle_s
                 )
             # untraced: the failure's frames hold the exchange that holds the failure (a cycle)
             except TimeoutError as timeout:
@@ -290,7 +294,7 @@ class Engine:
                 self, relay, request, outbox, headers, params, name, arguments, policy=policy, principal=principal
             )
             call.start_after_first(started)
-            return await call.attempts_loop(None, (first, started, self.clock()))
+            return await call.attempts_loop(progress, (first, started, self.clock()))
         finally:
             # left(label), inline as the entry above is: a method call more on every call
             self.in_flight -= 1

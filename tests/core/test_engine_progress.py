@@ -325,6 +325,36 @@ async def test_progress_messages_of_failed_attempts_are_partial_results_with_the
     assert "accept_partial" in [a["action"] for a in report["suggestedActions"]]
 
 
+@pytest.mark.parametrize("meta", [None, {"io.mcp-recovery-proxy/deadlineMs": 50_000}])
+async def test_without_a_caller_token_an_idle_timers_progress_notes_are_partial_results(
+    tmp_path: Path, meta: dict[str, Any] | None
+) -> None:
+    """The idle timer asks the upstream for progress (the caller asked for none): its messages are
+    evidence all the same, whether the call's first attempt took the engine's direct path (an
+    empty ledger, nothing of the proxy's in `_meta`) or the whole call's."""
+    link = ProgressLink(
+        [answers((1, "scanned 10%"), (3, "scanned 30%"), then=TRANSIENT), answers((5, "a2"), then=TRANSIENT)]
+    )
+    params: dict[str, Any] = {"name": "read", "arguments": {"q": 1}}
+    if meta is not None:
+        params["_meta"] = meta
+    outbox, _ = await call(
+        tmp_path,
+        "idle_timeout: 3s\nattempts: 2\n",
+        link,
+        {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params},
+    )
+    notes, answer = split(outbox)
+    assert notes == [], "the caller asked for no progress"
+    report = report_of(answer)
+    assert [(p["attempt"], p["content"]["message"]) for p in progress_partials(report)] == [
+        (1, "scanned 10%"),
+        (1, "scanned 30%"),
+        (2, "a2"),
+    ]
+    assert "accept_partial" in [a["action"] for a in report["suggestedActions"]]
+
+
 async def test_progress_notes_kept_in_a_result_are_bounded_in_number(tmp_path: Path) -> None:
     sent_1 = [(n, f"a1 {n}") for n in range(1, PROGRESS_NOTES + 6)]
     sent_2 = [(n, f"a2 {n}") for n in range(100, 105)]

@@ -78,6 +78,16 @@ if TYPE_CHECKING:
     from proxy.core.engine import Engine
 
 UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
+
+
+def category_label(classified: Classified) -> str | None:
+    """The category of metrics and logs: what nothing classified is `unclassified`, whatever
+    category the policy gives it in the report (a dashboard must not show it as transient)."""
+    if classified.defaulted:
+        return UNCLASSIFIED
+    return classified.category.value if classified.category is not None else None
+
+
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 # A NamedTuple's constructor is a Python-level `__new__` (a frame per event); `tuple.__new__` builds
 # the same `CallSucceeded` at half the cost. Once per successful call, so its fields go in positionally.
@@ -341,7 +351,7 @@ class ToolCall:
                     # the session it named). The caller answers that (its OAuth flow, a step-up,
                     # a session of its own), not a retry or a tool result: the relay turns this
                     # into the same HTTP status.
-                    self._finished("unresolved", StopReason.NOT_RETRYABLE, classified.category, False)
+                    self._finished("unresolved", StopReason.NOT_RETRYABLE, category_label(classified), False)
                     raise outcome.as_failure()
                 match decision:
                     case Deliver():
@@ -403,7 +413,7 @@ class ToolCall:
             number,
             duration,
             result_label(outcome),
-            UNCLASSIFIED if classified.defaulted else classified.category.value if classified.category else None,
+            category_label(classified),
             classified.dispatched.value,
             classified.evidence.source.value,
             classified.evidence.rule,
@@ -488,7 +498,7 @@ class ToolCall:
         if error is not None:
             self.relay.protocol_mismatch(error)  # -32020/-32022: the service asks the upstream again
         if error is not None and stop.reason in _TOOL_ERROR_REASONS and self._keep_rpc_error(error):
-            self._finished("tool_error", stop.reason, self.attempts[-1].classified.category, False)
+            self._finished("tool_error", stop.reason, category_label(self.attempts[-1].classified), False)
             return {"jsonrpc": "2.0", "id": self.request["id"], "error": error}
         # With `jsonrpc_errors_as_results: false` a call whose last attempt was answered with a
         # JSON-RPC error gets that error as it came, whatever stopped the retries (the ledger still

@@ -222,14 +222,15 @@ class _FinishedOnly(_Recorder):
     needs_starts = False  # as the metrics and the call log declare
 
 
-def _relay_observed(link: MemoryLink, *observers: Any) -> tuple[Relay, Engine]:
+def _relay_observed(link: MemoryLink, *observers: Any, policies: PolicySet | None = None) -> tuple[Relay, Engine]:
     from proxy.telemetry.events import Telemetry
 
     catalog = ToolCatalog()
     catalog.observe(
         {"tools": [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
     )
-    engine = Engine(policies=lambda: PolicySet(version="test"), rand=lambda: 0.0, telemetry=Telemetry(list(observers)))
+    chosen = policies if policies is not None else PolicySet(version="test")
+    engine = Engine(policies=lambda: chosen, rand=lambda: 0.0, telemetry=Telemetry(list(observers)))
     return Relay(link, catalog=catalog, tool_calls=engine), engine  # type: ignore[arg-type]
 
 
@@ -551,6 +552,24 @@ async def test_metrics_and_logs_count_an_unclassified_failure_as_unclassified_ne
     report = outbox.messages[0]["result"]["_meta"]["io.mcp-recovery-proxy/unresolved"]
     if category == "unclassified":  # the report keeps one of the four, marked as defaulted
         assert report["errorCategory"] == "business" and report["classification"]["defaulted"] is True
+
+
+async def test_a_jsonrpc_error_kept_as_it_came_is_counted_unclassified_when_nothing_classified_it(
+    tmp_path: Path,
+) -> None:
+    """`jsonrpc_errors_as_results: false` and a code nothing classifies: the call's category in the
+    call log is `unclassified`, as its attempt's is, not the label the policy gives it."""
+    (tmp_path / "read.yaml").write_text("tools: [read]\njsonrpc_errors_as_results: false\n")
+    finished_only = _FinishedOnly()
+    answer = {"jsonrpc": "2.0", "error": {"code": -32099, "message": "the frobnicator sulks"}}
+    relay, _ = _relay_observed(_RawLink(answer), finished_only, policies=load_policy_dir(tmp_path))
+    outbox = Outbox()
+    await relay.handle_request(REQUEST, outbox)
+    assert outbox.messages[0]["error"]["code"] == -32099, "kept as it came"
+    assert [(type(e).__name__, e.category) for e in finished_only.events] == [
+        ("AttemptFinished", "unclassified"),
+        ("CallFinished", "unclassified"),
+    ]
 
 
 async def test_the_tool_listing_made_for_a_call_carries_that_callers_credential_only() -> None:

@@ -23,8 +23,9 @@ Contract: `classify(outcome, policy)` is a pure function; the first source that 
    `retryAfterMs`); else the policy rules (regex on the joined text content, dotted path into
    `structuredContent`); else the shipped rules for what real servers say (`shipped.py`: evidence
    source `shipped`, the rule's id); else unclassified. An unknown category string falls through
-   to the rules. A JSON-RPC error whose code neither a rule nor the table knows is matched against
-   the shipped rules by its message the same way (dispatch unknown).
+   to the rules. A JSON-RPC error whose code neither a rule nor the table knows is matched the
+   same way, the policy's rules by its message and data, then the shipped rules by its message
+   (dispatch unknown).
 5. Success → category None.
 
 A failure nothing classifies gets the policy's `unclassified` category with `defaulted=True`, and
@@ -365,7 +366,14 @@ def classify(outcome: Outcome, policy: ToolPolicy) -> Classified:
             by_code = _jsonrpc(outcome.error, outcome.http_status, policy)
             if by_code is not None:
                 return by_code
+            # A code nothing knows: the policy's rules that name no code (their text searches the
+            # message, their path the data) come before the shipped rules, as for an isError text.
             message = outcome.error.get("message")
-            return _shipped(message if isinstance(message, str) else None, policy, Dispatch.UNKNOWN, outcome.code)
+            text = message if isinstance(message, str) else None
+            subject = _Subject(text=text, structured=outcome.error.get("data", _MISSING), jsonrpc_code=outcome.code)
+            rule = _first_rule(policy, subject)
+            if rule is not None:
+                return _by_rule(rule, Dispatch.UNKNOWN, outcome.code)
+            return _shipped(text, policy, Dispatch.UNKNOWN, outcome.code)
         case ToolError():
             return _tool_error(outcome.result, policy)

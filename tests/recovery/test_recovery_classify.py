@@ -195,6 +195,25 @@ def test_jsonrpc_rule_maps_any_code_and_precedes_the_table():
     assert (c.category, c.evidence.source) == (B, EvidenceSource.RULE)
 
 
+def test_a_rule_naming_no_code_overrides_a_shipped_row_for_an_unknown_codes_message():
+    """docs/recovery.md's example: a rule `{text: "not found", category: business}` overrides the
+    shipped not-found row for a JSON-RPC error as for an isError text; not for a code the built-in
+    table knows (only a rule naming the code overrides that)."""
+    error = RpcError({"code": -32099, "message": "Entity Alice not found", "data": {"kind": "person"}})
+    shipped = classify(error, policy())
+    assert (shipped.category, shipped.evidence.source) == (V, EvidenceSource.SHIPPED)
+    by_text = Rule(name="missing-is-business", category=B, text=re.compile("not found"))
+    c = classify(error, policy(rules=(by_text,)))
+    assert (c.category, c.dispatched, c.evidence.source) == (B, UNKNOWN, EvidenceSource.RULE)
+    assert (c.evidence.rule, c.evidence.code) == ("missing-is-business", -32099)
+    by_path = Rule(name="person", category=B, path=("kind",), equals=("person",))
+    assert classify(error, policy(rules=(by_path,))).evidence.rule == "person"
+    other_code = Rule(name="other", category=B, jsonrpc_codes=frozenset({7}), text=re.compile("not found"))
+    assert classify(error, policy(rules=(other_code,))).evidence.source is EvidenceSource.SHIPPED
+    known = RpcError({"code": -32603, "message": "Entity Alice not found"})
+    assert classify(known, policy(rules=(by_text,))).evidence.source is EvidenceSource.JSONRPC
+
+
 def test_jsonrpc_rule_text_and_path_look_at_message_and_data():
     rule = Rule(
         name="locked",

@@ -486,6 +486,11 @@ def unresolved_result(
                 # The report is the proxy's: the error's text and data repeat no argument value
                 # (the content block after the summary is the upstream's own, relayed as is).
                 report["jsonrpcError"] = scrub_arguments(rendered["structuredContent"]["jsonrpcError"], values)
+            case TransportError(body={"error": dict() as error}):
+                # An HTTP error status whose body is a JSON-RPC error: the summary quotes the
+                # status (the cause below); the error itself, with its data, is kept as above.
+                rendered = rpc_error_as_result(error)
+                report["jsonrpcError"] = scrub_arguments(rendered["structuredContent"]["jsonrpcError"], values)
             case _:
                 upstream_result = None
     upstream_content: list[Any] = []

@@ -265,6 +265,24 @@ def test_non_object_upstream_structured_content_goes_under_upstream(assert_schem
     assert isinstance(result["structuredContent"], dict)
 
 
+def test_a_jsonrpc_error_in_an_http_error_body_is_kept_in_the_report(assert_schema_valid):
+    """An HTTP 400 whose body is a JSON-RPC error: the report carries that error (its data
+    included, the argument values scrubbed) as for one that came with a 200."""
+    error = {"code": -32602, "message": "bad date 1999-13-40", "data": {"field": "from", "got": "1999-13-40"}}
+    body = {"jsonrpc": "2.0", "id": 3, "error": error}
+    outcome = TransportError(FailureKind.HTTP_STATUS, Dispatch.NO, "bad request", http_status=400, body=body)
+    result = build(policy(), StopReason.NOT_RETRYABLE, outcome, arguments={"from": "1999-13-40"})
+    assert_schema_valid(result)
+    report = result["_meta"][META_UNRESOLVED]
+    assert report["jsonrpcError"] == {
+        "code": -32602,
+        "message": "bad date [argument]",
+        "data": {"field": "from", "got": "[argument]"},
+    }
+    assert (report["classification"]["source"], report["classification"]["code"]) == ("http", 400)
+    assert "HTTP 400" in summary(result)
+
+
 def test_merge_without_upstream_structured_adds_nothing():
     assert merge_upstream_structured({"a": 1}) == {"a": 1}
     assert "upstream" not in build(policy(), StopReason.ATTEMPTS_EXHAUSTED, TIMEOUT)["structuredContent"]

@@ -1,5 +1,6 @@
 """What the end of one attempt means to the engine: success or not, which timer cut it, the
-JSON-RPC error it carried, its metrics label; and the trace context a call passes on.
+JSON-RPC error it carried, its classification, its metrics labels; and the trace context a call
+passes on.
 
 Pure functions of their arguments (no I/O), shared by the engine's fast path and the call's
 attempt loop so both read an attempt's end the same way.
@@ -9,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.core.deadlines import AttemptTimedOut
 from proxy.errors import Dispatch, FailureKind
 from proxy.jsonrpc import Message
-from proxy.policy.compiled import ToolPolicy
-from proxy.recovery import RpcError, TransportError
-from proxy.recovery.outcome import Outcome, outcome_name
+from proxy.policy.compiled import Category, ToolPolicy
+from proxy.recovery import RpcError, TransportError, classify
+from proxy.recovery.outcome import Classified, Outcome, outcome_name
 from proxy.recovery.timers import cut_by
 
 TRACE_KEYS = ("traceparent", "tracestate")
+UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
 
 
 def uncancel() -> None:
@@ -85,3 +88,29 @@ def result_label(outcome: Outcome) -> str:
         return "timeout"
     name = outcome_name(outcome)
     return "rpc_error" if name == "jsonrpc_error" else name
+
+
+def continues(request: Message) -> bool:
+    """Whether a tools/call answers an input-required round (it carries `requestState` or
+    `inputResponses`)."""
+    params = request.get("params") or {}
+    return "requestState" in params or "inputResponses" in params
+
+
+def classify_attempt(outcome: Outcome, policy: ToolPolicy, request: Message) -> Classified:
+    """The policy's classification of a failed attempt, but for a JSON-RPC error answering an
+    input-required continuation: validation, never retried (the client's protocol machinery
+    restarts the rounds; docs/recovery.md); its dispatch and evidence stay as classified."""
+    classified = classify(outcome, policy)
+    category = classified.category
+    if category is None or category is Category.VALIDATION or rpc_error_of(outcome) is None or not continues(request):
+        return classified
+    return replace(classified, category=Category.VALIDATION, defaulted=False, retryable_hint=None, rule_retryable=None)
+
+
+def category_label(classified: Classified) -> str | None:
+    """The category of metrics and logs: what nothing classified is `unclassified`, whatever
+    category the policy gives it in the report (a dashboard must not show it as transient)."""
+    if classified.defaulted:
+        return UNCLASSIFIED
+    return classified.category.value if classified.category is not None else None

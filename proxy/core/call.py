@@ -14,11 +14,14 @@ import hashlib
 import os
 import uuid
 from collections.abc import Awaitable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from proxy.auth.base import Principal
 from proxy.core.attempt_end import (
+    UNCLASSIFIED,
+    category_label,
+    classify_attempt,
+    continues,
     is_success,
     result_label,
     rpc_error_of,
@@ -37,7 +40,7 @@ from proxy.jsonrpc import (
     STRUCTURED_CONTENT_VERSIONS,
     Message,
 )
-from proxy.policy.compiled import Category, SideEffect, ToolPolicy
+from proxy.policy.compiled import SideEffect, ToolPolicy
 from proxy.recovery import (
     LEDGER_RECORDED,
     AttemptRecord,
@@ -61,7 +64,7 @@ from proxy.recovery import (
     with_attempts_meta,
 )
 from proxy.recovery.classify import SUCCESS as _SUCCESS
-from proxy.recovery.outcome import Classified, Outcome
+from proxy.recovery.outcome import Outcome
 from proxy.recovery.report import report_of, unreachable_s
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -76,17 +79,6 @@ from proxy.upstream.base import Era
 
 if TYPE_CHECKING:
     from proxy.core.engine import Engine
-
-UNCLASSIFIED = "unclassified"  # the category label of metrics and logs for what nothing classified
-
-
-def category_label(classified: Classified) -> str | None:
-    """The category of metrics and logs: what nothing classified is `unclassified`, whatever
-    category the policy gives it in the report (a dashboard must not show it as transient)."""
-    if classified.defaulted:
-        return UNCLASSIFIED
-    return classified.category.value if classified.category is not None else None
-
 
 _TOOL_ERROR_REASONS = frozenset({StopReason.NOT_RETRYABLE, StopReason.UPSTREAM_DECLINED})
 # A NamedTuple's constructor is a Python-level `__new__` (a frame per event); `tuple.__new__` builds
@@ -326,7 +318,7 @@ class ToolCall:
                     now = e.clock()
                     self.in_flight = 0
                 duration = now - started
-                classified = self._classify(outcome)
+                classified = classify_attempt(outcome, policy, self.request)
                 self.state = state = state.attempted()
                 e.antistorm.record(label, policy, classified.category, now)
                 # A 2025 client that disconnected has not cancelled: the attempt in flight is
@@ -564,28 +556,6 @@ class ToolCall:
             return True
         return self.relay.protocol_version in STRUCTURED_CONTENT_VERSIONS
 
-    def _classify(self, outcome: Outcome) -> Classified:
-        """The policy's classification of a failed attempt, but for a JSON-RPC error answering an
-        input-required continuation: validation, never retried (see `_keep_rpc_error`); its
-        dispatch and evidence stay as classified."""
-        classified = classify(outcome, self.policy)
-        if (
-            classified.category is not None
-            and classified.category is not Category.VALIDATION
-            and self._continues()
-            and rpc_error_of(outcome) is not None
-        ):
-            return replace(
-                classified, category=Category.VALIDATION, defaulted=False, retryable_hint=None, rule_retryable=None
-            )
-        return classified
-
-    def _continues(self) -> bool:
-        """Whether the request answers an input-required round (it carries `requestState` or
-        `inputResponses`)."""
-        params = self.request.get("params") or {}
-        return "requestState" in params or "inputResponses" in params
-
     def _keep_rpc_error(self, error: dict[str, Any]) -> bool:
         """Whether a JSON-RPC error of tools/call goes back as it came instead of as an isError result.
 
@@ -601,7 +571,7 @@ class ToolCall:
         code = error.get("code")
         if isinstance(code, int) and -32022 <= code <= -32020:
             return True
-        return self._continues()
+        return continues(self.request)
 
     def _finished(
         self, outcome: str, reason: StopReason | None, category: Any, unknown: bool, *, attempts: int | None = None

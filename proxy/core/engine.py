@@ -346,13 +346,8 @@ class Engine:
     ) -> str:
         """The operation digest of a call: the ledger's key and the re-send table's."""
         key = policy.idempotency_key
-        return operation_digest(
-            name,
-            arguments,
-            key.name if key is not None and key.location == "argument" else None,
-            principal_id,
-            upstream=self.upstream_name,
-        )
+        key_argument = key.name if key is not None and key.location == "argument" else None
+        return operation_digest(name, arguments, key_argument, principal_id, upstream=self.upstream_name)
 
     def _hold(
         self,

@@ -41,8 +41,8 @@ Contract:
   then the upstream's own partial results (a failed attempt's `structuredContent` key
   `partialResults` or `partial_results`, the error convention's field beside `errorCategory`;
   each distinct value once, with the latest attempt that carried it; bounded), then the text of
-  earlier failed attempts that differs from the last one's. Either of the first two adds
-  `accept_partial` to the suggested actions.
+  earlier `isError` attempts that differs from the last one's; each without the call's argument
+  values, as the details. Either of the first two adds `accept_partial` to the suggested actions.
 - Suggested actions are deterministic: by stop reason, then category, then the policy's status
   check tool and alternatives, then partial results.
 """
@@ -437,6 +437,12 @@ def unresolved_result(
     upstream_partials = _upstream_partials(attempts)
     partials.extend(upstream_partials)
     partials.extend(_failed_attempt_partials(attempts))
+    if partials and arguments:
+        # The report repeats no argument value: what the upstream echoed in a progress note, a
+        # partial result or a failed attempt's text is scrubbed as the details are.
+        scrub = values if values is not None else argument_values(arguments)
+        for partial in partials:
+            partial["content"] = scrub_arguments(partial["content"], scrub)
     actions = suggested_actions(
         policy,
         stop.reason,

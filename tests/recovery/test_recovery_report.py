@@ -367,6 +367,26 @@ def test_the_upstreams_own_partial_results_are_listed_once_per_value(assert_sche
     assert result["structuredContent"]["upstream"]["partialResults"] == first
 
 
+def test_partial_results_repeat_no_argument_value(assert_schema_valid):
+    """What the upstream echoed in a progress note, its own partial result or an earlier failed
+    attempt's text is scrubbed as the details are (the report repeats no argument value)."""
+    secret = "wombat-Pq7Zr"
+    result = build(
+        policy(),
+        StopReason.ATTEMPTS_EXHAUSTED,
+        tool_error(f"failed for {secret}", {"errorCategory": "transient", "partialResults": {"q": secret, "n": 2}}),
+        tool_error("failed again", {"errorCategory": "transient"}),
+        arguments={"secret": secret},
+        partial_results=[PartialResult("progress", 1, {"progress": 1, "message": f"scanning {secret}"})],
+    )
+    assert_schema_valid(result)
+    partials = result["_meta"][META_UNRESOLVED]["partialResults"]
+    assert [(p["source"], p["attempt"]) for p in partials] == [("progress", 1), ("upstream", 1), ("failed_attempt", 1)]
+    assert secret not in str(partials)
+    assert partials[1]["content"] == {"q": "[argument]", "n": 2}
+    assert partials[2]["content"] == [{"type": "text", "text": "failed for [argument]"}]
+
+
 @pytest.mark.parametrize("value", [None, [], {}, ""])
 def test_an_empty_upstream_partial_is_no_partial(value: Any):
     result = build(

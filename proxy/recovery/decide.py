@@ -311,16 +311,16 @@ _TABLE: tuple[DecisionRow, ...] = (
         "429 with Retry-After: 60 under a 10 s deadline (retryAfterMs reported)",
     ),
     DecisionRow(
-        StopReason.RETRY_BUDGET,
-        "admission",
-        "the retry budget (share of retries over a window) refuses the retry",
-        "an upstream outage where retries already make 20 % of the traffic",
-    ),
-    DecisionRow(
         StopReason.CIRCUIT_OPEN,
         "admission",
         "the breaker of this upstream and tool is open (before attempt 1 or before a retry)",
         "five consecutive timeouts opened the breaker for 30 s",
+    ),
+    DecisionRow(
+        StopReason.RETRY_BUDGET,
+        "admission",
+        "the retry budget (share of retries over a window) refuses the retry",
+        "an upstream outage where retries already make 20 % of the traffic",
     ),
 )
 

@@ -433,6 +433,7 @@ def test_a_large_upstream_partial_is_bounded_in_the_report():
         (StopReason.DEADLINE_EXHAUSTED, TIMEOUT, ["retry_later", "approve_budget"]),
         (StopReason.RETRY_BUDGET, HTTP503, ["retry_later"]),
         (StopReason.CIRCUIT_OPEN, HTTP503, ["retry_later"]),
+        (StopReason.SHUTDOWN, TIMEOUT, ["retry_elsewhere"]),
     ],
 )
 def test_suggested_actions_are_deterministic(reason, outcome, expected):
@@ -440,6 +441,9 @@ def test_suggested_actions_are_deterministic(reason, outcome, expected):
     again = build(policy(), reason, outcome)["structuredContent"]["suggestedActions"]
     assert first == again
     assert [a["action"] for a in first] == expected
+    # the policy's alternatives follow, whatever stopped the call (but a re-send still running)
+    with_alternative = build(policy(alternatives=("mirror",)), reason, outcome)["structuredContent"]
+    assert [a["action"] for a in with_alternative["suggestedActions"]] == [*expected, "use_alternative"]
 
 
 def test_outcome_unknown_suggests_the_status_check_and_says_so():

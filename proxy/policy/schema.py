@@ -24,6 +24,11 @@ from proxy.policy.compiled import Category, SideEffect
 from proxy.policy.regex import compile_rule_text
 
 MAX_ATTEMPTS = 10
+# Blocks whose keys merge one by one across files (docs/policies.md): a file sets some of them.
+MERGED_BLOCKS = frozenset({"backoff", "trust", "report", "anti_storm"})
+# The keys whose empty value (`idle_timeout: null`) switches off what a less specific file set;
+# any other key left empty, at any depth, is a problem (`tools` has problems of its own).
+NULL_MEANS_OFF = frozenset({"idle_timeout", "idempotency_key"})
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 DURATION_HINT = "write it like 250ms, 10s, 2m or 1m30s (a plain number means seconds)"

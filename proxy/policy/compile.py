@@ -4,7 +4,10 @@ Contract:
 - `load_policy_dir(folder)` reads the `*.yaml` / `*.yml` files directly in `folder`, following
   symlinks, and skips dot-entries (a ConfigMap mount's `..data`, `..2026_...`), subfolders (such as
   `examples/`) and every other file. It returns a `PolicySet` or raises `PolicyError` listing every
-  problem at once, each naming the file, the line where known, the key, and a fix.
+  problem at once, each naming the file, the line where known, the key, and a fix: every file's
+  own problems, the claims, and the invariants, also where other files have problems (an
+  invariant is left out only where one of its values, or what it derives from, is a value with a
+  problem: `ParsedFile.unsure`).
 - `defaults.yaml` (or `defaults.yml`) is the defaults file: it covers every tool and may not list
   `tools`. Every other file must list `tools` (exact names or globs).
 - Two files claiming the same exact name (or the same glob) is an error naming both.
@@ -42,15 +45,13 @@ from proxy.policy.compiled import (
     specific_layers,
 )
 from proxy.policy.regex import compile_rule_text
-from proxy.policy.schema import PolicyFile, RuleModel
+from proxy.policy.schema import MERGED_BLOCKS, PolicyFile, RuleModel
 from proxy.policy.source import ParsedFile, parse_policy_file
 
 __all__ = ["compile_files", "load_builtin_policies", "load_policy_dir", "policy_version", "resolve_tool_policy"]
 
 DEFAULTS_NAMES = ("defaults.yaml", "defaults.yml")
 BUILTIN_LABEL = "<built-in>"
-_NULL_MEANS_OFF = {"idle_timeout", "idempotency_key"}
-_BLOCKS = {"backoff", "trust", "report", "anti_storm"}
 Claims = dict[str, tuple[Layer, ParsedFile, int | None]]  # tool or glob -> (layer, file, line)
 
 
@@ -122,7 +123,7 @@ def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
                     "remove tools: here, or move these settings to a file of their own",
                 )
             defaults = layer
-        elif pf.model is not None and pf.model.tools is None:
+        elif pf.keys is not None and "tools" not in pf.keys:
             pf.problem(
                 ("tools",),
                 "is required: list the exact tool names or globs this file covers, like tools: [refund, 'billing_*']",
@@ -130,8 +131,6 @@ def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
         for tool in dict.fromkeys(pf.tools if name not in DEFAULTS_NAMES else ()):
             _claim(globs if is_glob(tool) else exact, tool, layer, pf)
         problems.extend(pf.problems)
-    if problems:
-        raise PolicyError(problems)
     policy_set = PolicySet(
         version=policy_version([(name, content) for name, _, content in files]),
         exact=MappingProxyType({tool: claim[0] for tool, claim in sorted(exact.items())}),
@@ -139,7 +138,7 @@ def compile_files(files: Sequence[tuple[str, str, bytes]]) -> PolicySet:
         defaults=defaults,
         files=tuple(display for _, display, _ in sorted(files)),
     )
-    problems = _invariant_problems(policy_set, {pf.display: pf for _, pf in parsed})
+    problems += _invariant_problems(policy_set, {pf.display: pf for _, pf in parsed})
     if problems:
         raise PolicyError(problems)
     return policy_set
@@ -166,12 +165,10 @@ def _layer(model: PolicyFile, pf: ParsedFile) -> Layer:
     raw: dict[str, Any] = {}
     for key in model.model_fields_set:
         block = getattr(model, key)
-        if key in _BLOCKS:
+        if key in MERGED_BLOCKS:
             for sub in block.model_fields_set if block is not None else ():
                 raw[f"{key}.{sub}"] = getattr(block, sub)
-        elif block is None and key not in _NULL_MEANS_OFF and key != "tools":
-            pf.problem((key,), "has no value; write a value, or remove the line")
-        else:
+        else:  # a key left empty is a problem of the file (source.py) and left out of its model
             raw[key] = block
     setting_of = {yaml_key: setting for setting, yaml_key in SETTINGS}
     for yaml_key, value in raw.items():
@@ -196,18 +193,12 @@ def _compile_value(yaml_key: str, value: Any, pf: ParsedFile) -> Any:
         case "idempotency_key":
             return None if value is None else IdempotencyKey(location=value.location, name=value.name)
         case "rules":
-            return tuple(_rule(index, rule, pf) for index, rule in enumerate(value))
+            return tuple(_rule(rule) for rule in value)
     return value
 
 
-def _rule(index: int, model: RuleModel, pf: ParsedFile) -> Rule:
-    for key, message in model.check():
-        pf.problem(("rules", index, key), message)
-    names = [r.name for r in pf.model.rules or ()] if pf.model else []
-    if names.index(model.name) != index:
-        pf.problem(
-            ("rules", index, "name"), f"{model.name!r} is used by an earlier rule too; give each rule its own name"
-        )
+def _rule(model: RuleModel) -> Rule:
+    """A validated rule (its checks across fields and names ran as the file was read)."""
     equals = None
     if "equals" in model.model_fields_set:
         equals = tuple(model.equals) if isinstance(model.equals, list) else (model.equals,)
@@ -227,10 +218,14 @@ def _invariant_problems(policy_set: PolicySet, files: dict[str, ParsedFile]) -> 
     chains: list[tuple[list[Layer], str]] = [([], "for every tool")]
     chains += [([layer], f"for tools matching {pattern!r}") for pattern, layer in policy_set.globs]
     chains += [(specific_layers(policy_set, tool), f"for tool {tool!r}") for tool in policy_set.exact]
+    unsure = {pf.display: _unsure_settings(pf) for pf in files.values()}
     seen: dict[str, str] = {}
     for layers, scope in chains:
         values, sources, origin = effective_values(layers, policy_set.defaults, None)
+        unknown = _unknown_settings(layers, policy_set.defaults, unsure, sources)
         for small, big in invariant_violations(values):
+            if small in unknown or big in unknown:
+                continue  # one side is a value with a problem: checked once that is fixed
             blame = small if small in origin else big
             layer = origin.get(blame)
             where = files[layer.file].display if layer else BUILTIN_LABEL
@@ -242,3 +237,34 @@ def _invariant_problems(policy_set: PolicySet, files: dict[str, ParsedFile]) -> 
             text = f"{where}:{line}: {YAML_KEY[blame]}: {core}" if line else f"{where}: {YAML_KEY[blame]}: {core}"
             seen.setdefault(text, f"{text} ({scope})")
     return list(seen.values())
+
+
+def _unsure_settings(pf: ParsedFile) -> frozenset[str]:
+    """The settings (ToolPolicy keys) of `pf` whose value is not known because of a problem."""
+    return frozenset(
+        setting
+        for setting, yaml_key in SETTINGS
+        if any(not part or yaml_key == part or yaml_key.startswith(part + ".") for part in pf.unsure)
+    )
+
+
+def _unknown_settings(
+    layers: list[Layer], defaults: Layer | None, unsure: dict[str, frozenset[str]], sources: dict[str, str]
+) -> set[str]:
+    """The settings whose effective value in this chain could change once the files' problems are
+    fixed: the first file in precedence order that sets it, or has a problem with it, has the
+    problem; and a value derived from such a setting."""
+    chain = [*layers, defaults] if defaults is not None else layers
+    unknown: set[str] = set()
+    for setting, _ in SETTINGS:
+        for layer in chain:
+            if setting in unsure.get(layer.file, ()):
+                unknown.add(setting)
+                break
+            if setting in layer.values:
+                break
+    if sources["attempt_timeout_s"].startswith("derived:") and "deadline_s" in unknown:
+        unknown.add("attempt_timeout_s")
+    if sources["min_attempt_s"].startswith("derived:") and "attempt_timeout_s" in unknown:
+        unknown.add("min_attempt_s")
+    return unknown

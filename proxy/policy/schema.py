@@ -24,6 +24,11 @@ from proxy.policy.compiled import Category, SideEffect
 from proxy.policy.regex import compile_rule_text
 
 MAX_ATTEMPTS = 10
+# Blocks whose keys merge one by one across files (docs/policies.md): a file sets some of them.
+MERGED_BLOCKS = frozenset({"backoff", "trust", "report", "anti_storm"})
+# The keys whose empty value (`idle_timeout: null`) switches off what a less specific file set;
+# any other key left empty, at any depth, is a problem (`tools` has problems of its own).
+NULL_MEANS_OFF = frozenset({"idle_timeout", "idempotency_key"})
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 DURATION_HINT = "write it like 250ms, 10s, 2m or 1m30s (a plain number means seconds)"
@@ -73,6 +78,19 @@ Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 PositiveDuration = Annotated[float, BeforeValidator(_positive_duration_s)]
 
 
+def _number(value: object) -> object:
+    """A YAML number, as written: not `true` (pydantic's lax float reads it as 1.0), not a quoted
+    string, not .nan or .inf (no limit compares with them)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {shown(value)}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{shown(value)} is not a usable number; write a finite number like 0.2 or 10")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+
+
 def _nonempty_name(value: str) -> str:
     if not value.strip() or value != value.strip():
         raise ValueError(f"{shown(value)} is not a usable name; write the name without surrounding spaces")
@@ -88,14 +106,14 @@ class BackoffModel(_Strict):
 
     initial: Duration = 0.2
     max: PositiveDuration = 2.0
-    multiplier: float = 2.0
+    multiplier: Number = 2.0
     jitter: Literal["full", "none"] = "full"
     reconnect: PositiveDuration = 1.5
 
     @field_validator("multiplier", mode="before")
     @classmethod
     def _multiplier(cls, value: object) -> object:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+        if not isinstance(value, bool) and isinstance(value, int | float) and value == value and value < 1:
             raise ValueError(f"{shown(value)} must be a number of at least 1 (2 doubles the wait each retry)")
         return value
 
@@ -194,8 +212,8 @@ class ReportModel(_Strict):
 class AntiStormModel(_Strict):
     """`anti_storm:` - the retry budget and the circuit breaker (proxy.recovery.antistorm)."""
 
-    retry_budget_ratio: float | None = None
-    retry_budget_min_per_s: float | None = None
+    retry_budget_ratio: Number | None = None
+    retry_budget_min_per_s: Number | None = None
     breaker_failures: StrictInt | None = None
     breaker_cooldown: PositiveDuration | None = None
 

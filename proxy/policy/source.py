@@ -11,6 +11,13 @@ Contract:
   Without them the node count is bounded by the file's size.
 - `lines` maps every key path (`("backoff", "max")`, `("rules", 0, "text")`) to its 1-based line,
   taken from the YAML nodes' marks, so later checks can point at a line too.
+- Every check of one file runs whatever else is wrong in it: a key left empty at any depth (but
+  the switch-offs of `NULL_MEANS_OFF`) is a problem of its own, each schema problem is reported,
+  and each rule that validates is checked across its fields and for a name used twice.
+- A file with problems still has a `model`: of the keys that had none (a block keeps its good
+  keys), so the loader can check the invariants that do not depend on a bad value; `unsure`
+  names the keys whose value is not known: those with a problem, and the key an unknown key
+  likely misspells (`""`: any key, for a file that could not be read).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from proxy.policy.schema import SHOWN_CHARS, PolicyFile, shown
+from proxy.policy.schema import MERGED_BLOCKS, NULL_MEANS_OFF, SHOWN_CHARS, PolicyFile, RuleModel, shown
 
 Loc = tuple[str | int, ...]
 
@@ -47,6 +54,11 @@ class ParsedFile:
     tools: list[str] = field(default_factory=list)  # read even when the file is invalid, for claims
     lines: dict[Loc, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # the top-level keys that have a value; None when the file is not a block of key: value lines
+    keys: frozenset[str] | None = None
+    # dotted keys (`deadline`, `backoff.max`, `rules`) whose value had a problem; "" for all of them
+    unsure: frozenset[str] = frozenset({""})
+    _problem_lines: list[int] = field(default_factory=list, repr=False)
 
     def line_of(self, loc: Loc) -> int | None:
         """The line of `loc`, or of its nearest ancestor that the file has."""
@@ -61,6 +73,13 @@ class ParsedFile:
         where = f"{self.display}:{line}" if line else self.display
         key = key_text(loc)
         self.problems.append(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+        self._problem_lines.append(line or 0)
+
+    def sort_problems(self) -> None:
+        """The problems so far in the order of their lines (a file's checks find them in turn)."""
+        order = sorted(range(len(self.problems)), key=self._problem_lines.__getitem__)
+        self.problems[:] = [self.problems[i] for i in order]
+        self._problem_lines[:] = [self._problem_lines[i] for i in order]
 
 
 def _shown_error(exc: Exception) -> str:
@@ -169,13 +188,114 @@ def parse_policy_file(display: str, content: bytes) -> ParsedFile:
     tools = data.get("tools")
     if isinstance(tools, list):
         parsed.tools = [tool for tool in tools if isinstance(tool, str) and tool.strip()]
+    parsed.keys = frozenset(str(key) for key, value in data.items() if value is not None)
+    empty = _empty_keys(data, PolicyFile, ())
+    for loc in empty:
+        parsed.problem(loc, EMPTY_EQUALS if loc[-1] == "equals" else EMPTY)
+    bad: set[Loc] = {_bad_part(loc) for loc in empty}
+    unsure = {_unsure_part(loc) for loc in empty}
     try:
         parsed.model = PolicyFile.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             loc = tuple(err["loc"])
+            if loc in empty or not loc:  # said above, in the words for every empty key
+                continue
             parsed.problem(loc, _message(err, loc))
+            bad.add(_bad_part(loc))
+            if err["type"] == "extra_forbidden":
+                # a misspelt key: the setting it was likely meant for is not known either
+                unsure.update(".".join(map(str, (*_bad_part(loc)[:-1], key))) for key in _close_keys(loc))
+            else:
+                unsure.add(_unsure_part(loc))
+    _rule_problems(data, parsed, empty)
+    if bad:
+        parsed.model = _partial_model(data, bad)
+    parsed.unsure = frozenset(unsure) if parsed.model is not None else frozenset({""})
+    parsed.sort_problems()
     return parsed
+
+
+EMPTY = "has no value; write a value, or remove the line"
+EMPTY_EQUALS = "has no value; write a value (equals: [null] compares with null), or remove the line"
+
+
+def _empty_keys(data: dict[Any, Any], model: type[BaseModel], loc: Loc) -> list[Loc]:
+    """Every known key of `data` (and of the blocks and rules in it) that is left empty: YAML
+    reads `key:` as null, which a block's or rule's optional key would take as *not set*."""
+    found: list[Loc] = []
+    for key, value in data.items():
+        info = model.model_fields.get(key) if isinstance(key, str) else None
+        if info is None:
+            continue  # an unknown key: a problem of its own
+        here = (*loc, key)
+        if value is None:
+            if here != ("tools",) and not (len(here) == 1 and key in NULL_MEANS_OFF):
+                found.append(here)
+            continue
+        inner = _model_in(info.annotation)
+        if inner is None:
+            continue
+        if isinstance(value, dict):
+            found += _empty_keys(value, inner, here)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    found += _empty_keys(item, inner, (*here, index))
+    return found
+
+
+def _bad_part(loc: Loc) -> Loc:
+    """What to leave out of the partial model for a problem at `loc`: a key of a merged block by
+    itself, anything else (a rule, the idempotency key) with its top-level key."""
+    return loc[:2] if len(loc) >= 2 and loc[0] in MERGED_BLOCKS and isinstance(loc[1], str) else loc[:1]
+
+
+def _unsure_part(loc: Loc) -> str:
+    """The dotted key whose value a problem at `loc` leaves unknown."""
+    return ".".join(str(p) for p in _bad_part(loc))
+
+
+def _partial_model(data: dict[Any, Any], bad: set[Loc]) -> PolicyFile | None:
+    """The file's model without the keys that had a problem, or None if that does not validate."""
+    kept = dict(data)
+    for part in bad:
+        if len(part) == 2 and isinstance(kept.get(part[0]), dict):
+            kept[part[0]] = {k: v for k, v in kept[part[0]].items() if k != part[1]}
+        else:
+            kept.pop(part[0], None)
+    try:
+        return PolicyFile.model_validate(kept)
+    except ValidationError:
+        return None
+
+
+def _rule_problems(data: dict[Any, Any], parsed: ParsedFile, empty: list[Loc]) -> None:
+    """A rule's checks across its fields, for each rule that validates by itself (whatever else is
+    wrong in the file), and a name that an earlier rule uses too."""
+    rules = data.get("rules")
+    if not isinstance(rules, list):
+        return
+    names: set[str] = set()
+    for index, item in enumerate(rules):
+        if not isinstance(item, dict):
+            continue
+        name = item.get("name")
+        if isinstance(name, str):
+            if name in names:
+                parsed.problem(
+                    ("rules", index, "name"),
+                    f"{shown(name)} is used by an earlier rule too; give each rule its own name",
+                )
+            names.add(name)
+        if any(loc[:2] == ("rules", index) for loc in empty):
+            continue  # a key left empty: its matchers are not what the file meant
+        try:
+            rule = RuleModel.model_validate(item)
+        except ValidationError:
+            continue  # its problems are reported with the file's
+        for key, message in rule.check():
+            parsed.problem(("rules", index, key), message)
 
 
 def _collect_lines(node: yaml.Node, loc: Loc, parsed: ParsedFile) -> None:
@@ -206,10 +326,9 @@ def _message(err: Any, loc: Loc) -> str:
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1])[:SHOWN_CHARS], allowed, n=1)
+        close = _close_keys(loc)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+        return f"unknown key; {hint}allowed here: {', '.join(_allowed_keys(loc[:-1]))}"
     if kind == "missing":
         return "is required here; add it (see docs/policies.md)"
     if kind in ("enum", "literal_error"):
@@ -220,6 +339,11 @@ def _message(err: Any, loc: Loc) -> str:
             return f"has no value; write {_EXPECTED[base]}, or remove the line"
         return f"expected {_EXPECTED[base]}, got {shown(value)}"
     return f"{err['msg']} (got {shown(value)})"
+
+
+def _close_keys(loc: Loc) -> list[str]:
+    """The key an unknown key at `loc` was most likely meant to be (none, or one)."""
+    return difflib.get_close_matches(str(loc[-1])[:SHOWN_CHARS], _allowed_keys(loc[:-1]), n=1)
 
 
 def _allowed_keys(loc: Loc) -> list[str]:

@@ -221,9 +221,12 @@ class AntiStorm:
                 return now_s < st.trial_until_s
 
     def circuits(self, now_s: float) -> list[tuple[str, bool]]:
-        """(tool, refusing now) for every tracked tool whose policy has a breaker (for /metrics;
-        safe to call from another thread: it reads a snapshot of the table)."""
-        return [(tool, self.circuit_open(tool, now_s)) for tool, st in list(self._tools.items()) if st.breaker]
+        """(tool, not closed) for every tracked tool whose policy has a breaker (for /metrics; safe
+        to call from another thread: it reads a snapshot of the table). Open stays open after its
+        cooldown until a trial call closes it: between the cooldown's end and the next call (the
+        trial) the breaker refuses nothing, yet nothing has shown the upstream recovered, and an
+        alert on an outage that lasts must not see it end at every cooldown."""
+        return [(tool, st.state is not Circuit.CLOSED) for tool, st in list(self._tools.items()) if st.breaker]
 
     def snapshot(self, now_s: float) -> list[dict[str, object]]:
         """Per tracked tool, for the status page: the circuit (`closed`, `open` with the seconds

@@ -207,6 +207,21 @@ def test_circuit_open_reads_the_engines_breakers_at_scrape_time(registry: Collec
     antistorm.record("lookup", breaker, Category.TRANSIENT, now)
     assert value(registry, "mcp_recovery_circuit_open", tool="lookup") == 1.0
     assert registry.get_sample_value("mcp_recovery_circuit_open", {"tool": "echo"}) is None
+    # Cooled down, no call yet: the breaker would let the next call through as its trial, but
+    # nothing has closed it, so it is still reported open (an outage under light traffic keeps
+    # the gauge at 1 between cooldowns instead of dipping to 0 at each).
+    cooled = now + 3600.0
+    assert not antistorm.circuit_open("lookup", cooled)
+    assert antistorm.circuits(cooled) == [("lookup", True)]
+    assert antistorm.admit_first("lookup", breaker, cooled) is None  # the trial starts: half-open
+    assert antistorm.circuits(cooled) == [("lookup", True)]
+    antistorm.record("lookup", breaker, Category.TRANSIENT, cooled)  # the trial failed: open again
+    assert antistorm.circuits(cooled) == [("lookup", True)]
+    later = cooled + 3600.0
+    assert antistorm.admit_first("lookup", breaker, later) is None
+    antistorm.record("lookup", breaker, None, later)  # a trial that succeeded closes it
+    assert antistorm.circuits(later) == [("lookup", False)]
+    assert value(registry, "mcp_recovery_circuit_open", tool="lookup") == 0.0
 
 
 def test_successes_counted_in_batches_give_the_same_histograms_as_one_by_one() -> None:

@@ -26,8 +26,23 @@ VARIABLES = {
 }
 # Metric names: ours, and the process collector's.
 _NAME = re.compile(r"\b((?:mcp_recovery|process)_[a-z0-9_]+)\b")
-# What would hide a missing series: `or` (e.g. `or vector(0)`), a literal vector, absent().
-HIDING = re.compile(r"\bor\b|\bvector\s*\(|\babsent(_over_time)?\s*\(", re.IGNORECASE)
+# What would hide a missing series: a literal vector (`or vector(0)`), absent(), or an `or` whose
+# sides read other metrics (a series of one standing in for a missing one of the other).
+_STAND_IN = re.compile(r"\bvector\s*\(|\babsent(_over_time)?\s*\(", re.IGNORECASE)
+_OR = re.compile(r"\bor\b", re.IGNORECASE)
+
+
+def hides_missing(expr: str) -> bool:
+    """Whether `expr` could answer for a metric that is not there. An `or` between two readings of
+    the same metrics (a young series read whole, or an older one's increase) hides nothing: where
+    the metric is missing, both sides are empty."""
+    if _STAND_IN.search(expr):
+        return True
+    sides = _OR.split(expr)
+    if len(sides) == 1:
+        return False
+    names = [set(_NAME.findall(side)) for side in sides]
+    return not names[0] or any(side_names != names[0] for side_names in names[1:])
 
 
 def promtool() -> str | None:

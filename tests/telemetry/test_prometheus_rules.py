@@ -95,8 +95,14 @@ def test_promtool_finds_the_exposition_clean() -> None:
 def test_no_dashboard_or_rule_query_hides_a_missing_series() -> None:
     exprs = [e for _, _, e in promql.dashboard_targets()] + [e for _, e in promql.rule_exprs()]
     assert exprs
-    offending = [e for e in exprs if promql.HIDING.search(e)]
+    offending = [e for e in exprs if promql.hides_missing(e)]
     assert not offending, f"queries that would hide a missing series: {offending}"
+    # the check itself: what it must catch, and the same metric read two ways that it must not
+    assert promql.hides_missing("sum(rate(mcp_recovery_calls_total[5m])) or vector(0)")
+    assert promql.hides_missing("mcp_recovery_calls_total or on() mcp_recovery_policy_reload_ok")
+    assert promql.hides_missing("absent(mcp_recovery_calls_total)")
+    young_or_old = "(mcp_recovery_x_total unless mcp_recovery_x_total offset 9m) or increase(mcp_recovery_x_total[9m])"
+    assert not promql.hides_missing(young_or_old)
 
 
 def test_every_metric_the_dashboard_and_rules_use_is_exported() -> None:

@@ -60,7 +60,6 @@ KNOWN_FAILURES: dict[tuple[str, str], dict[str, str]] = {
             "result-type",
             "tampered-state",
             "capability-check",
-            "validate-input",
         )
     },
 }

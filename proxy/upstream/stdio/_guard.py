@@ -10,6 +10,9 @@ upstream's stdin/stdout/stderr. The guard:
   grandchildren, stay in the group;
 - on SIGTERM/SIGINT/SIGHUP, or when the command exits, signals the whole group (SIGTERM, then
   SIGKILL after a grace period) and exits with the command's status;
+- gives the command the proxy's environment without the proxy's own settings (`MCP_RECOVERY_*`,
+  among them the shared store's URL and its password): the server's variables pass, the proxy's
+  stay with it;
 - keeps no copy of the command's stdin and stdout (its own become /dev/null once the command
   runs), so a command that closes its stdout is seen to end it;
 - is a child subreaper (PR_SET_CHILD_SUBREAPER): a process that left the group (`setsid`,
@@ -29,7 +32,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator  # (collections is loaded already: ctypes imports it)
+from collections.abc import Iterator, Mapping  # (collections is loaded already: ctypes imports it)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -37,6 +40,14 @@ GRACE_S = 2.0
 # What left the group gets less: the proxy's own stop sends SIGKILL to the group (the guard with
 # it) 0.5 s after its SIGTERM, and the guard must have ended those by then.
 ESCAPED_GRACE_S = 0.3
+OWN_PREFIX = "MCP_RECOVERY_"
+
+
+def child_environment(environ: "Mapping[str, str]") -> dict[str, str]:
+    """The command's environment: the proxy's, but for the proxy's own settings (`MCP_RECOVERY_*`:
+    the shared store's URL with its password, the admin token file, the auth settings), which are
+    none of the server's business."""
+    return {name: value for name, value in environ.items() if not name.startswith(OWN_PREFIX)}
 
 
 def _set_parent_death_signal() -> None:
@@ -185,7 +196,7 @@ def main() -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, on_signal)
         try:
-            child = os.posix_spawnp(command[0], command, os.environ)
+            child = os.posix_spawnp(command[0], command, child_environment(os.environ))
         except OSError as exc:
             sys.stderr.write(f"cannot start upstream command {command[0]!r}: {exc.strerror}\n")
             return 127

@@ -112,8 +112,10 @@ def _serve_flags(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument(
         "--forwarded-allow-ips",
+        action="append",
         default=s,
-        help="proxies trusted to name the client in X-Forwarded-For, comma-separated addresses/networks (none)",
+        help="proxies trusted to name the client in X-Forwarded-For, comma-separated addresses/networks;"
+        " repeatable (none)",
     )
     p.add_argument(
         "--session-init-timeout-s", type=float, default=s, help="an uninitialized session is closed after (10)"

@@ -4,8 +4,7 @@ The HTTP frontend and the admin endpoint run as two uvicorn servers in one event
 either stops (a signal reaches whichever installed its handlers last) the other is told to stop,
 and the service's shutdown stops every upstream child.
 
-SIGTERM (and SIGINT where a uvicorn server runs: an HTTP listener or `--admin`) is a graceful
-shutdown and the process then exits 0, in both listen modes
+SIGTERM and SIGINT are a graceful shutdown and the process then exits 0, in both listen modes
 (docs/reliability.md): `/readyz` turns 503 and new sessions and requests are refused (HTTP 503
 with a JSON-RPC error) while the listeners stay open; requests in flight may finish within
 `--shutdown-grace-s`; the rest end (a `tools/call` as an unresolved `shutdown` result, its attempt
@@ -218,7 +217,7 @@ async def run(settings: Settings) -> int:
         await service.state.check()
     stop = asyncio.Event()
     on_signal = _stop_signal(stop, service)
-    restore = _on_sigterm(on_signal)
+    restore = _on_stop_signals(on_signal)
     loop_lag = bundle.metrics.loop_lag  # the loop's lateness and its wait for a CPU
     loop_lag.start()
     try:
@@ -275,19 +274,21 @@ def _stop_signal(stop: asyncio.Event, service: Service) -> Callable[[], None]:
     return on_signal
 
 
-def _on_sigterm(on_signal: Callable[[], None]) -> Callable[[], None]:
-    """SIGTERM calls `on_signal` (until uvicorn's handlers take over, which call it too); returns
-    the undo."""
+def _on_stop_signals(on_signal: Callable[[], None]) -> Callable[[], None]:
+    """SIGTERM and SIGINT call `on_signal` (until uvicorn's handlers take over, which call it too;
+    behind `--listen stdio` without `--admin` no uvicorn runs, and a Ctrl-C is a graceful shutdown
+    all the same, not asyncio's cancellation of everything in flight); returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None  # signals reach the main thread only (an embedded or test run)
 
     def handler(signum: int, frame: object) -> None:
         on_signal()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def undo() -> None:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
     return undo
 

@@ -171,6 +171,13 @@ def test_trusted_proxies_are_addresses_or_networks_never_anyone(monkeypatch: pyt
     assert Settings().forwarded_allow_ips == [], "none by default: X-Forwarded-For is not read"
     args = build_parser().parse_args(["serve", "--forwarded-allow-ips", "10.0.0.0/8, 192.0.2.7"])
     assert Settings(forwarded_allow_ips=args.forwarded_allow_ips).forwarded_allow_ips == ["10.0.0.0/8", "192.0.2.7"]
+    repeated = ["serve", "--forwarded-allow-ips", "10.0.0.0/8", "--forwarded-allow-ips", "192.168.0.0/16,192.0.2.7"]
+    args = build_parser().parse_args(repeated)
+    assert Settings(forwarded_allow_ips=args.forwarded_allow_ips).forwarded_allow_ips == [
+        "10.0.0.0/8",
+        "192.168.0.0/16",
+        "192.0.2.7",
+    ], "every repeat kept, not the last alone"
     monkeypatch.setenv("MCP_RECOVERY_FORWARDED_ALLOW_IPS", "fd00::/8,10.1.2.3")
     assert Settings().forwarded_allow_ips == ["fd00::/8", "10.1.2.3"]
     for bad in ("*", "ingress.local", "10.0.0.0/99"):

@@ -122,12 +122,16 @@ def read_answers(stdout: Any, ids: set[int], into: dict[int, dict[str, Any]]) ->
             into[message["id"]] = message
 
 
-@pytest.mark.parametrize("how", ["stdin_closed", "sigterm"])
+@pytest.mark.parametrize("how", ["stdin_closed", "sigterm", "sigint"])
 def test_stdio_proxy_shuts_down_gracefully(tmp_path: Path, how: str) -> None:
+    """`sigint`: a Ctrl-C, and without `--admin`, so that no uvicorn (whose handlers would take
+    the signal) runs in the process: the proxy's own handler makes it the same graceful stop."""
     journal = Journal(tmp_path / "journal.jsonl")
     command = scripted_stdio_command(journal.path, tmp_path / "state.json")
     admin = f"127.0.0.1:{free_port()}"
-    flags = ["--listen", "stdio", "--admin", admin, "--shutdown-grace-s", str(GRACE_S)]
+    flags = ["--listen", "stdio", "--shutdown-grace-s", str(GRACE_S)]
+    if how != "sigint":
+        flags += ["--admin", admin]
     with open(tmp_path / "proxy.log", "wb") as log:
         proc = subprocess.Popen(
             [PYTHON, "-m", "proxy", "serve", *flags, "--", *command],
@@ -151,6 +155,8 @@ def test_stdio_proxy_shuts_down_gracefully(tmp_path: Path, how: str) -> None:
         children = journal.pids()
         if how == "stdin_closed":
             proc.stdin.close()
+        elif how == "sigint":
+            proc.send_signal(signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
             # Refused while the grace period runs (stdin is still read), which /readyz shows.

@@ -221,6 +221,7 @@ class Child:
         self.started_at = time.monotonic()
         self.pooled_at = self.started_at  # when it joined the warm pool (a spare)
         self.answered = False
+        self.asked = False  # something was written to it (a warm spare has been asked nothing)
         self.stopping = False  # the proxy ended it: its exit is no crash
         self.exited = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
@@ -243,6 +244,7 @@ class Child:
         if stdin is None or stdin.is_closing() or self.protocol.overflow:
             raise BrokenPipeError("stdin closed")
         stdin.write(data)  # type: ignore[attr-defined]
+        self.asked = True
 
     def pause_reading(self, paused: bool) -> None:
         """Stop (or resume) reading the child's stdout: the child then blocks on its full pipe."""

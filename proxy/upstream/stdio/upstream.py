@@ -478,9 +478,15 @@ class StdioUpstream:
                 )
                 protocol.on_first_output = give_back
                 protocol.exited.add_done_callback(give_back)
+                child = Child(protocol, self.description, on_line, on_exit)
                 hold_s = self.handshake_timeout_s if self.start_s is None else 2 * self.start_s
-                loop.call_later(min(hold_s, self.handshake_timeout_s), give_back)
-                return self._started(Child(protocol, self.description, on_line, on_exit))
+
+                def spare_gives_back() -> None:  # a child asked something keeps its slot until it answers
+                    if not child.asked:
+                        give_back()
+
+                loop.call_later(min(hold_s, self.handshake_timeout_s), spare_gives_back)
+                return self._started(child)
         except OSError as exc:
             give_back()
             raise UpstreamFailure(FailureKind.SPAWN_FAILED, Dispatch.NO, f"cannot start upstream: {exc}") from None

@@ -90,6 +90,40 @@ async def test_a_child_that_exits_without_a_word_gives_its_start_slot_back(tmp_p
         await upstream.aclose()
 
 
+SILENT_CHILD = "import time; time.sleep(30)"  # starts, reads nothing, answers nothing
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["asked", "spare"])
+async def test_only_a_child_asked_nothing_gives_its_start_slot_back_before_it_answers(asked: bool) -> None:
+    """A child that was sent a request (a session's `initialize`) holds its start slot until its
+    first output or its exit; one asked nothing (a warm spare, which may never write a byte until
+    asked) gives it back after twice the command's first start. With every child relaxed alike, six
+    silent sessions were all starting at once under a limit of two."""
+    upstream = StdioUpstream([sys.executable, "-c", SILENT_CHILD], spares=0, max_starting=1, handshake_timeout_s=60)
+    upstream.start_s = 0.1  # the command's first child answered in 0.1 s
+    spawned: list[Any] = []
+
+    async def start() -> None:
+        child = await upstream.spawn(lambda child, line: None, lambda child, code: None)
+        if asked:
+            child.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n')
+        spawned.append(child)
+
+    try:
+        first = asyncio.ensure_future(start())
+        await first
+        second = asyncio.ensure_future(start())
+        await asyncio.sleep(1.5)  # far past 2 x 0.1 s
+        if asked:
+            assert not second.done(), "the second start waited: the first, asked and silent, keeps the slot"
+            await spawned[0].terminate()  # its exit gives the slot back
+        async with asyncio.timeout(10):
+            await second
+        assert len(spawned) == 2
+    finally:
+        await upstream.aclose()
+
+
 def _group_alive(pgid: int) -> list[int]:
     """The processes of group `pgid` that still run (zombies excluded), read from /proc."""
     alive = []

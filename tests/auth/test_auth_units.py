@@ -220,6 +220,28 @@ def test_passthrough_metadata_is_kept_only_for_the_lifetime_the_upstream_gives(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("keep_s", "answered"),
+    [(0.0, b"no-store"), (0.5, b"no-store"), (10.0, b"max-age=9"), (3600.0, b"max-age=3599")],
+)
+async def test_the_metadata_is_answered_with_no_longer_a_lifetime_than_the_proxy_keeps_it(
+    keep_s: float, answered: bytes
+) -> None:
+    """A fixed `max-age=300` let clients keep for five minutes a document the upstream said not to
+    keep at all: the answer's lifetime is what is left of the proxy's own (whole seconds, cut down)."""
+    from proxy.auth.metadata_cache import MetadataCache
+
+    cache = MetadataCache()
+    assert cache.cache_control() == b"no-store", "nothing fetched yet"
+
+    async def fetch() -> tuple[dict[str, str], float]:
+        return {"resource": "x"}, keep_s
+
+    assert await cache.get(fetch) == {"resource": "x"}
+    assert cache.cache_control() == answered
+
+
+@pytest.mark.anyio
 async def test_refusal_lines_are_bounded_and_the_next_one_counts_those_not_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

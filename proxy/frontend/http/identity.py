@@ -15,7 +15,8 @@ Contract:
   lacks (403 insufficient_scope).
 - `Identity.metadata` serves RFC 9728 protected-resource metadata: the proxy's own (jwt, tokens) or
   the upstream's rewritten to the public URL (passthrough), fetched only from the upstream's own
-  origin and kept for the lifetime the upstream gives.
+  origin and kept for the lifetime the upstream gives; its `Cache-Control` is what is left of that
+  lifetime (`no-store` when it is not kept).
 """
 
 from __future__ import annotations
@@ -209,11 +210,13 @@ class Identity:
         if method not in ("GET", "HEAD"):
             await respond(send, 405, b"", [(b"allow", b"GET")])
             return
+        cache_control = b"max-age=300"  # the proxy's own document
         if self.forward_credentials:
             document = await self._upstream_metadata()
             if document is None:
                 await respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
                 return
+            cache_control = self._metadata_cache.cache_control()  # no longer than the proxy keeps it
         else:
             document = {"resource": self.public_url, "bearer_methods_supported": ["header"]}
             if self._issuer:
@@ -221,7 +224,7 @@ class Identity:
             scopes = self._policy_scopes()
             if scopes:
                 document["scopes_supported"] = scopes
-        await respond(send, 200, jsonrpc.dumps_out(document), [JSON, (b"cache-control", b"max-age=300")])
+        await respond(send, 200, jsonrpc.dumps_out(document), [JSON, (b"cache-control", cache_control)])
 
     def _policy_scopes(self) -> list[str]:
         policies = getattr(self.service.tool_calls, "policies", None)

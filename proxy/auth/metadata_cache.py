@@ -15,6 +15,11 @@ Contract:
   outcome may be kept: a document not found (None) for `MISSING_AGE_S`, so a burst of GETs where
   there is none does not reach the upstream either; a failed fetch for 0 (not kept). A fetch that
   raises is not kept: the callers waiting get the exception.
+- `MetadataCache.cache_control()` is the `Cache-Control` the proxy answers the document `get`
+  returned with: the lifetime the proxy itself keeps it for, so a client keeps it no longer than
+  the upstream allowed: `no-store` when it is not kept (the upstream said `no-store`, `no-cache` or
+  nothing), else `max-age` of the whole seconds left of it. A fixed `max-age=300` had clients keep a
+  document for five minutes that the upstream said not to keep at all.
 """
 
 from __future__ import annotations
@@ -72,3 +77,8 @@ class MetadataCache:
         self._document, self._until = document, time.monotonic() + keep_s
         fetching.set_result(document)
         return document
+
+    def cache_control(self) -> bytes:
+        """The `Cache-Control` for the document `get` just returned (see the module contract)."""
+        left = self._until - time.monotonic()  # -inf before the first fetch
+        return b"max-age=%d" % int(left) if left >= 1.0 else b"no-store"

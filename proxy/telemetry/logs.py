@@ -6,6 +6,8 @@ Contract:
   is on (the principal's id, never its credential), and trace_id when tracing is on.
   Never arguments, results or secrets: the events carry none.
 - The message repeats the fields as `key=value` so plain-text logs read the same.
+- The tool name is the upstream's text: one longer than `LABEL_LIMIT` (128) characters is written
+  cut to that (in the message and the field), as the status page shows it.
 - Level: INFO for success, recovered, tool_error and cancelled; WARNING for unresolved calls
   (the proxy gave up while the caller wanted an answer).
 - Which calls (`--call-log`): `problems` (the default) logs every call except a first-attempt
@@ -19,7 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
+from proxy.jsonrpc import bounded
 from proxy.telemetry.events import CallFinished, CallSucceeded, Event
+from proxy.telemetry.status import LABEL_LIMIT
 
 CALL_LOGGER = "proxy.calls"
 CallLogMode = Literal["all", "problems", "off"]
@@ -62,9 +66,12 @@ class CallLogObserver:
         level = logging.WARNING if event.outcome == "unresolved" else logging.INFO
         if not self.logger.isEnabledFor(level):
             return
+        tool = event.tool
+        if len(tool) > LABEL_LIMIT:
+            tool = bounded(tool, LABEL_LIMIT)
         fields: dict[str, object] = {
             "call_id": event.call_id,
-            "tool": event.tool,
+            "tool": tool,
             "outcome": event.outcome,
             "stop_reason": event.stop_reason,
             "category": event.category,
@@ -82,6 +89,6 @@ class CallLogObserver:
         # makeRecord + handle skips Logger.log's stack walk for the caller (findCaller), the
         # costliest part of a log line on this path; the record is otherwise the same.
         record = self.logger.makeRecord(
-            self.logger.name, level, __file__, 0, "tools/call %s %s", (event.tool, text), None, extra=fields
+            self.logger.name, level, __file__, 0, "tools/call %s %s", (tool, text), None, extra=fields
         )
         self.logger.handle(record)

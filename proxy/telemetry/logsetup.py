@@ -9,6 +9,11 @@ included) are written as escapes and it is cut at `MAX_MESSAGE_CHARS`, whatever 
 the text a log call quotes (a method or tool name, an upstream's error): a caller's method name
 holding a line break and a forged log line must not be written as two lines, the forged one
 looking like the proxy's own. A traceback (the record's exception) keeps its lines.
+
+An `extra` field (JSON lines write each as a key; the plain format writes none) is bounded too:
+a string, or a value whose JSON is longer than `MAX_FIELD_CHARS`, is written cut to that many
+characters (never inside a secret). A field may carry a peer's text (the tool name of the call
+log is the upstream's), and one call's line must not carry 200,000 characters of it.
 """
 
 from __future__ import annotations
@@ -35,13 +40,30 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
+                out[key] = _bounded_field(value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 
 
 MAX_MESSAGE_CHARS = 16 * 1024
+MAX_FIELD_CHARS = 1024
+
+
+def _bounded_field(value: Any) -> Any:
+    """`value` as a JSON log field of at most `MAX_FIELD_CHARS` characters (see the module doc)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if not isinstance(value, str):
+        text = json.dumps(value, default=str)
+        if len(text) <= MAX_FIELD_CHARS:
+            return value
+        value = text
+    if len(value) > MAX_FIELD_CHARS:
+        return SECRETS.head(value, MAX_FIELD_CHARS - 1) + "…"
+    return value
+
+
 # Every C0 control character but the tab, and DEL, as an escape (`str.translate`: C speed).
 _ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F) if i != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
 

@@ -6,7 +6,10 @@ Contract:
   never raises into traffic (the `Telemetry` fan-out contains it anyway).
 - Labels are bounded: `tool` comes already capped by the engine (catalog names or "other"), and
   this observer caps the distinct values again (`max_tools`, default 200, then "other") as defence
-  in depth; `upstream` is capped the same way. `outcome`, `result`, `category`, `stop_reason`,
+  in depth; `upstream` is capped the same way. A value longer than `LABEL_CHARS` (128: the
+  length the MCP spec says a tool name should stay within, and the status page's cut) is never a
+  label: it counts under "other" like a value past the cap, so an upstream that lists a tool
+  named with 200,000 characters cannot put them into every series of it. `outcome`, `result`, `category`, `stop_reason`,
   `dispatched` and reload `result` are closed vocabularies; an unexpected value becomes "other".
 - Calls in flight and circuit states are read from the engine at scrape time (`watch_in_flight`,
   `watch_circuits`): nothing is updated per call for them, and they need no start event
@@ -44,10 +47,12 @@ from proxy.telemetry.events import (
 from proxy.telemetry.gc_pauses import GcPauseCollector
 from proxy.telemetry.loop_lag import LoopLag
 from proxy.telemetry.shed import ShedCollector
+from proxy.telemetry.status import LABEL_LIMIT
 
 PREFIX = "mcp_recovery_"
 OTHER = "other"
 NONE = "none"
+LABEL_CHARS = LABEL_LIMIT  # the longest label value; a longer one counts under OTHER
 
 # Tool calls last from milliseconds (a cached read) to a minute (a slow crawl): 5 ms … 60 s.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -85,22 +90,25 @@ def _closed(value: str | None, allowed: frozenset[str]) -> str:
 
 
 class BoundedLabel:
-    """Admits the first `limit` distinct values; every later new value maps to "other".
+    """Admits the first `limit` distinct values of at most `max_chars` characters; every later new
+    value, and every longer one, maps to "other".
 
     A value keeps the label it got the first time, so increments and decrements of one series
-    (calls in flight) always meet.
+    (calls in flight) always meet. The length is checked once per admitted value (a known value
+    returns before it).
     """
 
-    __slots__ = ("_limit", "_seen")
+    __slots__ = ("_limit", "_max_chars", "_seen")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_chars: int = LABEL_CHARS) -> None:
         self._limit = limit
+        self._max_chars = max_chars
         self._seen: set[str] = set()
 
     def __call__(self, value: str) -> str:
         if value in self._seen:
             return value
-        if len(self._seen) < self._limit and value != OTHER:
+        if len(self._seen) < self._limit and value != OTHER and len(value) <= self._max_chars:
             self._seen.add(value)
             return value
         return OTHER

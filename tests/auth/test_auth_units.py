@@ -217,3 +217,65 @@ def test_passthrough_metadata_is_kept_only_for_the_lifetime_the_upstream_gives(
     from proxy.auth.metadata_cache import max_age
 
     assert max_age(cache_control) == keep_s
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("keep_s", "answered"),
+    [(0.0, b"no-store"), (0.5, b"no-store"), (10.0, b"max-age=9"), (3600.0, b"max-age=3599")],
+)
+async def test_the_metadata_is_answered_with_no_longer_a_lifetime_than_the_proxy_keeps_it(
+    keep_s: float, answered: bytes
+) -> None:
+    """A fixed `max-age=300` let clients keep for five minutes a document the upstream said not to
+    keep at all: the answer's lifetime is what is left of the proxy's own (whole seconds, cut down)."""
+    from proxy.auth.metadata_cache import MetadataCache
+
+    cache = MetadataCache()
+    assert cache.cache_control() == b"no-store", "nothing fetched yet"
+
+    async def fetch() -> tuple[dict[str, str], float]:
+        return {"resource": "x"}, keep_s
+
+    assert await cache.get(fetch) == {"resource": "x"}
+    assert cache.cache_control() == answered
+
+
+@pytest.mark.anyio
+async def test_refusal_lines_are_bounded_and_the_next_one_counts_those_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One INFO line per refused request was 2000 lines for 2000 POSTs with a wrong token. The
+    refusal lines share one budget: its burst at once, then one a second; the next line let
+    through says how many were not logged, and every refusal is still answered."""
+    import logging
+    from types import SimpleNamespace
+    from typing import Any
+
+    from proxy.frontend.http.identity import REFUSAL_LOG_BURST, Identity
+    from proxy.settings import Settings
+
+    identity = Identity(SimpleNamespace(sessions={}), Settings(upstream="http://127.0.0.1:1/mcp"), "/mcp", None)  # type: ignore[arg-type]
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    refused = AuthRefused(401, "unknown_token", "no such token")
+    with caplog.at_level(logging.INFO, logger="proxy.frontend.http"):
+        for _ in range(2000):
+            await identity.refuse(send, refused, "POST")
+        identity.session("s" * 16, None)  # nothing by that id: no refusal, no line
+        lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert statuses == [401] * 2000, "every refusal is answered"
+        assert REFUSAL_LOG_BURST <= len(lines) <= REFUSAL_LOG_BURST + 2, len(lines)
+        logged_at_once = len(lines)
+        identity._refusal_lines.at -= 1.0  # a second later, one more line is let through
+        await identity.refuse(send, refused, "POST")
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == logged_at_once + 1
+    assert lines[-1] == (
+        f"refused POST: HTTP 401 unknown_token (no such token) ({2000 - logged_at_once} more refusals were"
+        " not logged before this one)"
+    )

@@ -9,6 +9,7 @@ the bound ended because the proxy saw the upstream's failure, not because a time
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 
@@ -81,3 +83,51 @@ async def test_a_server_that_escapes_with_its_pipes_gets_an_unresolved_result_an
         with contextlib.suppress(ProcessLookupError):
             os.kill(grandchild, signal.SIGKILL)
     assert proxy.proc is not None and proxy.proc.poll() is None
+
+
+async def test_a_tool_name_of_200000_characters_stays_out_of_metrics_and_log_lines(tmp_path: Path) -> None:
+    """An upstream listing one tool named with 200,000 characters, called three times through the
+    proxy with --log-json --call-log all, made a 216,657-character log line per call and a 10.8 MB
+    /metrics (54 series each carrying the name). The call is served; the name is no label and no
+    log line carries it whole."""
+    name = "t" * 200_000
+    command = [PYTHON, HOSTILE_STDIO, "--mode", "long-name"]
+    extra = ["--log-json", "--call-log", "all"]
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    with ProxyProcess(upstream=command, extra=extra, log_path=tmp_path / "proxy.log") as proxy:
+        with anyio.fail_after(BOUND_S):
+            async with httpx.AsyncClient(timeout=BOUND_S) as http:
+                r = await http.post(proxy.url, json=init, headers=headers)
+                assert r.status_code == 200, r.text[:300]
+                headers["mcp-session-id"] = r.headers["mcp-session-id"]
+                headers["mcp-protocol-version"] = "2025-11-25"
+                ack = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                assert (await http.post(proxy.url, json=ack, headers=headers)).status_code == 202
+                listing = await http.post(
+                    proxy.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers
+                )
+                assert name in listing.text, "the listing itself is relayed as the upstream sent it"
+                for i in range(3):
+                    call = {
+                        "jsonrpc": "2.0",
+                        "id": 2 + i,
+                        "method": "tools/call",
+                        "params": {"name": name, "arguments": {}},
+                    }
+                    answer = await http.post(proxy.url, json=call, headers=headers)
+                    assert answer.status_code == 200 and "real" in answer.text, answer.text[:300]
+                scrape = (await http.get(proxy.admin + "/metrics")).text
+        assert proxy.log_path is not None
+        log = proxy.log_path.read_text(errors="replace")
+    assert 'tool="other"' in scrape and "t" * 200 not in scrape
+    assert len(scrape) < 200_000, len(scrape)
+    calls = [json.loads(line) for line in log.splitlines() if '"logger": "proxy.calls"' in line]
+    assert len(calls) == 3 and all(c["outcome"] == "success" for c in calls), log[-2000:]
+    assert all(len(line) < 20_000 for line in log.splitlines()), max(len(line) for line in log.splitlines())
+    assert all(len(line) < 2000 for line in log.splitlines() if '"logger": "proxy.calls"' in line)

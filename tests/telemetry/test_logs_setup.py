@@ -154,3 +154,33 @@ def test_configure_bounds_uvicorns_warnings_once_however_often_it_runs() -> None
         root.handlers[:], level = saved
         root.setLevel(level)
     assert logging.getLogger("uvicorn.error").filters.count(UVICORN_WARNINGS) == 1
+
+
+@pytest.mark.parametrize("json_lines", [False, True], ids=["plain", "json"])
+def test_a_tool_name_and_every_extra_field_stay_bounded_in_a_log_line(
+    caplog: pytest.LogCaptureFixture, json_lines: bool
+) -> None:
+    """A 200,000-character tool name an upstream listed went into the call log's message and its
+    `tool` field whole: with --log-json a 216,657-character line per call."""
+    from proxy.telemetry.logsetup import MAX_FIELD_CHARS, SecretScrubbingFormatter
+    from proxy.telemetry.status import LABEL_LIMIT
+
+    formatter = SecretScrubbingFormatter(JsonFormatter() if json_lines else logging.Formatter("%(message)s"))
+    long_name = "t" * 200_000
+    with caplog.at_level(logging.INFO, logger="proxy.calls"):
+        for event in scenarios.success("c1", long_name) + scenarios.success("c2", "echo"):
+            CallLogObserver().on_event(event)
+    lines = [formatter.format(record) for record in caplog.records]
+    assert all(len(line) < 1000 for line in lines), [len(line) for line in lines]
+    if json_lines:
+        fields = [json.loads(line) for line in lines]
+        assert fields[0]["tool"] == "t" * (LABEL_LIMIT - 1) + "…" and fields[1]["tool"] == "echo"
+    else:
+        assert lines[0].startswith("tools/call " + "t" * (LABEL_LIMIT - 1) + "… call_id=c1")
+
+    # any other logger's extras, of any type, are bounded by the JSON formatter itself
+    record = logging.LogRecord("x", logging.INFO, __file__, 0, "m", (), None)
+    record.__dict__.update(text="x" * 100_000, items=["y"] * 100_000, small={"a": [1]}, count=7, flag=None)
+    out = json.loads(JsonFormatter().format(record))
+    assert len(out["text"]) == len(out["items"]) == MAX_FIELD_CHARS and out["text"].endswith("…")
+    assert (out["small"], out["count"], out["flag"]) == ({"a": [1]}, 7, None)

@@ -252,3 +252,23 @@ def test_successes_counted_in_batches_give_the_same_histograms_as_one_by_one() -
         expected[-1]
     )
     assert value(registry, "mcp_recovery_call_attempts_sum", tool="echo") == len(durations)
+
+
+def test_a_tool_name_longer_than_the_label_bound_counts_under_other_and_no_series_carries_it(
+    registry: CollectorRegistry, observer: MetricsObserver
+) -> None:
+    """An upstream's tool name is its own text: one of 200,000 characters made every series of the
+    tool carry it (10.8 MB of /metrics for 54 series). Past `LABEL_CHARS` it is `other`."""
+    from proxy.telemetry.metrics import LABEL_CHARS, BoundedLabel
+
+    long_name = "t" * 200_000
+    edge = "e" * LABEL_CHARS
+    for i, name in enumerate([long_name, long_name, long_name, edge]):
+        feed(observer, scenarios.recovered(f"c{i}", name, failures=1))
+    scrape = generate_latest(registry).decode()
+    assert len(scrape) < 100_000, len(scrape)
+    assert "t" * (LABEL_CHARS + 1) not in scrape
+    assert value(registry, "mcp_recovery_calls_total", tool="other", outcome="recovered") == 3
+    assert value(registry, "mcp_recovery_calls_total", tool=edge, outcome="recovered") == 1, "the bound admits it"
+    label = BoundedLabel(5, max_chars=4)
+    assert [label("abcd"), label("abcde"), label("abcd")] == ["abcd", "other", "abcd"]

@@ -4,6 +4,10 @@ Contract:
 - `Identity.refuse` answers a refused credential: 401/403 with its `WWW-Authenticate` challenge
   pointing at the proxy's protected-resource metadata, 404 as for an unknown session, 503 with
   `Retry-After` when the issuer's keys cannot be had; counted and logged, never with the credential.
+- Refusal lines (`refuse`, a session of another principal, vouching's 429 and 502) come at the
+  callers' pace, so they share one `TokenBucket` (proxy/telemetry/budget.py): `REFUSAL_LOG_BURST`
+  lines at once, then `REFUSAL_LOG_PER_S` a second; the next line let through says how many were
+  not logged. Every refusal is still counted in the metrics.
 - `Identity.session` finds a 2025 session only for the principal that opened it (jwt, tokens).
 - `Identity.vouched` (passthrough) asks the upstream whether the caller's credential may act on
   the session, bounded per session (proxy/auth/vouch.py).
@@ -11,7 +15,8 @@ Contract:
   lacks (403 insufficient_scope).
 - `Identity.metadata` serves RFC 9728 protected-resource metadata: the proxy's own (jwt, tokens) or
   the upstream's rewritten to the public URL (passthrough), fetched only from the upstream's own
-  origin and kept for the lifetime the upstream gives.
+  origin and kept for the lifetime the upstream gives; its `Cache-Control` is what is left of that
+  lifetime (`no-store` when it is not kept).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from proxy.frontend.http.outbox import Send
 from proxy.frontend.http.respond import JSON, respond, respond_error, respond_json
 from proxy.jsonrpc import Message
 from proxy.settings import Settings
+from proxy.telemetry.budget import TokenBucket
 from proxy.telemetry.shed import SHED
 
 log = logging.getLogger("proxy.frontend.http")
@@ -49,6 +55,10 @@ log = logging.getLogger("proxy.frontend.http")
 # an expired JWT ends the stream (its POSTs already get 401)
 CREDENTIAL_RECHECK_S = 5.0
 METADATA_BYTES = 64 * 1024
+# One line per refused request was 2000 lines for 2000 POSTs with a wrong token: enough at once to
+# see what is refused and why, then one a second (the metrics count every refusal).
+REFUSAL_LOG_BURST = 20
+REFUSAL_LOG_PER_S = 1.0
 
 
 class Identity:
@@ -70,12 +80,26 @@ class Identity:
         self._issuer = settings.auth_issuer if mode == "jwt" else None
         self._upstream_metadata_target: str | None = None  # passthrough: see _note_upstream_metadata
         self._metadata_cache = MetadataCache()
+        self._refusal_lines = TokenBucket(REFUSAL_LOG_BURST, REFUSAL_LOG_PER_S)
+
+    def _log_refusal(self, text: str, *args: object) -> None:
+        """Log one refusal line at INFO within the shared budget (see the module contract)."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        lines = self._refusal_lines
+        if not lines.allow():
+            return
+        dropped = lines.take_dropped()
+        if dropped:
+            log.info(f"{text} ({dropped} more refusals were not logged before this one)", *args)
+        else:
+            log.info(text, *args)
 
     async def refuse(self, send: Send, refused: AuthRefused, method: str, request_id: Any = None) -> None:
         """A 401/403 with its `WWW-Authenticate` challenge (a 404 as for an unknown session);
         counted and logged, never with the credential (the refusal's text never holds one)."""
         SHED.count("auth_failures", refused.reason)
-        log.info("refused %s: HTTP %d %s (%s)", method, refused.status, refused.reason, refused.description)
+        self._log_refusal("refused %s: HTTP %d %s (%s)", method, refused.status, refused.reason, refused.description)
         if refused.status == 404:  # passthrough: the upstream refused this caller on the session named
             await respond_error(send, 404, request_id, jsonrpc.INVALID_REQUEST, "Session not found")
             return
@@ -103,7 +127,7 @@ class Identity:
         relay = self.service.sessions.get(session_id) if session_id is not None else None
         if relay is not None and relay.owner is not None and (principal is None or principal.id != relay.owner):
             SHED.count("auth_failures", "session_owner")
-            log.info("refused session %s…: opened by another principal", (session_id or "")[:8])
+            self._log_refusal("refused session %s…: opened by another principal", (session_id or "")[:8])
             return None
         return relay
 
@@ -134,7 +158,7 @@ class Identity:
             # 429, not 503: the caller's credential is what is unverified, not the proxy that is
             # unwell; the owner's accepted credential never gets here.
             SHED.count("http_refused", "vouch_rate")
-            log.info("%s refused: too many credentials the upstream has not accepted on the session", method)
+            self._log_refusal("%s refused: too many credentials the upstream has not accepted on the session", method)
             body = jsonrpc.error(
                 request_id,
                 jsonrpc.INTERNAL_ERROR,
@@ -143,7 +167,9 @@ class Identity:
             await respond_json(send, 429, body, [(b"retry-after", limited.retry_after_header.encode())])
             return False
         except (UpstreamFailure, TimeoutError):
-            log.info("%s refused: the upstream could not be asked whether the credential holds the session", method)
+            self._log_refusal(
+                "%s refused: the upstream could not be asked whether the credential holds the session", method
+            )
             await respond_error(
                 send,
                 502,
@@ -184,11 +210,13 @@ class Identity:
         if method not in ("GET", "HEAD"):
             await respond(send, 405, b"", [(b"allow", b"GET")])
             return
+        cache_control = b"max-age=300"  # the proxy's own document
         if self.forward_credentials:
             document = await self._upstream_metadata()
             if document is None:
                 await respond(send, 404, b"Not Found", [(b"content-type", b"text/plain")])
                 return
+            cache_control = self._metadata_cache.cache_control()  # no longer than the proxy keeps it
         else:
             document = {"resource": self.public_url, "bearer_methods_supported": ["header"]}
             if self._issuer:
@@ -196,7 +224,7 @@ class Identity:
             scopes = self._policy_scopes()
             if scopes:
                 document["scopes_supported"] = scopes
-        await respond(send, 200, jsonrpc.dumps_out(document), [JSON, (b"cache-control", b"max-age=300")])
+        await respond(send, 200, jsonrpc.dumps_out(document), [JSON, (b"cache-control", cache_control)])
 
     def _policy_scopes(self) -> list[str]:
         policies = getattr(self.service.tool_calls, "policies", None)

@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from proxy.jsonrpc import bounded
 from proxy.secret_values import SECRETS
 from proxy.telemetry.events import (
     AttemptFinished,
@@ -52,6 +53,7 @@ from proxy.telemetry.events import (
     CallSucceeded,
     Event,
 )
+from proxy.telemetry.status import LABEL_LIMIT
 
 log = logging.getLogger("proxy.telemetry.tracing")
 
@@ -129,9 +131,10 @@ class TracingObserver:
 
     def _call_started(self, event: CallStarted) -> None:
         parent = _caller_context(event.trace_meta, event.trace_headers)
+        tool = bounded(event.tool, LABEL_LIMIT)  # the upstream's text: cut as the logs and the status page cut it
         attributes: dict[str, str | int | float | bool] = {
             "mcp.method.name": METHOD,
-            "gen_ai.tool.name": event.tool,
+            "gen_ai.tool.name": tool,
             "gen_ai.operation.name": "execute_tool",
             "mcp_recovery.side_effect": event.side_effect,
             "mcp_recovery.era": event.era,
@@ -144,7 +147,7 @@ class TracingObserver:
         if event.principal is not None:
             attributes["mcp_recovery.principal"] = event.principal
         span = self._tracer.start_span(
-            SECRETS.scrub(f"{METHOD} {event.tool}"), context=parent, kind=SpanKind.SERVER, attributes=_safe(attributes)
+            SECRETS.scrub(f"{METHOD} {tool}"), context=parent, kind=SpanKind.SERVER, attributes=_safe(attributes)
         )
         previous = self._calls.pop(event.call_id, None)
         if previous is not None:  # a reused call id: close the stale call rather than orphan it
@@ -152,7 +155,7 @@ class TracingObserver:
         while len(self._calls) >= self._max_open:
             _, oldest = self._calls.popitem(last=False)
             self._evict(oldest)
-        self._calls[event.call_id] = _OpenCall(span, trace.set_span_in_context(span), event.tool, event.session_id)
+        self._calls[event.call_id] = _OpenCall(span, trace.set_span_in_context(span), tool, event.session_id)
 
     def _attempt_span(self, call: _OpenCall, number: int) -> Span | None:
         span = call.attempts.get(number)

@@ -103,6 +103,20 @@ def test_a_call_recovered_after_two_failures_is_one_server_span_with_three_attem
     assert tracing.open_calls == 0
 
 
+def test_an_upstreams_tool_name_of_any_length_reaches_spans_cut_to_128_characters(
+    tracing: TracingObserver, exporter: InMemorySpanExporter
+) -> None:
+    """The tool name is the upstream's text: a 200,000-character one is cut in the span names and
+    `gen_ai.tool.name`, as the logs, the metrics and the status page cut it."""
+    telemetry = Telemetry([tracing], tracer=tracing)
+    name = "t" * 200_000
+    run(telemetry, scenarios.recovered("c1", name, failures=1))
+    root, attempts = tree(exporter)
+    for span in (root, *attempts):
+        assert span.name == "tools/call " + "t" * 127 + "…"
+        assert span.attributes["gen_ai.tool.name"] == "t" * 127 + "…"
+
+
 def test_each_attempt_context_carries_the_callers_trace_id_and_that_attempts_span_as_parent(
     tracing: TracingObserver, exporter: InMemorySpanExporter
 ) -> None:

@@ -510,8 +510,8 @@ def test_an_http_issuer_is_accepted_only_on_loopback(url: str, allowed: bool) ->
 
 
 @pytest.mark.parametrize(
-    ("jwks_host", "usable"), [("127.0.0.1", True), ("localhost", True), ("as.example", False), ("10.0.0.5", False)]
-)
+    ("jwks_host", "usable"), [("127.0.0.1", True), ("as.example", False), ("10.0.0.5", False)]
+)  # (not `localhost`: whether it reaches the test server's 127.0.0.1 depends on the machine's resolver)
 async def test_an_http_jwks_uri_is_followed_only_on_loopback(auth: AuthServer, jwks_host: str, usable: bool) -> None:
     """The metadata's `jwks_uri` is held to the issuer's rule: an http:// one off loopback is not
     fetched (the keys stay unavailable, the reason in keys_status), a loopback one is."""

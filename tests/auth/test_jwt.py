@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import proxy.auth.jwt as jwt_module
-from proxy.auth.base import AuthRefused, Principal
+from proxy.auth.base import AuthConfigError, AuthRefused, Principal
 from proxy.auth.jwt import JwtAuthenticator, metadata_urls, scopes_of
 from tests.fixtures.authserver import AuthServer
 
@@ -408,4 +408,125 @@ async def test_keys_status_says_ok_stale_or_unavailable_and_the_gauge_follows(au
         assert b"mcp_recovery_auth_keys_up 0.0" in generate_latest(registry)
     finally:
         auth.jwks_mode = "ok"
+        await v.aclose()
+
+
+# -- the bounds on what a caller or the issuer's documents can make the verifier read -------------
+
+
+async def test_a_token_over_8_kib_is_refused_even_one_the_issuer_signed(
+    auth: AuthServer, verifier: JwtAuthenticator
+) -> None:
+    """The token's size is the caller's choice and every byte of it is decoded and hashed: past
+    `MAX_TOKEN_CHARS` (8 KiB) it is refused unread, signed or not."""
+    within = auth.issue(aud=AUDIENCE, pad="x" * 5000)
+    over = auth.issue(aud=AUDIENCE, pad="x" * 7000)
+    assert len(within) <= jwt_module.MAX_TOKEN_CHARS == 8192 < len(over)
+    assert (await verifier.authenticate(bearer(within))).id.endswith("#user-1")
+    r = await refused(verifier, bearer(over))
+    assert (r.status, r.error, r.reason) == (401, "invalid_token", "invalid_token")
+    assert "too long" in r.description
+
+
+async def test_a_subject_over_256_characters_is_refused(auth: AuthServer, verifier: JwtAuthenticator) -> None:
+    """The subject becomes the principal (`jwt:<iss>#<sub>`), which keys budgets and reaches log
+    lines: at most `MAX_SUB_CHARS` (256) characters, even in a token the issuer signed."""
+    assert (await verifier.authenticate(bearer(auth.issue(aud=AUDIENCE, sub="s" * 256)))).id.endswith("#" + "s" * 256)
+    r = await refused(verifier, bearer(auth.issue(aud=AUDIENCE, sub="s" * 257)))
+    assert (r.status, r.error, r.reason) == (401, "invalid_token", "invalid_token")
+    assert "subject" in r.description
+
+
+async def test_the_jwks_is_read_to_its_first_64_keys() -> None:
+    """A JWKS of thousands of keys would be parsed on every refresh and tried against every token
+    without a kid: the first `MAX_KEYS` (64) are read, the rest ignored (a token signed by the
+    65th is refused as of an unknown key)."""
+    with AuthServer(alg="ES256") as auth:
+        keys = [auth.new_key() for _ in range(65)]
+        auth.keys = keys
+        v = make(auth)
+        with anyio.fail_after(BOUND_S):
+            await v.start()
+        try:
+            assert v.keys_status()["key_ids"] == jwt_module.MAX_KEYS == 64
+            assert (await v.authenticate(bearer(auth.issue(aud=AUDIENCE, key=keys[63])))).id.endswith("#user-1")
+            r = await refused(v, bearer(auth.issue(aud=AUDIENCE, key=keys[64])))
+            assert (r.status, r.reason) == (401, "unknown_key")
+        finally:
+            await v.aclose()
+
+
+@pytest.mark.parametrize("document", ["metadata", "jwks"])
+async def test_a_metadata_or_jwks_document_over_512_kib_is_not_read(document: str) -> None:
+    """The issuer's documents are read into memory: each is bounded to `MAX_DOCUMENT_BYTES`
+    (512 KiB); a larger one is a failed fetch (503 keys_unavailable, the reason in keys_status),
+    one just within is used."""
+    assert jwt_module.MAX_DOCUMENT_BYTES == 512 * 1024
+    for padding, usable in ((500 * 1024, True), (520 * 1024, False)):
+        with AuthServer() as auth:
+            extra = {"padding": "x" * padding}
+            if document == "metadata":
+                auth.metadata_extra = extra
+            else:
+                auth.jwks_extra = extra
+            v = make(auth, fetch_timeout_s=5.0)
+            with anyio.fail_after(BOUND_S):
+                await v.start()
+            try:
+                token = auth.issue(aud=AUDIENCE)
+                if usable:
+                    assert (await v.authenticate(bearer(token))).id.endswith("#user-1"), document
+                else:
+                    r = await refused(v, bearer(token))
+                    assert (r.status, r.reason) == (503, "keys_unavailable"), document
+                    status = v.keys_status()
+                    assert status["keys"] == "unavailable" and "larger than" in status["last_error"], status
+            finally:
+                await v.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:9000", True),
+        ("http://[::1]:9000/tenant", True),
+        ("http://localhost", True),
+        ("https://as.example", True),
+        ("http://as.example", False),
+        ("http://10.0.0.5:8080", False),
+        ("http://127.0.0.1.evil.example", False),
+        ("http://localhost.evil.example", False),
+        ("ftp://127.0.0.1", False),
+    ],
+)
+def test_an_http_issuer_is_accepted_only_on_loopback(url: str, allowed: bool) -> None:
+    """Keys fetched over plain HTTP can be swapped on the way: `--auth-issuer` must be https://
+    unless its host is loopback (refused at construction, so at the proxy's start)."""
+    if allowed:
+        assert JwtAuthenticator(url, AUDIENCE).issuer == url
+    else:
+        with pytest.raises(AuthConfigError, match="https://"):
+            JwtAuthenticator(url, AUDIENCE)
+
+
+@pytest.mark.parametrize(
+    ("jwks_host", "usable"), [("127.0.0.1", True), ("as.example", False), ("10.0.0.5", False)]
+)  # (not `localhost`: whether it reaches the test server's 127.0.0.1 depends on the machine's resolver)
+async def test_an_http_jwks_uri_is_followed_only_on_loopback(auth: AuthServer, jwks_host: str, usable: bool) -> None:
+    """The metadata's `jwks_uri` is held to the issuer's rule: an http:// one off loopback is not
+    fetched (the keys stay unavailable, the reason in keys_status), a loopback one is."""
+    auth.metadata_extra = {"jwks_uri": f"http://{jwks_host}:{auth.port}/jwks"}
+    v = make(auth, fetch_timeout_s=2.0)
+    with anyio.fail_after(BOUND_S):
+        await v.start()
+    try:
+        token = auth.issue(aud=AUDIENCE)
+        if usable:
+            assert (await v.authenticate(bearer(token))).id.endswith("#user-1")
+        else:
+            assert auth.jwks_hits == 0
+            r = await refused(v, bearer(token))
+            assert (r.status, r.reason) == (503, "keys_unavailable")
+            assert "https://" in v.keys_status()["last_error"]
+    finally:
         await v.aclose()

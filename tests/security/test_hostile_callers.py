@@ -269,12 +269,18 @@ PING = b'{"jsonrpc":"2.0","id":2,"method":"ping"}'
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "header",
-    [b"mcp-session-id: {other}", b"authorization: Bearer aaaaaaaaaaaaaaaa\r\nauthorization: Bearer bbbbbbbbbbbbbbbb"],
-    ids=["session-id", "authorization"],
+    [
+        b"mcp-session-id: {other}",
+        b"authorization: Bearer aaaaaaaaaaaaaaaa\r\nauthorization: Bearer bbbbbbbbbbbbbbbb",
+        b"last-event-id: aaaa:1\r\nlast-event-id: bbbb:2",
+        b"content-type: text/plain",  # a second one: `_post` writes application/json already
+    ],
+    ids=["session-id", "authorization", "last-event-id", "content-type"],
 )
 def test_a_header_that_names_one_thing_given_twice_is_refused(proxy: ProxyProcess, header: bytes) -> None:
-    """Two Mcp-Session-Id (or Authorization) headers: the proxy read the last, an ingress or
-    gateway in front may read the first. Refused, as two Hosts are, rather than judged on either."""
+    """Two Mcp-Session-Id (or Authorization, Last-Event-ID, Content-Type) headers: the proxy read
+    the last, an ingress or gateway in front may read the first. Refused, as two Hosts are, rather
+    than judged on either."""
     mine, other = _session(proxy), _session(proxy)
     extra = b"mcp-session-id: " + mine.encode() + b"\r\n" + header.replace(b"{other}", other.encode()) + b"\r\n"
     answer = _raw(proxy.port, _post(PING, extra))
@@ -282,6 +288,24 @@ def test_a_header_that_names_one_thing_given_twice_is_refused(proxy: ProxyProces
     assert b"Duplicate" in answer
     # the same request with the header once is served
     good = _raw(proxy.port, _post(PING, b"mcp-session-id: " + mine.encode() + b"\r\n"))
+    assert good.startswith(b"HTTP/1.1 200 "), good[:300]
+
+
+@pytest.mark.timeout(120)
+def test_a_session_id_with_a_control_character_is_400_and_a_non_ascii_one_is_unknown(proxy: ProxyProcess) -> None:
+    """A control character in a session id never reaches the app (the parser refuses the head,
+    400); a non-ASCII one is read but names no session (404, as any unknown id): neither is taken
+    for the session whose id it contains."""
+    mine = _session(proxy).encode()
+    for control in (b"\x01", b"\x1b", b"\x00"):
+        named = mine[:8] + control + mine[8:]
+        answer = _raw(proxy.port, _post(PING, b"mcp-session-id: " + named + b"\r\n"))
+        assert answer.startswith(b"HTTP/1.1 400 "), (control, answer[:200])
+    for suffix in (b"\xc3\xa9", b"\xff"):
+        answer = _raw(proxy.port, _post(PING, b"mcp-session-id: " + mine + suffix + b"\r\n"))
+        assert answer.startswith(b"HTTP/1.1 404 "), (suffix, answer[:300])
+    # the id as issued is still served
+    good = _raw(proxy.port, _post(PING, b"mcp-session-id: " + mine + b"\r\n"))
     assert good.startswith(b"HTTP/1.1 200 "), good[:300]
 
 

@@ -36,6 +36,9 @@ CHILD = textwrap.dedent(
             sys.stderr.write("".join(f"stderr line {i}\\n" for i in range(4999)) + "z" * 100000 + "\\n")
             sys.stderr.flush()
             out.write(reply + "\\n")
+        elif method == "long":  # a 10,000-character line on stderr, and one of non-JSON on stdout
+            sys.stderr.write("E" + "e" * 9998 + "$\\n"); sys.stderr.flush()
+            out.write("O" + "o" * 9998 + "$\\n" + reply + "\\n")
         elif method == "huge":  # a line far over the proxy's limit, never ended
             out.write("x" * 5000)
         else:
@@ -76,6 +79,31 @@ async def test_a_message_split_across_writes_and_noise_around_one_are_read_corre
         messages = [r.getMessage() for r in caplog.records]
         assert any("not json at all" in m for m in messages), "non-JSON stdout is logged and skipped"
         assert any("a line on stderr" in m for m in messages), "stderr is logged line by line"
+    finally:
+        await upstream.aclose()
+
+
+async def test_a_long_stderr_or_non_json_stdout_line_is_logged_cut_at_the_line_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a child writes reaches the proxy's log bounded: a 10,000-character line is logged as
+    its first `STDERR_LINE_LIMIT` (2000) characters, on stderr and as non-JSON stdout alike."""
+    from proxy.upstream.stdio.process import STDERR_LINE_LIMIT
+
+    assert STDERR_LINE_LIMIT == 2000
+    upstream, link = await _link()
+    try:
+        with caplog.at_level(logging.INFO, logger="proxy.upstream"):
+            assert (await _call(link, "long"))["result"] == {"method": "long"}
+            for _ in range(50):  # stderr arrives on its own pipe, maybe a moment later
+                if any("Eeee" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.02)
+        messages = [r.getMessage() for r in caplog.records]
+        for head, body in (("E", "e"), ("O", "o")):  # stderr, then stdout
+            (logged,) = [m for m in messages if head + body * 4 in m]
+            line = logged[logged.index(head + body) :]
+            assert line == head + body * (STDERR_LINE_LIMIT - 1), (head, len(line))
     finally:
         await upstream.aclose()
 

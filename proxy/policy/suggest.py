@@ -34,9 +34,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from proxy.policy.compiled import GLOB_CHARS, Category, Layer, PolicySet, specific_layers
+from proxy.errors import Dispatch, FailureKind
+from proxy.policy.compiled import GLOB_CHARS, Category, Layer, PolicySet, ToolPolicy, specific_layers
 from proxy.policy.regex import compile_rule_text
 from proxy.policy.render import format_duration
+from proxy.recovery.classify import classify
+from proxy.recovery.outcome import RpcError, ToolError, TransportError
 
 NEAR = 0.8  # a p99 at 80% of the timer: the slow tail is about to be cut
 HEADROOM = 1.5
@@ -259,6 +262,24 @@ def _rule_for(entry: Mapping[str, Any], taken: set[str]) -> RuleAdvice | None:
     return RuleAdvice(name, category.value, regex, codes, statuses, _int(entry.get("count"), 1), sample, why)
 
 
+def _classified_now(rule: RuleAdvice, outcome: Any, policy: ToolPolicy) -> bool:
+    """Whether the policy in force now classifies the failure `rule` was drafted for: the text was
+    unclassified when the proxy saw it, and a rule applied since (this very draft, say) may cover
+    it. The failure is rebuilt from what was observed and classified as the proxy would."""
+    body = rule.sample
+    failure: Any
+    if rule.jsonrpc_codes:
+        failure = RpcError({"code": rule.jsonrpc_codes[0], "message": _RPC_PREFIX.sub("", body, count=1)})
+    elif rule.http_statuses:
+        detail = _HTTP_PREFIX.sub("", body, count=1)
+        failure = TransportError(FailureKind.HTTP_STATUS, Dispatch.UNKNOWN, detail, http_status=rule.http_statuses[0])
+    elif outcome == "tool_error" or outcome is None:
+        failure = ToolError({"isError": True, "content": [{"type": "text", "text": body}]})
+    else:
+        return False
+    return not classify(failure, policy).defaulted
+
+
 def _timers(tool: str, policy_set: PolicySet, seen: Mapping[str, Any]) -> list[TimerAdvice]:
     policy = policy_set.resolve(tool)
     p99_ms, slowest_ms = _ms(seen.get("p99_ms")), _ms(seen.get("slowest_ms"))
@@ -339,7 +360,7 @@ def advise(policy_set: PolicySet, observed: Mapping[str, Any]) -> Advice:
             ordered = sorted((t for t in texts if isinstance(t, dict)), key=lambda t: -_int(t.get("count")))
             for entry in ordered[:MAX_TEXTS]:
                 rule = _rule_for(entry, taken)
-                if rule is not None:
+                if rule is not None and not _classified_now(rule, entry.get("outcome"), policy):
                     advice.rules.append(rule)
         tools.append(advice)
     never: list[NeverMatched] = []

@@ -122,6 +122,17 @@ def test_each_suggested_rule_classifies_its_observed_text_in_the_patched_folder(
     assert all(classify(outcome, original.resolve(tool)).defaulted for tool, outcome, _ in failures)
 
 
+def test_a_text_the_folder_classifies_since_it_was_seen_gets_no_rule_again(tmp_path: Path) -> None:
+    """The proxy keeps what it saw since it started: once the drafted rules are applied (and the
+    folder reloaded), the same observation must not draft them again (it proposed `...-2`, then
+    `...-3`, of rules the folder had)."""
+    folder = write_folder(tmp_path / "policies")
+    first = advise(load_policy_dir(folder), observation())
+    assert _tool(first, "flaky").rules and len(_tool(first, "billing_refund").rules) == 2
+    again = advise(load_policy_dir(_applied(folder, tmp_path)), observation())
+    assert [(t.tool, t.rules) for t in again.tools if t.rules] == []
+
+
 def test_rules_added_where_a_glob_gave_them_keep_the_inherited_ones(tmp_path: Path) -> None:
     folder = write_folder(tmp_path / "policies")
     patched = load_policy_dir(_applied(folder, tmp_path)).resolve("billing_refund")

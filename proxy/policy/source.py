@@ -230,7 +230,11 @@ def _empty_keys(data: dict[Any, Any], model: type[BaseModel], loc: Loc) -> list[
             continue  # an unknown key: a problem of its own
         here = (*loc, key)
         if value is None:
-            if here != ("tools",) and not (len(here) == 1 and key in NULL_MEANS_OFF):
+            # a switch-off; a block whose every line is commented out (it sets nothing, as when
+            # absent: a folder that loaded before must not stop the start for it); `tools` has
+            # problems of its own
+            top = len(here) == 1
+            if here != ("tools",) and not (top and (key in NULL_MEANS_OFF or key in MERGED_BLOCKS)):
                 found.append(here)
             continue
         inner = _model_in(info.annotation)

@@ -6,14 +6,16 @@ so a block or key added later is covered too."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
+from proxy.policy.compile import load_policy_dir
 from proxy.policy.compiled import PolicySet
-from proxy.policy.schema import NULL_MEANS_OFF, IdempotencyKeyModel, PolicyFile, RuleModel
+from proxy.policy.schema import MERGED_BLOCKS, NULL_MEANS_OFF, IdempotencyKeyModel, PolicyFile, RuleModel
 
 from .conftest import write_files
 
@@ -27,7 +29,8 @@ def _cases() -> list[tuple[str, str, int]]:
     for key, info in PolicyFile.model_fields.items():
         if key == "tools" or key in NULL_MEANS_OFF:
             continue
-        cases.append((key, f"tools: [a]\n{key}:\n", 2))
+        if key not in MERGED_BLOCKS:  # an empty block sets nothing (below)
+            cases.append((key, f"tools: [a]\n{key}:\n", 2))
         block = info.annotation
         inner = next(
             (a for a in getattr(block, "__args__", ()) if isinstance(a, type) and a.__name__.endswith("Model")), None
@@ -58,8 +61,19 @@ def test_the_cases_cover_every_block_and_rule_key() -> None:
     keys = {key for key, _, _ in CASES}
     assert {"anti_storm.retry_budget_ratio", "anti_storm.retry_budget_min_per_s", "anti_storm.breaker_cooldown"} <= keys
     assert {"report.status_check_tool", "backoff.initial", "trust.annotations", "rules[0].equals"} <= keys
-    assert {"attempts", "anti_storm", "backoff", "rules", "idempotency_key.name"} <= keys
-    assert not {"idle_timeout", "idempotency_key", "tools"} & keys
+    assert {"attempts", "rules", "idempotency_key.name"} <= keys
+    assert not {"idle_timeout", "idempotency_key", "tools", *MERGED_BLOCKS} & keys
+
+
+@pytest.mark.parametrize("block", sorted(MERGED_BLOCKS))
+def test_a_block_whose_every_line_is_commented_out_sets_nothing(tmp_path: Path, block: str) -> None:
+    """`anti_storm:` over lines all commented out is as if the block were absent: a folder that
+    loaded before must not stop the proxy's start for it (its keys, left empty, are errors)."""
+    with_block = write_files(tmp_path / "with", {"t.yaml": f"tools: [a]\n{block}:\n#  some_key: 1\nattempts: 2\n"})
+    without = write_files(tmp_path / "without", {"t.yaml": "tools: [a]\nattempts: 2\n"})
+    ours, plain = load_policy_dir(with_block).resolve("a"), load_policy_dir(without).resolve("a")
+    names = [f.name for f in dataclasses.fields(ours) if f.name != "sources"]  # (sources: the folder's paths)
+    assert [getattr(ours, n) for n in names] == [getattr(plain, n) for n in names]
 
 
 @pytest.mark.parametrize(("key", "text", "line"), CASES, ids=[c[0] for c in CASES])

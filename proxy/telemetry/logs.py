@@ -66,9 +66,7 @@ class CallLogObserver:
         level = logging.WARNING if event.outcome == "unresolved" else logging.INFO
         if not self.logger.isEnabledFor(level):
             return
-        tool = event.tool
-        if len(tool) > LABEL_LIMIT:
-            tool = bounded(tool, LABEL_LIMIT)
+        tool = bounded(event.tool, LABEL_LIMIT)
         fields: dict[str, object] = {
             "call_id": event.call_id,
             "tool": tool,

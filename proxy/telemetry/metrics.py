@@ -6,7 +6,7 @@ Contract:
   never raises into traffic (the `Telemetry` fan-out contains it anyway).
 - Labels are bounded: `tool` comes already capped by the engine (catalog names or "other"), and
   this observer caps the distinct values again (`max_tools`, default 200, then "other") as defence
-  in depth; `upstream` is capped the same way. A value longer than `LABEL_CHARS` (128: the
+  in depth; `upstream` is capped the same way. A value longer than `LABEL_LIMIT` (128: the
   length the MCP spec says a tool name should stay within, and the status page's cut) is never a
   label: it counts under "other" like a value past the cap, so an upstream that lists a tool
   named with 200,000 characters cannot put them into every series of it. `outcome`, `result`, `category`, `stop_reason`,
@@ -52,7 +52,6 @@ from proxy.telemetry.status import LABEL_LIMIT
 PREFIX = "mcp_recovery_"
 OTHER = "other"
 NONE = "none"
-LABEL_CHARS = LABEL_LIMIT  # the longest label value; a longer one counts under OTHER
 
 # Tool calls last from milliseconds (a cached read) to a minute (a slow crawl): 5 ms … 60 s.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -100,7 +99,7 @@ class BoundedLabel:
 
     __slots__ = ("_limit", "_max_chars", "_seen")
 
-    def __init__(self, limit: int, max_chars: int = LABEL_CHARS) -> None:
+    def __init__(self, limit: int, max_chars: int = LABEL_LIMIT) -> None:
         self._limit = limit
         self._max_chars = max_chars
         self._seen: set[str] = set()

@@ -258,16 +258,17 @@ def test_a_tool_name_longer_than_the_label_bound_counts_under_other_and_no_serie
     registry: CollectorRegistry, observer: MetricsObserver
 ) -> None:
     """An upstream's tool name is its own text: one of 200,000 characters made every series of the
-    tool carry it (10.8 MB of /metrics for 54 series). Past `LABEL_CHARS` it is `other`."""
-    from proxy.telemetry.metrics import LABEL_CHARS, BoundedLabel
+    tool carry it (10.8 MB of /metrics for 54 series). Past `LABEL_LIMIT` it is `other`."""
+    from proxy.telemetry.metrics import BoundedLabel
+    from proxy.telemetry.status import LABEL_LIMIT
 
     long_name = "t" * 200_000
-    edge = "e" * LABEL_CHARS
+    edge = "e" * LABEL_LIMIT
     for i, name in enumerate([long_name, long_name, long_name, edge]):
         feed(observer, scenarios.recovered(f"c{i}", name, failures=1))
     scrape = generate_latest(registry).decode()
     assert len(scrape) < 100_000, len(scrape)
-    assert "t" * (LABEL_CHARS + 1) not in scrape
+    assert "t" * (LABEL_LIMIT + 1) not in scrape
     assert value(registry, "mcp_recovery_calls_total", tool="other", outcome="recovered") == 3
     assert value(registry, "mcp_recovery_calls_total", tool=edge, outcome="recovered") == 1, "the bound admits it"
     label = BoundedLabel(5, max_chars=4)
